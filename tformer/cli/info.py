@@ -1,0 +1,56 @@
+"""``tformer info``: the architecture and parameter counts of a checkpoint or a preset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from tformer.checkpoint import load_checkpoint
+from tformer.cli import app
+from tformer.cli.console import console
+from tformer.config import DEFAULT_PRESET, PRESETS, preset
+from tformer.errors import ConfigError
+from tformer.model import Transformer
+
+
+@app.command("info")
+def info_command(
+    checkpoint: Path | None = typer.Argument(None, help="A run or checkpoint folder.",
+                                             show_default=False),
+    preset_name: str | None = typer.Option(None, "--preset",
+                                           help=f"Describe a preset: {', '.join(PRESETS)}.",
+                                           show_default=False),
+    vocab_size: int = typer.Option(8000, "--vocab-size", help="Vocabulary size for --preset."),
+) -> None:
+    """Show the architecture and parameter counts (total and per part).
+
+    Example: tformer info --preset base --vocab-size 37000
+    """
+    if checkpoint is not None and preset_name is not None:
+        raise ConfigError("give a CHECKPOINT or --preset, not both")
+    if checkpoint is not None:
+        loaded = load_checkpoint(checkpoint)
+        model, source = loaded.model, f"{loaded.path} (step {loaded.step})"
+    else:
+        name = preset_name or DEFAULT_PRESET
+        model = Transformer(preset(name, src_vocab_size=vocab_size, tgt_vocab_size=vocab_size))
+        source = f"preset {name}, vocabulary {vocab_size:,}"
+
+    arch = Table(title=f"architecture: {source}", title_justify="left")
+    arch.add_column("setting")
+    arch.add_column("value", justify="right")
+    for key, value in model.config.to_dict().items():
+        arch.add_row(key, f"{value:,}" if isinstance(value, int) and not isinstance(value, bool)
+                     else str(value))
+    console.print(arch)
+
+    counts = model.parameter_counts()
+    params = Table(title="parameters", title_justify="left")
+    params.add_column("part")
+    params.add_column("count", justify="right")
+    params.add_column("share", justify="right")
+    for part in ("embeddings", "encoder", "decoder", "attention", "feed_forward", "total"):
+        params.add_row(part, f"{counts[part]:,}", f"{counts[part] / counts['total']:.1%}")
+    console.print(params)

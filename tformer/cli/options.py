@@ -1,0 +1,55 @@
+"""Options shared by several commands, defined once. Defaults come from the config classes."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from tformer.config import TrainConfig
+from tformer.decoding import DecodingConfig
+from tformer.errors import ConfigError
+
+
+def default(cls: type, name: str) -> Any:
+    """A dataclass field's default, so ``--help`` always shows what the library uses."""
+    return {f.name: f.default for f in dataclasses.fields(cls)}[name]
+
+
+CHECKPOINT = typer.Argument(
+    ...,
+    help="A run folder written by `tformer train` (its latest checkpoint is used) "
+    "or one checkpoint folder.",
+    show_default=False,
+)
+DEVICE = typer.Option(default(TrainConfig, "device"), "--device", help="auto, cpu, cuda[:N], mps.")
+DATA = typer.Option(
+    None,
+    "--data",
+    help="A folder with train/validation/test .jsonl (or .csv, .tsv, .parquet), one such "
+    "file, or a Hugging Face dataset name. Default: the bundled date set in data/.",
+    show_default=False,
+)
+SOURCE_FIELD = typer.Option(default(TrainConfig, "source_field"), "--source-field")
+TARGET_FIELD = typer.Option(default(TrainConfig, "target_field"), "--target-field")
+TEMPERATURE = typer.Option(
+    default(DecodingConfig, "temperature"),
+    "--temperature",
+    "-t",
+    help="Sample from softmax(z / T); 0 means greedy (always the most likely token).",
+)
+TOP_K = typer.Option(default(DecodingConfig, "top_k"), "--top-k", help="Sample among the k most "
+                     "likely tokens only; 0 = off.")
+TOP_P = typer.Option(default(DecodingConfig, "top_p"), "--top-p", help="Nucleus sampling: the "
+                     "smallest set of tokens with this much probability; 1 = off.")
+MAX_NEW_TOKENS = typer.Option(default(DecodingConfig, "max_new_tokens"), "--max-new-tokens")
+SEED = typer.Option(None, "--seed", help="Random seed: the same seed gives the same output.")
+
+
+def existing_file(path: Path | None, option: str) -> Path | None:
+    """Refuse a missing file with a message naming the option."""
+    if path is not None and not path.is_file():
+        raise ConfigError(f"{option} {path}: no such file")
+    return path

@@ -1,0 +1,129 @@
+"""Rich rendering of training progress (stderr) and of the final summary (stdout)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from tformer.cli.console import console, err_console
+from tformer.train import Reporter, TrainResult
+
+_UNITS = 1000  # progress is a fraction of whichever budget (steps or time) runs out first
+
+
+class RichReporter(Reporter):
+    """A live progress bar on a terminal; plain log lines when stderr is a file or pipe."""
+
+    def __init__(self) -> None:
+        self.live = err_console.is_terminal
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+        self.total_steps: int | None = None
+        self.time_budget: float | None = None
+        self.val = "-"
+
+    def start(self, summary: dict[str, Any]) -> None:
+        self.total_steps = summary["total_steps"]
+        self.time_budget = summary["time_budget"]
+        model = summary["model"]
+        splits = ", ".join(f"{k} {v:,}" for k, v in summary["splits"].items())
+        dropped = sum(summary["dropped"].values())
+        err_console.print(
+            f"[bold]tformer train[/] → {escape(summary['run_dir'])}  device {summary['device']}\n"
+            f"model d_model {model['d_model']}, {model['n_heads']} heads, "
+            f"{model['n_encoder_layers']}+{model['n_decoder_layers']} layers, d_ff "
+            f"{model['d_ff']}, {model['norm']}-norm, vocab {model['src_vocab_size']:,}: "
+            f"{summary['parameters']:,} parameters\n"
+            f"data {splits} pairs ({dropped} dropped for length); "
+            f"{summary['batches_per_epoch']} batches/epoch, "
+            f"padding {summary['padding_share']:.1%}"
+            + (f"\nresuming from step {summary['resumed_from']}" if summary["resumed_from"] else "")
+        )
+        if self.live:
+            self.progress = Progress(
+                TextColumn("[bold blue]step {task.fields[step]}"),
+                BarColumn(),
+                TextColumn("loss {task.fields[loss]}  val {task.fields[val]}  "
+                           "lr {task.fields[lr]}  {task.fields[tps]} tok/s"),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=err_console,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task(
+                "train", total=_UNITS, step=0, loss="-", val="-", lr="-", tps="-"
+            )
+
+    def _fraction(self, record: dict[str, Any]) -> float:
+        parts = []
+        if self.total_steps:
+            parts.append(record["step"] / self.total_steps)
+        if self.time_budget:
+            parts.append(record["elapsed"] / self.time_budget)
+        return min(max(parts, default=0.0), 1.0)
+
+    def log(self, record: dict[str, Any]) -> None:
+        if "val_loss" in record:
+            self.val = f"{record['val_loss']:.3f} (ppl {record['val_ppl']:.2f})"
+            if self.progress is None:
+                err_console.print(f"step {record['step']:>6}  val loss {self.val}")
+            elif self.task is not None:
+                self.progress.update(self.task, val=self.val)
+            return
+        if "loss" not in record:
+            return
+        fields = dict(
+            step=record["step"],
+            loss=f"{record['loss']:.3f}",
+            lr=f"{record['lr']:.2e}",
+            tps=f"{record['tokens_per_s']:,.0f}",
+        )
+        if self.progress is not None and self.task is not None:
+            self.progress.update(
+                self.task, completed=self._fraction(record) * _UNITS, val=self.val, **fields
+            )
+        else:
+            err_console.print(
+                f"step {fields['step']:>6}  loss {fields['loss']}  lr {fields['lr']}  "
+                f"{fields['tps']} tok/s  {record['elapsed']:.0f}s"
+            )
+
+    def message(self, text: str) -> None:
+        err_console.print(escape(text))
+
+    def finish(self, result: TrainResult) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        if result.samples:
+            table = Table(title="samples", title_justify="left")
+            for column in ("source", "reference", "output"):
+                table.add_column(column)
+            for sample in result.samples:
+                ok = sample["output"].strip() == sample["reference"].strip()
+                table.add_row(
+                    escape(sample["source"]),
+                    escape(sample["reference"]),
+                    f"[{'green' if ok else 'red'}]{escape(sample['output'])}[/]",
+                )
+            err_console.print(table)
+        err_console.print(
+            f"trained {result.step} steps ({result.epoch:.2f} epochs) in {result.elapsed:.0f}s; "
+            f"checkpoint {escape(str(result.checkpoint))}"
+        )
+        if result.val_loss is not None:
+            err_console.print(f"validation loss {result.val_loss:.4f}")
+        if result.exact_match is not None:
+            console.print(
+                f"exact match on {result.exact_match_split}: {result.exact_match:.2%}"
+            )

@@ -1,0 +1,53 @@
+"""``tformer train-tokenizer``: train a subword tokenizer on a data set's text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from tformer.cli import app
+from tformer.cli.console import console, err_console
+from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD
+from tformer.data import load_text_pairs
+from tformer.tokenizer import TOKENIZER_KINDS, train_tokenizer
+
+
+@app.command("train-tokenizer")
+def train_tokenizer_command(
+    data: str | None = DATA,
+    source_field: str = SOURCE_FIELD,
+    target_field: str = TARGET_FIELD,
+    kind: str = typer.Option("bpe", "--kind", "--tokenizer-kind",
+                             help=" | ".join(TOKENIZER_KINDS)),
+    vocab_size: int = typer.Option(8000, "--vocab-size"),
+    min_frequency: int = typer.Option(2, "--min-frequency",
+                                      help="Merge/keep only pieces seen this often."),
+    separate: bool = typer.Option(
+        False, "--separate-vocab",
+        help="Train one tokenizer per side: OUT's name gets .source / .target before .json.",
+    ),
+    out: Path = typer.Option(Path("checkpoints/tokenizer.json"), "--out", "-o"),
+) -> None:
+    """Train a BPE (default), unigram or WordPiece tokenizer on the training split.
+
+    Special tokens <pad> <bos> <eos> <unk> get ids 0-3; text is NFKC-normalised; digits are
+    split one per token. Example: tformer train-tokenizer --vocab-size 4000 -o tok.json
+    """
+    pairs = load_text_pairs(data, source_field=source_field, target_field=target_field)["train"]
+    sides = {"": [t for pair in pairs for t in pair]}
+    if separate:
+        sides = {".source": [s for s, _ in pairs], ".target": [t for _, t in pairs]}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for suffix, texts in sides.items():
+        tok = train_tokenizer(
+            texts, kind=kind, vocab_size=vocab_size, min_frequency=min_frequency,
+            show_progress=err_console.is_terminal,
+        )
+        path = out.with_name(out.stem + suffix + out.suffix) if suffix else out
+        tok.save(path)
+        console.print(
+            f"wrote {escape(str(path))}: {tok.kind}, {tok.vocab_size:,} tokens "
+            f"(trained on {len(texts):,} texts)"
+        )

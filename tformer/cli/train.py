@@ -1,0 +1,167 @@
+"""``tformer train``: train a model (the whole job), with a Rich progress display."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import click
+import typer
+from click.core import ParameterSource
+
+from tformer import checkpoint as ckpt
+from tformer.cli import app
+from tformer.cli.options import (
+    DATA,
+    DEVICE,
+    SOURCE_FIELD,
+    TARGET_FIELD,
+    default,
+    existing_file,
+)
+from tformer.cli.progress import RichReporter
+from tformer.config import DEFAULT_PRESET, PRESETS, ModelConfig, TrainConfig, parse_duration, preset
+from tformer.errors import CheckpointError, ConfigError
+from tformer.tokenizer import TOKENIZER_KINDS
+from tformer.train import check_architecture, train
+
+T = TrainConfig
+M = ModelConfig
+# The command's parameters that are TrainConfig / ModelConfig fields of the same name.
+_TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
+_MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
+
+
+@app.command("train")
+def train_command(
+    ctx: typer.Context,
+    data: str | None = DATA,
+    source_field: str = SOURCE_FIELD,
+    target_field: str = TARGET_FIELD,
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Run folder. Default: checkpoints/<data name>.",
+        show_default=False,
+    ),
+    resume: Path | None = typer.Option(
+        None, "--resume", help="Continue the run in this folder from its latest checkpoint.",
+        show_default=False,
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run in --out."),
+    # tokenizer
+    tokenizer: Path | None = typer.Option(
+        None, "--tokenizer", help="tokenizer.json to use (default: train one on the data).",
+        show_default=False,
+    ),
+    tokenizer_kind: str = typer.Option("bpe", "--tokenizer-kind",
+                                       help=f"{' | '.join(TOKENIZER_KINDS)}"),
+    vocab_size: int = typer.Option(8000, "--vocab-size", help="For an automatic tokenizer."),
+    separate_vocab: bool = typer.Option(False, "--separate-vocab",
+                                        help="Separate source and target vocabularies."),
+    # architecture
+    preset_name: str = typer.Option(DEFAULT_PRESET, "--preset",
+                                    help=f"Architecture preset: {', '.join(PRESETS)}."),
+    d_model: int | None = typer.Option(None, "--d-model", show_default=False),
+    n_heads: int | None = typer.Option(None, "--n-heads", show_default=False),
+    n_layers: int | None = typer.Option(None, "--n-layers", show_default=False,
+                                        help="Encoder and decoder depth."),
+    n_encoder_layers: int | None = typer.Option(None, "--n-encoder-layers", show_default=False),
+    n_decoder_layers: int | None = typer.Option(None, "--n-decoder-layers", show_default=False),
+    d_ff: int | None = typer.Option(None, "--d-ff", show_default=False),
+    dropout: float | None = typer.Option(None, "--dropout", show_default=False),
+    attention_dropout: float | None = typer.Option(None, "--attention-dropout",
+                                                   show_default=False),
+    norm: str | None = typer.Option(None, "--norm", help="post (paper) | pre",
+                                    show_default=False),
+    activation: str | None = typer.Option(None, "--activation", help="relu | gelu",
+                                          show_default=False),
+    max_len: int | None = typer.Option(None, "--max-len", show_default=False,
+                                       help="Longest sequence in tokens (longer pairs skipped)."),
+    tie_embeddings: bool | None = typer.Option(None, "--tie-embeddings/--no-tie-embeddings",
+                                               show_default=False,
+                                               help="Share embeddings and output projection "
+                                               "(default: on)."),
+    # batching and optimisation
+    max_tokens: int = typer.Option(default(T, "max_tokens"), "--max-tokens",
+                                   help="Padded tokens per batch."),
+    accumulate: int = typer.Option(default(T, "accumulate"), "--accumulate",
+                                   help="Batches per optimiser step."),
+    lr: float | None = typer.Option(None, "--lr", show_default=False,
+                                    help="Peak learning rate (default: the paper's "
+                                    "d_model^-0.5 * warmup^-0.5)."),
+    warmup_steps: int = typer.Option(default(T, "warmup_steps"), "--warmup-steps"),
+    schedule: str = typer.Option(default(T, "schedule"), "--schedule",
+                                 help="inverse-sqrt (paper) | cosine | constant"),
+    min_lr: float = typer.Option(default(T, "min_lr"), "--min-lr"),
+    label_smoothing: float = typer.Option(default(T, "label_smoothing"), "--label-smoothing"),
+    clip_norm: float = typer.Option(default(T, "clip_norm"), "--clip-norm"),
+    weight_decay: float = typer.Option(default(T, "weight_decay"), "--weight-decay"),
+    # stopping and bookkeeping
+    max_steps: int | None = typer.Option(None, "--max-steps", show_default=False),
+    epochs: float | None = typer.Option(None, "--epochs", show_default=False,
+                                        help="Default 10 when no other limit is set."),
+    time_budget: str | None = typer.Option(None, "--time-budget", show_default=False,
+                                           help="e.g. 90s, 3m, 1h."),
+    eval_every: int = typer.Option(default(T, "eval_every"), "--eval-every"),
+    save_every: int = typer.Option(default(T, "save_every"), "--save-every"),
+    log_every: int = typer.Option(default(T, "log_every"), "--log-every"),
+    keep_last: int = typer.Option(default(T, "keep_last"), "--keep-last"),
+    seed: int = typer.Option(default(T, "seed"), "--seed"),
+    device: str = DEVICE,
+) -> None:
+    """Train a Transformer; with no options, on the bundled date-normalisation data.
+
+    Example: tformer train --preset tiny --max-steps 2000 --out checkpoints/dates
+    """
+    params: dict[str, Any] = dict(ctx.params)
+    params["time_budget"] = parse_duration(time_budget) if time_budget else None
+    existing_file(tokenizer, "--tokenizer")
+    if n_layers is not None:
+        params["n_encoder_layers"] = params["n_encoder_layers"] or n_layers
+        params["n_decoder_layers"] = params["n_decoder_layers"] or n_layers
+    model_overrides = {k: v for k, v in params.items() if k in _MODEL_FIELDS and v is not None}
+    train_values = {k: v for k, v in params.items() if k in _TRAIN_FIELDS}
+
+    if resume is not None:
+        if out is not None and out != resume:
+            raise ConfigError("--resume names the run folder; drop --out or make it the same")
+        model_config, train_config = _resume_configs(ctx, resume, model_overrides, train_values)
+        out = resume
+    else:
+        model_config = preset(preset_name, **model_overrides)
+        train_config = TrainConfig(**train_values)
+
+    train(
+        model_config,
+        train_config,
+        out=out,
+        tokenizer=tokenizer,
+        tokenizer_kind=tokenizer_kind,
+        vocab_size=vocab_size,
+        shared_vocab=not separate_vocab,
+        resume=resume is not None,
+        overwrite=overwrite,
+        reporter=RichReporter(),
+    )
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    return ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+
+
+def _resume_configs(
+    ctx: click.Context, run: Path, model_overrides: dict[str, Any], train_values: dict[str, Any]
+) -> tuple[None, TrainConfig]:
+    """The saved configs, with the training flags given on this command line on top."""
+    config = ckpt.read_config(ckpt.resolve(run))
+    try:
+        saved_model = ModelConfig.from_dict(config["model"])
+        saved_train = config["train"]
+    except (KeyError, ConfigError) as error:
+        raise CheckpointError(f"{run}: cannot resume, invalid config ({error})") from error
+    explicit = {k: v for k, v in model_overrides.items() if _given(ctx, k)}
+    check_architecture(saved_model, explicit)
+    changed = {k: v for k, v in train_values.items() if _given(ctx, k) or k == "time_budget"
+               and v is not None}
+    merged = {**saved_train, **changed}
+    return None, TrainConfig.from_dict(merged, source=str(run))

@@ -1,0 +1,320 @@
+"""Data: local files or Hugging Face datasets -> text pairs -> id pairs -> token-budget batches.
+
+Shape legend: B pairs in a batch, S longest source, T longest target + 1 (for BOS/EOS).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tformer.errors import DataError
+from tformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+SPLITS = ("train", "validation", "test")
+# Names people give the held-out splits; the first of each list that exists is used.
+_SPLIT_NAMES = {
+    "train": ("train",),
+    "validation": ("validation", "valid", "val", "dev"),
+    "test": ("test",),
+}
+_LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
+
+TextPair = tuple[str, str]
+IdPair = tuple[list[int], list[int]]
+
+
+def bundled_data_dir() -> Path:
+    """The date-normalisation data set: ``data/`` of a source checkout, else generated once."""
+    repo_data = Path(__file__).resolve().parent.parent / "data"
+    if (repo_data / "train.jsonl").is_file():
+        return repo_data
+    # Installed from a wheel: regenerate the same files (the generator is deterministic).
+    from tformer.dates import write_splits
+
+    cache = Path.home() / ".cache" / "tformer" / "dates"
+    if not (cache / "train.jsonl").is_file():
+        write_splits(cache)
+    return cache
+
+
+def data_name(spec: str | None) -> str:
+    """A short name for a data set, used for the default output folder."""
+    if spec is None:
+        return "dates"
+    path = Path(spec)
+    name = path.stem if path.is_file() else path.name
+    return name.replace("/", "-") or "data"
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def load_text_pairs(
+    spec: str | None, *, source_field: str = "source", target_field: str = "target"
+) -> dict[str, list[TextPair]]:
+    """Load every available split as (source, target) text pairs.
+
+    Args:
+        spec: None for the bundled data; a folder with ``train.jsonl`` / ``validation.jsonl`` /
+            ``test.jsonl`` (or .csv / .tsv / .parquet); one such file (it becomes the train
+            split); or a Hugging Face hub data set name.
+
+    Raises:
+        DataError: naming the file or data set and what is wrong.
+    """
+    if spec is None:
+        return _load_folder(bundled_data_dir(), source_field, target_field)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _load_folder(path, source_field, target_field)
+    if path.is_file():
+        return {"train": _load_file(path, source_field, target_field)}
+    if path.suffix.lower() in _LOADERS or spec.startswith((".", "/", "~")):
+        raise DataError(f"--data {spec}: no such file or folder")
+    return _load_hub(spec, source_field, target_field)
+
+
+def _split_files(folder: Path) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for split, names in _SPLIT_NAMES.items():
+        for name in names:
+            for suffix in _LOADERS:
+                candidate = folder / f"{name}{suffix}"
+                if candidate.is_file() and split not in found:
+                    found[split] = candidate
+    return found
+
+
+def _load_folder(folder: Path, source_field: str, target_field: str) -> dict[str, list[TextPair]]:
+    files = _split_files(folder)
+    if "train" not in files:
+        raise DataError(
+            f"--data {folder}: no train file; expected train.jsonl (or .csv, .tsv, .parquet) "
+            "with optional validation.* and test.*"
+        )
+    return {split: _load_file(path, source_field, target_field) for split, path in files.items()}
+
+
+def _quiet_datasets() -> object:
+    """Import HF datasets with its per-file progress bars off: the CLI has its own display."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def _load_file(path: Path, source_field: str, target_field: str) -> list[TextPair]:
+    datasets: Any = _quiet_datasets()
+
+    loader = _LOADERS.get(path.suffix.lower())
+    if loader is None:
+        raise DataError(
+            f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json, .csv, .tsv "
+            "or .parquet"
+        )
+    if path.stat().st_size == 0:
+        raise DataError(f"{path}: the file is empty")
+    kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
+    try:
+        dataset = datasets.load_dataset(
+            loader, data_files=str(path), split="train", **kwargs  # type: ignore[arg-type]
+        )
+    except Exception as error:  # datasets raises many types; all mean "cannot parse"
+        raise DataError(f"{path}: cannot be read as {loader}: {_first_line(error)}") from error
+    return _pairs_from_columns(dataset, str(path), source_field, target_field)
+
+
+def _load_hub(name: str, source_field: str, target_field: str) -> dict[str, list[TextPair]]:
+    datasets: Any = _quiet_datasets()
+
+    try:
+        loaded = datasets.load_dataset(name)
+    except Exception as error:
+        raise DataError(
+            f"--data {name}: not a local file or folder, and loading it from the Hugging Face "
+            f"hub failed ({_first_line(error)}); check the name, or the network / cache"
+        ) from error
+    splits: dict[str, list[TextPair]] = {}
+    for split, names in _SPLIT_NAMES.items():
+        for candidate in names:
+            if candidate in loaded:
+                splits[split] = _pairs_from_columns(
+                    loaded[candidate], f"{name}[{candidate}]", source_field, target_field
+                )
+                break
+    if "train" not in splits:
+        raise DataError(f"--data {name}: has no train split (splits: {list(loaded)})")
+    return splits
+
+
+def _pairs_from_columns(
+    dataset: object, where: str, source_field: str, target_field: str
+) -> list[TextPair]:
+    columns = list(getattr(dataset, "column_names", []))
+    for option, field in (("--source-field", source_field), ("--target-field", target_field)):
+        if field not in columns:
+            raise DataError(
+                f"{where}: no column {field!r} ({option}); columns are {columns}"
+            )
+    sources = dataset[source_field]  # type: ignore[index]
+    targets = dataset[target_field]  # type: ignore[index]
+    if len(sources) == 0:
+        raise DataError(f"{where}: no rows")
+    pairs = []
+    for row, (src, tgt) in enumerate(zip(sources, targets, strict=True), start=1):
+        if not isinstance(src, str) or not isinstance(tgt, str):
+            raise DataError(
+                f"{where}: row {row}: {source_field!r} and {target_field!r} must be text, "
+                f"got {type(src).__name__} and {type(tgt).__name__}"
+            )
+        pairs.append((src, tgt))
+    return pairs
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+# -- ids --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EncodedSplit:
+    """A split as id pairs, with the text kept for evaluation and the count of dropped pairs."""
+
+    pairs: list[IdPair]
+    texts: list[TextPair]
+    dropped: int
+
+
+def encode_pairs(
+    texts: Sequence[TextPair],
+    src_tokenizer: Tokenizer,
+    tgt_tokenizer: Tokenizer,
+    max_len: int,
+) -> EncodedSplit:
+    """Tokenise pairs; drop those that do not fit ``max_len`` or have an empty side."""
+    src_ids = src_tokenizer.encode_batch([s for s, _ in texts])
+    tgt_ids = tgt_tokenizer.encode_batch([t for _, t in texts])
+    kept: list[IdPair] = []
+    kept_text: list[TextPair] = []
+    for text, src, tgt in zip(texts, src_ids, tgt_ids, strict=True):
+        # The decoder sees one extra position (BOS in, EOS out).
+        if not src or not tgt or len(src) > max_len or len(tgt) + 1 > max_len:
+            continue
+        kept.append((src, tgt))
+        kept_text.append(text)
+    return EncodedSplit(kept, kept_text, len(texts) - len(kept))
+
+
+# -- batches ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    """Teacher forcing: the decoder reads BOS + target and predicts target + EOS (section 3)."""
+
+    src: Tensor  # (B, S) source ids, right-padded with PAD_ID
+    tgt_in: Tensor  # (B, T) BOS + target: the labels shifted right by one
+    tgt_out: Tensor  # (B, T) target + EOS; PAD_ID where there is nothing to predict
+
+    @property
+    def n_target_tokens(self) -> int:
+        return int((self.tgt_out != PAD_ID).sum())
+
+    def to(self, device: torch.device) -> Batch:
+        non_blocking = device.type == "cuda"
+        return Batch(
+            self.src.to(device, non_blocking=non_blocking),
+            self.tgt_in.to(device, non_blocking=non_blocking),
+            self.tgt_out.to(device, non_blocking=non_blocking),
+        )
+
+
+def pad(rows: Sequence[Sequence[int]], value: int = PAD_ID) -> Tensor:
+    """Right-pad id lists into a (B, L) long tensor."""
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), value, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+def shift_right(tgt: Sequence[int]) -> tuple[list[int], list[int]]:
+    """target -> (decoder input BOS + target, labels target + EOS)."""
+    return [BOS_ID, *tgt], [*tgt, EOS_ID]
+
+
+def collate(pairs: Sequence[IdPair]) -> Batch:
+    shifted = [shift_right(tgt) for _, tgt in pairs]
+    return Batch(
+        src=pad([src for src, _ in pairs]),
+        tgt_in=pad([i for i, _ in shifted]),
+        tgt_out=pad([o for _, o in shifted]),
+    )
+
+
+def bucket_batches(lengths: Sequence[tuple[int, int]], max_tokens: int, seed: int) -> list[list[int]]:
+    """Group example indices into batches of similar length under a padded-token budget.
+
+    Examples are sorted by length (ties broken at random, so each seed groups them differently)
+    and cut into consecutive runs while ``rows * longest <= max_tokens``, where ``longest``
+    counts the source or the target + 1, whichever is longer. The batch order is shuffled.
+    An example longer than the whole budget gets a batch of its own.
+    """
+    rng = random.Random(seed)
+    keys = [rng.random() for _ in lengths]
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i][0], lengths[i][1], keys[i]))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        size = max(lengths[i][0], lengths[i][1] + 1)
+        if current and (len(current) + 1) * max(longest, size) > max_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, size)
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+class BatchPlan:
+    """The batches of every epoch, as a pure function of (data, max_tokens, seed, epoch).
+
+    Resuming therefore needs only the epoch and the position inside it.
+    """
+
+    def __init__(self, pairs: Sequence[IdPair], max_tokens: int, seed: int) -> None:
+        self.pairs = pairs
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self.lengths = [(len(s), len(t)) for s, t in pairs]
+
+    def epoch(self, epoch: int) -> list[list[int]]:
+        return bucket_batches(self.lengths, self.max_tokens, self.seed * 100_003 + epoch)
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        for indices in self.epoch(epoch)[start:]:
+            yield collate([self.pairs[i] for i in indices])
+
+    def padding_share(self) -> float:
+        """The share of padded positions across one epoch's batches (source + target)."""
+        real = padded = 0
+        for indices in self.epoch(0):
+            src = [self.lengths[i][0] for i in indices]
+            tgt = [self.lengths[i][1] + 1 for i in indices]
+            real += sum(src) + sum(tgt)
+            padded += len(indices) * (max(src) + max(tgt))
+        return 1.0 - real / padded if padded else 0.0

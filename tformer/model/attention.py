@@ -1,0 +1,172 @@
+"""Scaled dot-product and multi-head attention (Vaswani et al., 2017, section 3.2).
+
+Shape legend:
+    B  batch size            H    number of heads
+    Q  query length          K    key/value length
+    D  d_model               d_k  D / H, the size of one head
+
+Masks are boolean and broadcastable to (B, H, Q, K): ``True`` means "may attend", the same
+convention as ``torch.nn.functional.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
+    """(B, L) token ids -> (B, 1, 1, L) mask that hides padding keys from every query."""
+    return (ids != pad_id)[:, None, None, :]
+
+
+def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:
+    """(1, 1, Q, K) mask letting query i see keys 0..(K - Q + i) and nothing later.
+
+    The queries are taken to be the *last* Q positions of the K keys, which covers both
+    full training (Q == K) and incremental decoding with a key/value cache (Q < K).
+    """
+    offset = k_len - q_len
+    rows = torch.arange(q_len, device=device)[:, None] + offset
+    cols = torch.arange(k_len, device=device)[None, :]
+    return (cols <= rows)[None, None]
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V  (section 3.2.1).
+
+    Args:
+        q: (B, H, Q, d_k); k, v: (B, H, K, d_k).
+        mask: boolean, broadcastable to (B, H, Q, K); True = may attend.
+        causal: also hide keys after each query's own position.
+        dropout_p: dropout on the attention weights (pass 0.0 at inference).
+        need_weights: return the (B, H, Q, K) weights. Without it torch's fused kernel runs,
+            which never materialises the weights and is faster and lighter.
+
+    Returns:
+        (output (B, H, Q, d_k), weights or None). Weights are taken before dropout.
+    """
+    q_len, k_len = q.size(-2), k.size(-2)
+    if causal and q_len == 1:
+        causal = False  # one new query at the end sees every key: nothing to hide
+    if causal and (mask is not None or q_len != k_len or need_weights):
+        # Fold causality into one explicit mask; the fused kernel's is_causal flag only
+        # covers the square, unmasked case.
+        cmask = causal_mask(q_len, k_len, q.device)
+        mask = cmask if mask is None else mask & cmask
+        causal = False
+
+    if not need_weights:
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
+        )
+        return out, None
+
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Q, K)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, weights
+
+
+@dataclass
+class KVCache:
+    """Keys and values already projected for one attention layer, (B, H, L, d_k) each.
+
+    Self-attention appends one step at a time; cross-attention fills it once per source.
+    """
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` (beam reordering, dropping finished sequences)."""
+        if self.k is not None and self.v is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    Section 3.2.2. The h per-head projections are stored as one D x D matrix each (W^Q) and
+    one D x 2D matrix for keys and values together, so keys and values cost one matmul.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"n_heads {n_heads} must divide d_model {d_model}")
+        self.n_heads = n_heads
+        self.d_k = d_model // n_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, L, d_k)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, L, D) -> keys and values, each (B, H, L, d_k)."""
+        k, v = self.kv_proj(x).chunk(2, dim=-1)
+        return self._split_heads(k), self._split_heads(v)
+
+    def forward(
+        self,
+        query: Tensor,
+        key_value: Tensor,
+        mask: Tensor | None = None,
+        *,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        static_kv: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` (B, Q, D) to ``key_value`` (B, K, D).
+
+        With a ``cache``: for self-attention (``static_kv=False``) the new keys/values are
+        appended to it; for cross-attention (``static_kv=True``) they are computed on the first
+        call and reused afterwards, so the encoder output is projected once per source.
+
+        Returns:
+            (output (B, Q, D), weights (B, H, Q, K) or None).
+        """
+        q = self._split_heads(self.q_proj(query))  # (B, H, Q, d_k)
+        if cache is not None and static_kv and cache.k is not None:
+            k, v = cache.k, cache.v
+        else:
+            k, v = self.project_kv(key_value)  # (B, H, K, d_k)
+            if cache is not None:
+                if not static_kv and cache.k is not None:
+                    k = torch.cat([cache.k, k], dim=2)
+                    v = torch.cat([cache.v, v], dim=2)
+                cache.k, cache.v = k, v
+        assert k is not None and v is not None
+        out, weights = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask,
+            causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights,
+        )
+        b, _, q_len, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, q_len, self.n_heads * self.d_k)  # (B, Q, D)
+        return self.out_proj(out), weights

@@ -1,0 +1,259 @@
+"""The encoder-decoder Transformer (Vaswani et al., 2017, figure 1).
+
+Shape legend: B batch, S source length, T target length, D d_model, H heads, V target vocabulary.
+
+Read top-down: ``Encoder`` maps source ids to "memory"; ``Decoder`` maps the target prefix and
+the memory to hidden states; ``Transformer`` ties them together with the output projection and
+offers ``encode`` / ``decode`` for generation and ``forward`` for teacher-forced training.
+Attention weights are *returned* when asked for (``need_weights=True``), never stashed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tformer.config import ModelConfig
+from tformer.model.attention import padding_mask
+from tformer.model.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    LayerCache,
+    PositionalEncoding,
+    TokenEmbedding,
+)
+from tformer.tokenizer import PAD_ID
+
+
+@dataclass
+class AttentionMaps:
+    """Attention weights of one forward pass, one (B, H, rows, cols) tensor per layer."""
+
+    encoder: list[Tensor] = field(default_factory=list)  # (B, H, S, S): source self-attention
+    decoder: list[Tensor] = field(default_factory=list)  # (B, H, T, T): causal self-attention
+    cross: list[Tensor] = field(default_factory=list)  # (B, H, T, S): target rows, source cols
+
+
+@dataclass
+class EncoderOutput:
+    memory: Tensor  # (B, S, D)
+    mask: Tensor  # (B, 1, 1, S): True where the source is not padding
+    attentions: list[Tensor] | None = None
+
+
+@dataclass
+class DecoderOutput:
+    logits: Tensor  # (B, T, V)
+    self_attentions: list[Tensor] | None = None
+    cross_attentions: list[Tensor] | None = None
+
+
+@dataclass
+class Seq2SeqOutput:
+    logits: Tensor  # (B, T, V)
+    attentions: AttentionMaps | None = None
+
+
+@dataclass
+class DecoderCache:
+    """Per-layer key/value caches for incremental decoding, plus how many steps are cached."""
+
+    layers: list[LayerCache]
+    length: int = 0
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index``, in that order (beam search, dropping finished rows)."""
+        for layer in self.layers:
+            layer.self_attn.reorder(index)
+            layer.cross_attn.reorder(index)
+
+
+class Encoder(nn.Module):
+    """N identical layers of self-attention + feed-forward over the source (section 3.1)."""
+
+    def __init__(self, config: ModelConfig, embedding: TokenEmbedding) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.positions = PositionalEncoding(config.d_model, config.max_len, config.dropout)
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
+        # Pre-norm leaves the residual stream un-normalised; one LayerNorm at the end fixes that.
+        self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
+
+    def forward(
+        self, src: Tensor, mask: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, list[Tensor]]:
+        x = self.positions(self.embedding(src))  # (B, S, D)
+        maps: list[Tensor] = []
+        for layer in self.layers:
+            x, weights = layer(x, mask, need_weights)
+            if weights is not None:
+                maps.append(weights)
+        return self.final_norm(x), maps
+
+
+class Decoder(nn.Module):
+    """N identical layers of causal self-attention, cross-attention and feed-forward."""
+
+    def __init__(self, config: ModelConfig, embedding: TokenEmbedding) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.positions = PositionalEncoding(config.d_model, config.max_len, config.dropout)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
+        self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
+
+    def forward(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor,
+        *,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        start = cache.length if cache is not None else 0
+        x = self.positions(self.embedding(tgt), start)  # (B, T, D)
+        self_maps: list[Tensor] = []
+        cross_maps: list[Tensor] = []
+        for i, layer in enumerate(self.layers):
+            x, self_w, cross_w = layer(
+                x,
+                memory,
+                memory_mask,
+                cache=cache.layers[i] if cache is not None else None,
+                need_weights=need_weights,
+            )
+            if self_w is not None and cross_w is not None:
+                self_maps.append(self_w)
+                cross_maps.append(cross_w)
+        if cache is not None:
+            cache.length += tgt.size(1)
+        return self.final_norm(x), self_maps, cross_maps
+
+
+class Transformer(nn.Module):
+    """Encoder, decoder and the final linear projection to target-vocabulary logits."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        src_embedding = TokenEmbedding(config.src_vocab_size, config.d_model)
+        tgt_embedding = (
+            src_embedding
+            if config.share_embeddings
+            else TokenEmbedding(config.tgt_vocab_size, config.d_model)
+        )
+        self.encoder = Encoder(config, src_embedding)
+        self.decoder = Decoder(config, tgt_embedding)
+        # Tied: the output projection *is* the target embedding matrix (section 3.4), so no
+        # separate parameter exists; untied it is an ordinary bias-free linear layer.
+        self.output_projection: nn.Linear | None = (
+            None
+            if config.tie_embeddings
+            else nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
+        )
+        self._init_linear_weights()
+
+    def _init_linear_weights(self) -> None:
+        # Xavier-uniform for every projection, as in the reference implementations; biases 0.
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    # -- the three entry points ---------------------------------------------------------------
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
+        """(B, S) source ids -> memory (B, S, D) and its padding mask."""
+        mask = padding_mask(src, PAD_ID)
+        memory, maps = self.encoder(src, mask, need_weights)
+        return EncoderOutput(memory, mask, maps if need_weights else None)
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        encoded: EncoderOutput,
+        *,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> DecoderOutput:
+        """(B, T) decoder input ids -> (B, T, V) logits for the next token at each position.
+
+        With a ``cache``, ``tgt_in`` holds only the new positions (usually one).
+        """
+        hidden, self_maps, cross_maps = self.decoder(
+            tgt_in, encoded.memory, encoded.mask, cache=cache, need_weights=need_weights
+        )
+        logits = self.project(hidden)
+        if not need_weights:
+            return DecoderOutput(logits)
+        return DecoderOutput(logits, self_maps, cross_maps)
+
+    def forward(self, src: Tensor, tgt_in: Tensor, need_weights: bool = False) -> Seq2SeqOutput:
+        """Teacher-forced pass: logits for every target position at once."""
+        encoded = self.encode(src, need_weights)
+        decoded = self.decode(tgt_in, encoded, need_weights=need_weights)
+        if not need_weights:
+            return Seq2SeqOutput(decoded.logits)
+        maps = AttentionMaps(
+            encoder=encoded.attentions or [],
+            decoder=decoded.self_attentions or [],
+            cross=decoded.cross_attentions or [],
+        )
+        return Seq2SeqOutput(decoded.logits, maps)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def project(self, hidden: Tensor) -> Tensor:
+        """(B, T, D) -> (B, T, V) logits."""
+        if self.output_projection is None:
+            return F.linear(hidden, self.decoder.embedding.weight)
+        return self.output_projection(hidden)
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache([LayerCache() for _ in self.decoder.layers])
+
+    @torch.no_grad()
+    def parameter_counts(self) -> dict[str, int]:
+        """Unique parameter counts per part (a tied matrix is counted once, under embeddings)."""
+        seen: set[int] = set()
+
+        def count(module: nn.Module, *, skip_embeddings: bool = False) -> int:
+            total = 0
+            for name, p in module.named_parameters():
+                if id(p) in seen or (skip_embeddings and "embedding" in name):
+                    continue
+                seen.add(id(p))
+                total += p.numel()
+            return total
+
+        def count_attention_and_ff(layers: nn.ModuleList) -> tuple[int, int, int]:
+            attention = ff = norm = 0
+            for layer in layers:
+                for name, p in layer.named_parameters():
+                    if "attn" in name:
+                        attention += p.numel()
+                    elif "feed_forward" in name:
+                        ff += p.numel()
+                    else:
+                        norm += p.numel()
+            return attention, ff, norm
+
+        embeddings = count(self.encoder.embedding) + count(self.decoder.embedding)
+        if self.output_projection is not None:
+            embeddings += count(self.output_projection)
+        encoder = count(self.encoder, skip_embeddings=True)
+        decoder = count(self.decoder, skip_embeddings=True)
+        enc_att, enc_ff, _ = count_attention_and_ff(self.encoder.layers)
+        dec_att, dec_ff, _ = count_attention_and_ff(self.decoder.layers)
+        return {
+            "embeddings": embeddings,
+            "encoder": encoder,
+            "decoder": decoder,
+            "attention": enc_att + dec_att,
+            "feed_forward": enc_ff + dec_ff,
+            "total": embeddings + encoder + decoder,
+        }

@@ -1,0 +1,256 @@
+"""Subword tokenizers: train, load and save a Hugging Face ``tokenizers`` model.
+
+Every tformer tokenizer shares one pipeline so that its output can be decoded back to the text:
+
+* NFKC normalisation (ligatures and full-width forms fold to their plain spelling; case is kept);
+* sentencepiece-style ``Metaspace`` pre-tokenisation, so spaces live inside the tokens as "▁" and
+  decoding needs no guesswork about where they went;
+* ``Digits(individual_digits=True)``, so every digit is its own token and copying numbers (dates,
+  amounts) is a per-digit job the model can learn;
+* one of three subword models (BPE, Unigram, WordPiece), trained with the special tokens first so
+  ``<pad> <bos> <eos> <unk>`` always get ids 0..3. Loading checks this: the model code relies on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
+from pathlib import Path
+
+import tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+from tformer.errors import CheckpointError, ConfigError, DataError
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+TOKENIZER_KINDS = ("bpe", "unigram", "wordpiece")
+
+_SPACE = "▁"  # U+2581, the sentencepiece word-boundary marker
+_WORDPIECE_PREFIX = "##"
+_KIND_OF_MODEL = {models.BPE: "bpe", models.Unigram: "unigram", models.WordPiece: "wordpiece"}
+
+
+class Tokenizer:
+    """Thin wrapper over a `tokenizers.Tokenizer` with tformer's fixed special tokens.
+
+    The wrapper keeps the JSON text it was built from: re-serialising a parsed Unigram model can
+    change the last digit of its float scores, and the hash recorded in a checkpoint must not
+    depend on how many times the file went through a load/save cycle.
+    """
+
+    def __init__(self, inner: tokenizers.Tokenizer, *, source: str | None = None) -> None:
+        where = source or "tokenizer"
+        if type(inner.model) not in _KIND_OF_MODEL:
+            raise CheckpointError(
+                f"{where}: a {type(inner.model).__name__} model is not supported; "
+                f"tformer tokenizers are one of {', '.join(TOKENIZER_KINDS)}"
+            )
+        found = {token: inner.token_to_id(token) for token in SPECIAL_TOKENS}
+        if list(found.values()) != list(range(len(SPECIAL_TOKENS))):
+            got = ", ".join(f"{token}={i}" for token, i in found.items())
+            raise CheckpointError(
+                f"{where}: special tokens must have ids {', '.join(SPECIAL_TOKENS)} = 0..3 but "
+                f"have {got}; it was not made by tformer, so train a new tokenizer with tformer"
+            )
+        self.inner = inner
+        self._text = inner.to_str()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def kind(self) -> str:
+        return _KIND_OF_MODEL[type(self.inner.model)]
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; BOS/EOS are added by the data pipeline, not here."""
+        return self.inner.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # One call into Rust, which encodes the batch in parallel.
+        encodings = self.inner.encode_batch(list(texts), add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with special tokens (padding, BOS/EOS, unknowns) left out."""
+        return self.inner.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        lists = [[int(i) for i in ids] for ids in batch]
+        return self.inner.decode_batch(lists, skip_special_tokens=True)
+
+    def id_to_token(self, i: int) -> str:
+        token = self.inner.id_to_token(int(i))
+        if token is None:
+            raise IndexError(f"token id {i} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return token
+
+    def tokens(self, ids: Sequence[int]) -> list[str]:
+        """Token strings as stored in the vocabulary ("▁the", "##re", "<eos>"), e.g. for plots."""
+        return [self.id_to_token(i) for i in ids]
+
+    def to_str(self) -> str:
+        return self._text
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self._text.encode("utf-8")).hexdigest()
+
+    def save(self, path: str | Path) -> None:
+        """Write the JSON atomically: a crash leaves either the old file or the new one."""
+        path = Path(path)
+        tmp: str | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as file:
+                file.write(self._text)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(tmp, path)
+        except OSError as error:
+            raise CheckpointError(f"{path}: cannot write the tokenizer ({error})") from error
+        finally:
+            if tmp is not None:  # already renamed on success; removes the leftover on failure
+                Path(tmp).unlink(missing_ok=True)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        if not path.is_file():
+            raise CheckpointError(
+                f"{path}: tokenizer file not found; pass the tokenizer.json saved next to the "
+                "model, or train a new tokenizer"
+            )
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise CheckpointError(f"{path}: cannot read the tokenizer ({error})") from error
+        return cls.from_str(text, source=str(path))
+
+    @classmethod
+    def from_str(cls, text: str, *, source: str | None = None) -> Tokenizer:
+        try:
+            inner = tokenizers.Tokenizer.from_str(text)
+        except Exception as error:  # the Rust side raises a bare Exception for any parse error
+            raise CheckpointError(
+                f"{source or 'tokenizer'}: not a valid tokenizer JSON ({error}); the file is "
+                "truncated or not a tokenizer, so re-save or re-train it"
+            ) from error
+        tokenizer = cls(inner, source=source)
+        tokenizer._text = text  # hash exactly what is on disk (see the class docstring)
+        return tokenizer
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    *,
+    kind: str = "bpe",
+    vocab_size: int = 8000,
+    min_frequency: int = 2,
+    show_progress: bool = False,
+) -> Tokenizer:
+    """Train a ``kind`` tokenizer of at most ``vocab_size`` tokens on ``texts`` (one pass).
+
+    Raises:
+        ConfigError: unknown ``kind``, or ``vocab_size`` too small for the specials or alphabet.
+        DataError: ``texts`` holds no non-blank text.
+    """
+    if kind not in TOKENIZER_KINDS:
+        raise ConfigError(
+            f"--tokenizer-kind {kind!r} is not supported; "
+            f"choose one of {', '.join(TOKENIZER_KINDS)}"
+        )
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ConfigError(
+            f"--vocab-size {vocab_size} is too small: it must exceed the {len(SPECIAL_TOKENS)} "
+            "special tokens plus the characters of the text (a few hundred is a sensible minimum)"
+        )
+    inner = _pipeline(kind)
+    trainer = _trainer(kind, vocab_size, min_frequency, show_progress)
+    try:
+        inner.train_from_iterator(_non_empty(texts), trainer=trainer)
+    except Exception as error:
+        # Unigram refuses outright when the alphabet does not fit; BPE/WordPiece overshoot instead.
+        if "not large enough" not in str(error):
+            raise
+        raise _too_small(vocab_size, kind) from error
+    trained_size = inner.get_vocab_size(with_added_tokens=True)
+    if trained_size > vocab_size:
+        raise _too_small(vocab_size, kind, trained_size)
+    # Going through JSON makes the in-memory model identical to what a later load will see.
+    tokenizer = Tokenizer.from_str(inner.to_str(), source="trained tokenizer")
+    assert [tokenizer.inner.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
+    return tokenizer
+
+
+def _non_empty(texts: Iterable[str]) -> Iterator[str]:
+    """``texts`` unchanged, after checking (lazily, in a single pass) that one is not blank."""
+    iterator = iter(texts)
+    first = next((text for text in iterator if text.strip()), None)
+    if first is None:
+        raise DataError("no text to train the tokenizer on")
+    return chain([first], iterator)
+
+
+def _pipeline(kind: str) -> tokenizers.Tokenizer:
+    metaspace = {"replacement": _SPACE, "prepend_scheme": "always"}
+    if kind == "bpe":
+        inner = tokenizers.Tokenizer(models.BPE(unk_token=UNK))
+        decoder = decoders.Metaspace(**metaspace)
+    elif kind == "unigram":
+        inner = tokenizers.Tokenizer(models.Unigram())
+        decoder = decoders.Metaspace(**metaspace)
+    else:
+        inner = tokenizers.Tokenizer(
+            models.WordPiece(unk_token=UNK, continuing_subword_prefix=_WORDPIECE_PREFIX)
+        )
+        # The WordPiece decoder strips "##" from continuation tokens but puts a space before
+        # every other token. Those spaces are spurious: the Metaspace pre-tokenizer turned every
+        # real " " into "▁", so they are dropped before Metaspace decoding restores the real ones.
+        # Replace("##", "") would be wrong: it also eats "#" characters inside words ("a##").
+        decoder = decoders.Sequence(
+            [
+                decoders.WordPiece(prefix=_WORDPIECE_PREFIX, cleanup=False),
+                decoders.Replace(" ", ""),
+                decoders.Metaspace(**metaspace),
+            ]
+        )
+    inner.normalizer = normalizers.NFKC()
+    inner.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Metaspace(**metaspace), pre_tokenizers.Digits(individual_digits=True)]
+    )
+    inner.decoder = decoder
+    return inner
+
+
+def _trainer(
+    kind: str, vocab_size: int, min_frequency: int, show_progress: bool
+) -> trainers.Trainer:
+    # The specials go first and in this order: that is what gives them ids 0..3. BPE and
+    # WordPiece keep every character seen (limit_alphabet is unset), so no initial_alphabet.
+    common = {
+        "vocab_size": vocab_size,
+        "special_tokens": list(SPECIAL_TOKENS),
+        "show_progress": show_progress,
+    }
+    if kind == "bpe":
+        return trainers.BpeTrainer(min_frequency=min_frequency, **common)
+    if kind == "unigram":
+        return trainers.UnigramTrainer(unk_token=UNK, **common)
+    return trainers.WordPieceTrainer(
+        min_frequency=min_frequency, continuing_subword_prefix=_WORDPIECE_PREFIX, **common
+    )
+
+
+def _too_small(vocab_size: int, kind: str, needed: int | None = None) -> ConfigError:
+    why = f"its characters alone take {needed} tokens" if needed else "it needs every character"
+    return ConfigError(
+        f"--vocab-size {vocab_size} is too small for this text with --tokenizer-kind {kind}: "
+        f"{why}; raise --vocab-size"
+    )
