@@ -70,7 +70,9 @@ def test_causal_mask_with_offset() -> None:
     ]
 
 
-def _copy_into_torch_mha(ours: MultiHeadAttention, d_model: int, heads: int) -> nn.MultiheadAttention:
+def _copy_into_torch_mha(
+    ours: MultiHeadAttention, d_model: int, heads: int
+) -> nn.MultiheadAttention:
     ref = nn.MultiheadAttention(d_model, heads, batch_first=True)
     k_w, v_w = ours.kv_proj.weight.chunk(2, dim=0)
     k_b, v_b = ours.kv_proj.bias.chunk(2, dim=0)
@@ -95,11 +97,17 @@ def test_multi_head_matches_torch_multihead_attention(mode: str) -> None:
     causal = mode == "self-causal"
     out, weights = ours(x, memory, None if causal else mask, causal=causal, need_weights=True)
     if causal:
-        ref_out, ref_w = ref(x, x, x, attn_mask=~torch.ones(6, 6, dtype=torch.bool).tril(),
-                             average_attn_weights=False)
+        ref_out, ref_w = ref(
+            x,
+            x,
+            x,
+            attn_mask=~torch.ones(6, 6, dtype=torch.bool).tril(),
+            average_attn_weights=False,
+        )
     else:
-        ref_out, ref_w = ref(x, memory, memory, key_padding_mask=ids == 0,
-                             average_attn_weights=False)
+        ref_out, ref_w = ref(
+            x, memory, memory, key_padding_mask=ids == 0, average_attn_weights=False
+        )
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(weights, ref_w, atol=1e-5, rtol=1e-5)
     fused, none = ours(x, memory, None if causal else mask, causal=causal)
@@ -113,8 +121,9 @@ def test_incremental_self_attention_with_cache_equals_full() -> None:
     x = torch.randn(3, length, d_model)
     full, _ = attn(x, x, causal=True)
     cache = KVCache()
-    steps = [attn(x[:, t : t + 1], x[:, t : t + 1], causal=True, cache=cache)[0]
-             for t in range(length)]
+    steps = [
+        attn(x[:, t : t + 1], x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(length)
+    ]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     assert cache.k is not None and cache.k.shape == (3, heads, length, d_model // heads)
 

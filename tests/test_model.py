@@ -14,8 +14,17 @@ from tformer.tokenizer import BOS_ID, PAD_ID
 
 
 def tiny(**overrides: object) -> ModelConfig:
-    values = dict(src_vocab_size=50, tgt_vocab_size=50, d_model=32, n_heads=4,
-                  n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0, max_len=32)
+    values = dict(
+        src_vocab_size=50,
+        tgt_vocab_size=50,
+        d_model=32,
+        n_heads=4,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        d_ff=64,
+        dropout=0.0,
+        max_len=32,
+    )
     values.update(overrides)
     return ModelConfig(**values)  # type: ignore[arg-type]
 
@@ -90,8 +99,9 @@ def test_cached_decoding_matches_full_forward(norm: str) -> None:
     full = model(src, tgt).logits
     encoded = model.encode(src)
     cache = model.new_cache()
-    steps = [model.decode(tgt[:, t : t + 1], encoded, cache=cache).logits
-             for t in range(tgt.size(1))]
+    steps = [
+        model.decode(tgt[:, t : t + 1], encoded, cache=cache).logits for t in range(tgt.size(1))
+    ]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     assert cache.length == tgt.size(1)
 

@@ -31,11 +31,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from tformer.version import __version__
 from tformer.config import ModelConfig, TrainConfig
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import Transformer
 from tformer.tokenizer import SPECIAL_TOKENS, Tokenizer
+from tformer.version import __version__
 
 FORMAT = "tformer-checkpoint"
 FORMAT_VERSION = 1
@@ -246,9 +246,7 @@ def resolve(path: str | Path) -> Path:
         if name and (target / CONFIG).is_file():
             return target
         raise CheckpointError(f"{latest}: points at {name!r}, which is missing or incomplete")
-    raise CheckpointError(
-        f"{path}: not a tformer checkpoint (no {CONFIG} or {LATEST} file inside)"
-    )
+    raise CheckpointError(f"{path}: not a tformer checkpoint (no {CONFIG} or {LATEST} file inside)")
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -271,8 +269,8 @@ def load_tokenizers(folder: Path, config: dict[str, Any]) -> Tokenizers:
     identity = config.get("tokenizer", {})
     files = identity.get("files", {"source": SHARED_TOKENIZER, "target": SHARED_TOKENIZER})
     source = Tokenizer.load(folder / files["source"])
-    target = source if files["target"] == files["source"] else Tokenizer.load(
-        folder / files["target"]
+    target = (
+        source if files["target"] == files["source"] else Tokenizer.load(folder / files["target"])
     )
     for side, tok in (("source", source), ("target", target)):
         expected = identity.get("sha256", {}).get(side)

@@ -113,6 +113,24 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     return ModelConfig(**values)
 
 
+# Recipes: an architecture plus training settings that work well together for one data set.
+# The CLI applies a recipe's values in place of the defaults; flags given still win.
+RECIPES: dict[str, dict[str, dict[str, Any]]] = {
+    # The bundled date-normalisation task: >= 95% exact match in under 3 minutes on 2 CPU cores.
+    "dates": {
+        "model": dict(PRESETS["tiny"], d_model=128, d_ff=512),
+        "train": dict(
+            lr=2e-3,
+            warmup_steps=200,
+            time_budget=150.0,
+            eval_every=200,
+            save_every=500,
+            log_every=50,
+        ),
+    },
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """How to train: data, batching, optimiser, schedule, stopping and bookkeeping."""

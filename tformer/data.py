@@ -6,6 +6,7 @@ Shape legend: B pairs in a batch, S longest source, T longest target + 1 (for BO
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,14 +123,53 @@ def _load_file(path: Path, source_field: str, target_field: str) -> list[TextPai
         )
     if path.stat().st_size == 0:
         raise DataError(f"{path}: the file is empty")
+    if path.suffix.lower() in (".jsonl", ".json") and loader == "json":
+        return _pairs_from_columns(
+            _read_json_lines(path, source_field, target_field),
+            str(path),
+            source_field,
+            target_field,
+        )
     kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
     try:
         dataset = datasets.load_dataset(
-            loader, data_files=str(path), split="train", **kwargs  # type: ignore[arg-type]
+            loader,
+            data_files=str(path),
+            split="train",
+            **kwargs,  # type: ignore[arg-type]
         )
     except Exception as error:  # datasets raises many types; all mean "cannot parse"
         raise DataError(f"{path}: cannot be read as {loader}: {_first_line(error)}") from error
     return _pairs_from_columns(dataset, str(path), source_field, target_field)
+
+
+def _read_json_lines(path: Path, source_field: str, target_field: str) -> Any:
+    """JSON Lines -> ``datasets.Dataset``, the two text fields read as strings.
+
+    The generic JSON loader infers types, which turns a target like "2025-03-06" into a
+    timestamp; an explicit Arrow schema for the text fields keeps the text exactly.
+    """
+    import pyarrow as pa
+    import pyarrow.json as paj
+
+    datasets: Any = _quiet_datasets()
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise DataError(f"{path}: line {line}: invalid UTF-8 (byte {error.start})") from error
+    schema = pa.schema([(source_field, pa.string()), (target_field, pa.string())])
+    options = paj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer")
+    try:
+        table = paj.read_json(path, parse_options=options)
+    except pa.ArrowInvalid as error:
+        message = str(error)
+        match = re.search(r"in row (\d+)", message)
+        where = f"line {int(match.group(1)) + 1}: " if match else ""
+        message = re.sub(r"^JSON parse error: | in row \d+", "", message)
+        raise DataError(f"{path}: {where}invalid JSON Lines ({message})") from error
+    return datasets.Dataset(table)
 
 
 def _load_hub(name: str, source_field: str, target_field: str) -> dict[str, list[TextPair]]:
@@ -161,15 +201,22 @@ def _pairs_from_columns(
     columns = list(getattr(dataset, "column_names", []))
     for option, field in (("--source-field", source_field), ("--target-field", target_field)):
         if field not in columns:
-            raise DataError(
-                f"{where}: no column {field!r} ({option}); columns are {columns}"
-            )
+            raise DataError(f"{where}: no column {field!r} ({option}); columns are {columns}")
     sources = dataset[source_field]  # type: ignore[index]
     targets = dataset[target_field]  # type: ignore[index]
     if len(sources) == 0:
         raise DataError(f"{where}: no rows")
     pairs = []
+    for option, field, values in (
+        ("--source-field", source_field, sources),
+        ("--target-field", target_field, targets),
+    ):
+        if all(v is None for v in values):
+            raise DataError(f"{where}: no field {field!r} ({option}) in any row")
     for row, (src, tgt) in enumerate(zip(sources, targets, strict=True), start=1):
+        if src is None or tgt is None:
+            missing = source_field if src is None else target_field
+            raise DataError(f"{where}: row {row}: no field {missing!r}")
         if not isinstance(src, str) or not isinstance(tgt, str):
             raise DataError(
                 f"{where}: row {row}: {source_field!r} and {target_field!r} must be text, "
@@ -263,7 +310,9 @@ def collate(pairs: Sequence[IdPair]) -> Batch:
     )
 
 
-def bucket_batches(lengths: Sequence[tuple[int, int]], max_tokens: int, seed: int) -> list[list[int]]:
+def bucket_batches(
+    lengths: Sequence[tuple[int, int]], max_tokens: int, seed: int
+) -> list[list[int]]:
     """Group example indices into batches of similar length under a padded-token budget.
 
     Examples are sorted by length (ties broken at random, so each seed groups them differently)

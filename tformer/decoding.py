@@ -122,7 +122,10 @@ def _select_rows(encoded: EncoderOutput, index: Tensor) -> EncoderOutput:
 
 @torch.no_grad()
 def decode(
-    model: Transformer, src: Tensor, config: DecodingConfig, generator: torch.Generator | None = None
+    model: Transformer,
+    src: Tensor,
+    config: DecodingConfig,
+    generator: torch.Generator | None = None,
 ) -> list[Hypothesis]:
     """Decode a padded (B, S) batch of source ids; one hypothesis per row, in row order.
 

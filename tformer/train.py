@@ -89,7 +89,7 @@ class TrainResult:
 
 
 def prepare_output(out: Path, *, resume: bool, overwrite: bool) -> None:
-    """Refuse to clobber anything that is not ours; clear our own run only when told to."""
+    """Refuse to clobber anything that is not ours. Checks only: nothing is written yet."""
     if resume:
         if not ckpt.is_run_dir(out):
             raise ConfigError(f"--resume {out}: no tformer run there to resume")
@@ -109,6 +109,13 @@ def prepare_output(out: Path, *, resume: bool, overwrite: bool) -> None:
                 f"--out {out}: already holds a run; --resume to continue it or --overwrite "
                 "to start again"
             )
+
+
+def create_output(out: Path, *, resume: bool) -> None:
+    """Start the run folder afresh (after ``prepare_output`` allowed it)."""
+    if resume:
+        return
+    if out.is_dir():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -126,9 +133,7 @@ def get_tokenizers(
         tok = Tokenizer.load(tokenizer_path)
         return ckpt.Tokenizers(tok, tok)
     if shared:
-        tok = train_tokenizer(
-            (t for pair in texts for t in pair), kind=kind, vocab_size=vocab_size
-        )
+        tok = train_tokenizer((t for pair in texts for t in pair), kind=kind, vocab_size=vocab_size)
         return ckpt.Tokenizers(tok, tok)
     source = train_tokenizer((s for s, _ in texts), kind=kind, vocab_size=vocab_size)
     target = train_tokenizer((t for _, t in texts), kind=kind, vocab_size=vocab_size)
@@ -292,7 +297,10 @@ def train(
         if model_config is None:
             raise ConfigError("a model configuration is needed unless resuming")
         tokenizers = get_tokenizers(
-            tokenizer, texts["train"], kind=tokenizer_kind, vocab_size=vocab_size,
+            tokenizer,
+            texts["train"],
+            kind=tokenizer_kind,
+            vocab_size=vocab_size,
             shared=shared_vocab,
         )
         model_config = dataclasses.replace(
@@ -343,6 +351,7 @@ def train(
         }
     )
 
+    create_output(out, resume=resume)
     loop = _Loop(model, optimizer, cfg, model_config, tokenizers, splits, device, out, report)
     return loop.run(plan, pos, total_steps)
 
@@ -429,7 +438,10 @@ class _Loop:
         return self._finish(pos, plan)
 
     def _step(
-        self, plan: BatchPlan, micro: list[tuple[int, int, list[int]]], step: int,
+        self,
+        plan: BatchPlan,
+        micro: list[tuple[int, int, list[int]]],
+        step: int,
         total_steps: int | None,
     ) -> tuple[torch.Tensor, int]:
         batches = [collate([plan.pairs[i] for i in indices]) for _, _, indices in micro]

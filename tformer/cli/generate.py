@@ -45,8 +45,9 @@ def read_inputs(texts: list[str] | None, input_file: Path | None) -> list[str]:
 @app.command("generate")
 def generate_command(
     checkpoint: Path = CHECKPOINT,
-    texts: list[str] | None = typer.Argument(None, help="Inputs (default: --input-file or "
-                                             "stdin, one a line).", show_default=False),
+    texts: list[str] | None = typer.Argument(
+        None, help="Inputs (default: --input-file or stdin, one a line).", show_default=False
+    ),
     input_file: Path | None = typer.Option(None, "--input-file", "-i", show_default=False),
     temperature: float = TEMPERATURE,
     top_k: int = TOP_K,
@@ -55,8 +56,11 @@ def generate_command(
     num_samples: int = typer.Option(1, "--num-samples", "-n", help="Outputs per input."),
     seed: int | None = SEED,
     batch_size: int = typer.Option(64, "--batch-size", help="Rows decoded together."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON record per output, with ids, "
-                                 "per-token log-probabilities and the score."),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="One JSON record per output, with ids, per-token log-probabilities and the score.",
+    ),
     device: str = DEVICE,
 ) -> None:
     """Generate outputs; one line per output, in input order (samples of an input together).
@@ -64,8 +68,12 @@ def generate_command(
     Example: tformer generate checkpoints/dates "6 March 2025" "the first of May 1999" -t 0
     """
     config = DecodingConfig(
-        temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
-        num_samples=num_samples, seed=seed,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        num_samples=num_samples,
+        seed=seed,
     )
     if batch_size < 1:
         raise ConfigError(f"--batch-size {batch_size} must be >= 1")

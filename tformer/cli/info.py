@@ -17,11 +17,12 @@ from tformer.model import Transformer
 
 @app.command("info")
 def info_command(
-    checkpoint: Path | None = typer.Argument(None, help="A run or checkpoint folder.",
-                                             show_default=False),
-    preset_name: str | None = typer.Option(None, "--preset",
-                                           help=f"Describe a preset: {', '.join(PRESETS)}.",
-                                           show_default=False),
+    checkpoint: Path | None = typer.Argument(
+        None, help="A run or checkpoint folder.", show_default=False
+    ),
+    preset_name: str | None = typer.Option(
+        None, "--preset", help=f"Describe a preset: {', '.join(PRESETS)}.", show_default=False
+    ),
     vocab_size: int = typer.Option(8000, "--vocab-size", help="Vocabulary size for --preset."),
 ) -> None:
     """Show the architecture and parameter counts (total and per part).
@@ -42,8 +43,10 @@ def info_command(
     arch.add_column("setting")
     arch.add_column("value", justify="right")
     for key, value in model.config.to_dict().items():
-        arch.add_row(key, f"{value:,}" if isinstance(value, int) and not isinstance(value, bool)
-                     else str(value))
+        arch.add_row(
+            key,
+            f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value),
+        )
     console.print(arch)
 
     counts = model.parameter_counts()

@@ -31,14 +31,19 @@ def parse_head(text: str) -> int | str:
 def inspect_attention_command(
     checkpoint: Path = CHECKPOINT,
     text: str = typer.Argument(..., help="The source text.", show_default=False),
-    target: str | None = typer.Option(None, "--target", help="Teacher-force this target "
-                                      "(default: the model's own output).", show_default=False),
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        help="Teacher-force this target (default: the model's own output).",
+        show_default=False,
+    ),
     kind: str = typer.Option("cross", "--kind", "-k", help="encoder | decoder | cross"),
     layer: int = typer.Option(-1, "--layer", "-l", help="Layer; negative counts from the end."),
     head: str = typer.Option("mean", "--head", help="A head number, 'all' or 'mean'."),
     values: bool = typer.Option(False, "--values", help="Print the weights in the cells."),
-    save: Path | None = typer.Option(None, "--save", help="Write .json or .png.",
-                                     show_default=False),
+    save: Path | None = typer.Option(
+        None, "--save", help="Write .json or .png.", show_default=False
+    ),
     temperature: float = TEMPERATURE,
     seed: int | None = SEED,
     device: str = DEVICE,
@@ -60,15 +65,21 @@ def inspect_attention_command(
     shown_layer = layer % n_layers
     origin = "model output" if result.generated else "given target"
     title = f"{kind} attention · layer {shown_layer} · head {head}"
-    console.print(f"source: {escape(result.source_text)}\ntarget ({origin}): "
-                  f"{escape(result.target_text)}")
+    console.print(
+        f"source: {escape(result.source_text)}\ntarget ({origin}): {escape(result.target_text)}"
+    )
     if which == "all":
         console.print(head_grid(weights, rows, cols, width=console.width, title=title))
     else:
-        console.print(heatmap(weights, rows, cols, width=console.width, values=values,
-                              title=title))
+        console.print(heatmap(weights, rows, cols, width=console.width, values=values, title=title))
     if save is not None:
-        meta = {"checkpoint": str(loaded.path), "source": result.source_text,
-                "target": result.target_text, "kind": kind, "layer": shown_layer, "head": head}
+        meta = {
+            "checkpoint": str(loaded.path),
+            "source": result.source_text,
+            "target": result.target_text,
+            "kind": kind,
+            "layer": shown_layer,
+            "head": head,
+        }
         save_map(save, weights, rows, cols, meta)
         console.print(f"wrote {escape(str(save))}")

@@ -40,10 +40,16 @@ TEMPERATURE = typer.Option(
     "-t",
     help="Sample from softmax(z / T); 0 means greedy (always the most likely token).",
 )
-TOP_K = typer.Option(default(DecodingConfig, "top_k"), "--top-k", help="Sample among the k most "
-                     "likely tokens only; 0 = off.")
-TOP_P = typer.Option(default(DecodingConfig, "top_p"), "--top-p", help="Nucleus sampling: the "
-                     "smallest set of tokens with this much probability; 1 = off.")
+TOP_K = typer.Option(
+    default(DecodingConfig, "top_k"),
+    "--top-k",
+    help="Sample among the k most likely tokens only; 0 = off.",
+)
+TOP_P = typer.Option(
+    default(DecodingConfig, "top_p"),
+    "--top-p",
+    help="Nucleus sampling: the smallest set of tokens with this much probability; 1 = off.",
+)
 MAX_NEW_TOKENS = typer.Option(default(DecodingConfig, "max_new_tokens"), "--max-new-tokens")
 SEED = typer.Option(None, "--seed", help="Random seed: the same seed gives the same output.")
 

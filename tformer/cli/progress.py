@@ -53,8 +53,10 @@ class RichReporter(Reporter):
             self.progress = Progress(
                 TextColumn("[bold blue]step {task.fields[step]}"),
                 BarColumn(),
-                TextColumn("loss {task.fields[loss]}  val {task.fields[val]}  "
-                           "lr {task.fields[lr]}  {task.fields[tps]} tok/s"),
+                TextColumn(
+                    "loss {task.fields[loss]}  val {task.fields[val]}  "
+                    "lr {task.fields[lr]}  {task.fields[tps]} tok/s"
+                ),
                 TimeElapsedColumn(),
                 TextColumn("eta"),
                 TimeRemainingColumn(),
@@ -124,6 +126,4 @@ class RichReporter(Reporter):
         if result.val_loss is not None:
             err_console.print(f"validation loss {result.val_loss:.4f}")
         if result.exact_match is not None:
-            console.print(
-                f"exact match on {result.exact_match_split}: {result.exact_match:.2%}"
-            )
+            console.print(f"exact match on {result.exact_match_split}: {result.exact_match:.2%}")

@@ -69,13 +69,19 @@ def heatmap(
         stop = min(start + per_block, len(cols))
         caption = f"columns {start}-{stop - 1} of {len(cols)}" if len(cols) > per_block else None
         table = Table(
-            title=title if start == 0 else None, title_justify="left", caption=caption,
-            caption_justify="left", box=None, padding=(0, 1, 0, 0), show_edge=False,
+            title=title if start == 0 else None,
+            title_justify="left",
+            caption=caption,
+            caption_justify="left",
+            box=None,
+            padding=(0, 1, 0, 0),
+            show_edge=False,
         )
         table.add_column("", justify="right", no_wrap=True)
         for c in range(start, stop):
-            table.add_column(_vertical(cols[c], header_height), justify="center", width=cell,
-                             no_wrap=True)
+            table.add_column(
+                _vertical(cols[c], header_height), justify="center", width=cell, no_wrap=True
+            )
         for r, row_label in enumerate(rows):
             cells: list[RenderableType] = [_label(row_label)]
             for c in range(start, stop):
@@ -130,8 +136,13 @@ def save_map(
         raise ConfigError(f"--save {path}: unsupported file type; use .json or .png")
     path.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".json":
-        record = {**meta, "rows": list(rows), "columns": list(cols),
-                  "shape": list(weights.shape), "weights": weights.tolist()}
+        record = {
+            **meta,
+            "rows": list(rows),
+            "columns": list(cols),
+            "shape": list(weights.shape),
+            "weights": weights.tolist(),
+        }
         path.write_text(json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
         return
     _save_png(path, weights, rows, cols, meta)
@@ -157,14 +168,15 @@ def _save_png(
         if index >= n:
             ax.axis("off")
             continue
-        image = ax.imshow(maps[index].numpy(), cmap="viridis", vmin=0.0, vmax=1.0,
-                          aspect="auto")
+        image = ax.imshow(maps[index].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_xticks(range(len(cols)), list(cols), rotation=90, fontsize=8)
         ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
         if n > 1:
             ax.set_title(f"head {index}", fontsize=9)
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
-    fig.suptitle(f"{meta.get('kind')} attention, layer {meta.get('layer')}, "
-                 f"head {meta.get('head')}", fontsize=10)
+    fig.suptitle(
+        f"{meta.get('kind')} attention, layer {meta.get('layer')}, head {meta.get('head')}",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

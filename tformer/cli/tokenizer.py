@@ -19,13 +19,14 @@ def train_tokenizer_command(
     data: str | None = DATA,
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,
-    kind: str = typer.Option("bpe", "--kind", "--tokenizer-kind",
-                             help=" | ".join(TOKENIZER_KINDS)),
+    kind: str = typer.Option("bpe", "--kind", "--tokenizer-kind", help=" | ".join(TOKENIZER_KINDS)),
     vocab_size: int = typer.Option(8000, "--vocab-size"),
-    min_frequency: int = typer.Option(2, "--min-frequency",
-                                      help="Merge/keep only pieces seen this often."),
+    min_frequency: int = typer.Option(
+        2, "--min-frequency", help="Merge/keep only pieces seen this often."
+    ),
     separate: bool = typer.Option(
-        False, "--separate-vocab",
+        False,
+        "--separate-vocab",
         help="Train one tokenizer per side: OUT's name gets .source / .target before .json.",
     ),
     out: Path = typer.Option(Path("checkpoints/tokenizer.json"), "--out", "-o"),
@@ -42,7 +43,10 @@ def train_tokenizer_command(
     out.parent.mkdir(parents=True, exist_ok=True)
     for suffix, texts in sides.items():
         tok = train_tokenizer(
-            texts, kind=kind, vocab_size=vocab_size, min_frequency=min_frequency,
+            texts,
+            kind=kind,
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
             show_progress=err_console.is_terminal,
         )
         path = out.with_name(out.stem + suffix + out.suffix) if suffix else out

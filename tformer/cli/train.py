@@ -8,7 +8,6 @@ from typing import Any
 
 import click
 import typer
-from click.core import ParameterSource
 
 from tformer import checkpoint as ckpt
 from tformer.cli import app
@@ -21,7 +20,15 @@ from tformer.cli.options import (
     existing_file,
 )
 from tformer.cli.progress import RichReporter
-from tformer.config import DEFAULT_PRESET, PRESETS, ModelConfig, TrainConfig, parse_duration, preset
+from tformer.config import (
+    DEFAULT_PRESET,
+    PRESETS,
+    RECIPES,
+    ModelConfig,
+    TrainConfig,
+    parse_duration,
+    preset,
+)
 from tformer.errors import CheckpointError, ConfigError
 from tformer.tokenizer import TOKENIZER_KINDS
 from tformer.train import check_architecture, train
@@ -40,68 +47,99 @@ def train_command(
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,
     out: Path | None = typer.Option(
-        None, "--out", "-o", help="Run folder. Default: checkpoints/<data name>.",
+        None,
+        "--out",
+        "-o",
+        help="Run folder. Default: checkpoints/<data name>.",
         show_default=False,
     ),
     resume: Path | None = typer.Option(
-        None, "--resume", help="Continue the run in this folder from its latest checkpoint.",
+        None,
+        "--resume",
+        help="Continue the run in this folder from its latest checkpoint.",
         show_default=False,
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run in --out."),
     # tokenizer
     tokenizer: Path | None = typer.Option(
-        None, "--tokenizer", help="tokenizer.json to use (default: train one on the data).",
+        None,
+        "--tokenizer",
+        help="tokenizer.json to use (default: train one on the data).",
         show_default=False,
     ),
-    tokenizer_kind: str = typer.Option("bpe", "--tokenizer-kind",
-                                       help=f"{' | '.join(TOKENIZER_KINDS)}"),
+    tokenizer_kind: str = typer.Option(
+        "bpe", "--tokenizer-kind", help=f"{' | '.join(TOKENIZER_KINDS)}"
+    ),
     vocab_size: int = typer.Option(8000, "--vocab-size", help="For an automatic tokenizer."),
-    separate_vocab: bool = typer.Option(False, "--separate-vocab",
-                                        help="Separate source and target vocabularies."),
+    separate_vocab: bool = typer.Option(
+        False, "--separate-vocab", help="Separate source and target vocabularies."
+    ),
     # architecture
-    preset_name: str = typer.Option(DEFAULT_PRESET, "--preset",
-                                    help=f"Architecture preset: {', '.join(PRESETS)}."),
+    recipe: str | None = typer.Option(
+        None,
+        "--recipe",
+        show_default=False,
+        help=f"Architecture + training settings for a data set ({', '.join(RECIPES)}, or "
+        "none); default: 'dates' for the bundled data. Flags given still win.",
+    ),
+    preset_name: str = typer.Option(
+        DEFAULT_PRESET, "--preset", help=f"Architecture preset: {', '.join(PRESETS)}."
+    ),
     d_model: int | None = typer.Option(None, "--d-model", show_default=False),
     n_heads: int | None = typer.Option(None, "--n-heads", show_default=False),
-    n_layers: int | None = typer.Option(None, "--n-layers", show_default=False,
-                                        help="Encoder and decoder depth."),
+    n_layers: int | None = typer.Option(
+        None, "--n-layers", show_default=False, help="Encoder and decoder depth."
+    ),
     n_encoder_layers: int | None = typer.Option(None, "--n-encoder-layers", show_default=False),
     n_decoder_layers: int | None = typer.Option(None, "--n-decoder-layers", show_default=False),
     d_ff: int | None = typer.Option(None, "--d-ff", show_default=False),
     dropout: float | None = typer.Option(None, "--dropout", show_default=False),
-    attention_dropout: float | None = typer.Option(None, "--attention-dropout",
-                                                   show_default=False),
-    norm: str | None = typer.Option(None, "--norm", help="post (paper) | pre",
-                                    show_default=False),
-    activation: str | None = typer.Option(None, "--activation", help="relu | gelu",
-                                          show_default=False),
-    max_len: int | None = typer.Option(None, "--max-len", show_default=False,
-                                       help="Longest sequence in tokens (longer pairs skipped)."),
-    tie_embeddings: bool | None = typer.Option(None, "--tie-embeddings/--no-tie-embeddings",
-                                               show_default=False,
-                                               help="Share embeddings and output projection "
-                                               "(default: on)."),
+    attention_dropout: float | None = typer.Option(None, "--attention-dropout", show_default=False),
+    norm: str | None = typer.Option(None, "--norm", help="post (paper) | pre", show_default=False),
+    activation: str | None = typer.Option(
+        None, "--activation", help="relu | gelu", show_default=False
+    ),
+    max_len: int | None = typer.Option(
+        None,
+        "--max-len",
+        show_default=False,
+        help="Longest sequence in tokens (longer pairs skipped).",
+    ),
+    tie_embeddings: bool | None = typer.Option(
+        None,
+        "--tie-embeddings/--no-tie-embeddings",
+        show_default=False,
+        help="Share embeddings and output projection (default: on).",
+    ),
     # batching and optimisation
-    max_tokens: int = typer.Option(default(T, "max_tokens"), "--max-tokens",
-                                   help="Padded tokens per batch."),
-    accumulate: int = typer.Option(default(T, "accumulate"), "--accumulate",
-                                   help="Batches per optimiser step."),
-    lr: float | None = typer.Option(None, "--lr", show_default=False,
-                                    help="Peak learning rate (default: the paper's "
-                                    "d_model^-0.5 * warmup^-0.5)."),
+    max_tokens: int = typer.Option(
+        default(T, "max_tokens"), "--max-tokens", help="Padded tokens per batch."
+    ),
+    accumulate: int = typer.Option(
+        default(T, "accumulate"), "--accumulate", help="Batches per optimiser step."
+    ),
+    lr: float | None = typer.Option(
+        None,
+        "--lr",
+        show_default=False,
+        help="Peak learning rate (default: the paper's d_model^-0.5 * warmup^-0.5).",
+    ),
     warmup_steps: int = typer.Option(default(T, "warmup_steps"), "--warmup-steps"),
-    schedule: str = typer.Option(default(T, "schedule"), "--schedule",
-                                 help="inverse-sqrt (paper) | cosine | constant"),
+    schedule: str = typer.Option(
+        default(T, "schedule"), "--schedule", help="inverse-sqrt (paper) | cosine | constant"
+    ),
     min_lr: float = typer.Option(default(T, "min_lr"), "--min-lr"),
     label_smoothing: float = typer.Option(default(T, "label_smoothing"), "--label-smoothing"),
     clip_norm: float = typer.Option(default(T, "clip_norm"), "--clip-norm"),
     weight_decay: float = typer.Option(default(T, "weight_decay"), "--weight-decay"),
     # stopping and bookkeeping
     max_steps: int | None = typer.Option(None, "--max-steps", show_default=False),
-    epochs: float | None = typer.Option(None, "--epochs", show_default=False,
-                                        help="Default 10 when no other limit is set."),
-    time_budget: str | None = typer.Option(None, "--time-budget", show_default=False,
-                                           help="e.g. 90s, 3m, 1h."),
+    epochs: float | None = typer.Option(
+        None, "--epochs", show_default=False, help="Default 10 when no other limit is set."
+    ),
+    time_budget: str | None = typer.Option(
+        None, "--time-budget", show_default=False, help="e.g. 90s, 3m, 1h."
+    ),
     eval_every: int = typer.Option(default(T, "eval_every"), "--eval-every"),
     save_every: int = typer.Option(default(T, "save_every"), "--save-every"),
     log_every: int = typer.Option(default(T, "log_every"), "--log-every"),
@@ -128,8 +166,9 @@ def train_command(
         model_config, train_config = _resume_configs(ctx, resume, model_overrides, train_values)
         out = resume
     else:
-        model_config = preset(preset_name, **model_overrides)
-        train_config = TrainConfig(**train_values)
+        model_config, train_config = _new_configs(
+            ctx, recipe, preset_name, model_overrides, train_values
+        )
 
     train(
         model_config,
@@ -146,7 +185,38 @@ def train_command(
 
 
 def _given(ctx: click.Context, name: str) -> bool:
-    return ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+    # Compared by name: Typer may carry its own copy of click's ParameterSource enum.
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def _new_configs(
+    ctx: click.Context,
+    recipe: str | None,
+    preset_name: str,
+    model_overrides: dict[str, Any],
+    train_values: dict[str, Any],
+) -> tuple[ModelConfig, TrainConfig]:
+    """Defaults, then the recipe (if any), then the flags given on the command line."""
+    if recipe is None and train_values.get("data") is None:
+        recipe = "dates"
+    if recipe is not None and recipe != "none" and recipe not in RECIPES:
+        raise ConfigError(
+            f"--recipe {recipe!r} is unknown; choose one of {', '.join(RECIPES)} or none"
+        )
+    chosen = RECIPES.get(recipe or "none", {"model": {}, "train": {}})
+    if _given(ctx, "preset_name") or not chosen["model"]:
+        model_config = preset(preset_name, **model_overrides)
+    else:
+        model_config = ModelConfig(**{**chosen["model"], **model_overrides})
+    train_values = dict(train_values)
+    # A stopping flag given by the user replaces the recipe's stopping rule as a whole.
+    stops = ("max_steps", "epochs", "time_budget")
+    user_stops = any(_given(ctx, k) for k in stops)
+    for key, value in chosen["train"].items():
+        if not _given(ctx, key) and not (user_stops and key in stops):
+            train_values[key] = value
+    return model_config, TrainConfig(**train_values)
 
 
 def _resume_configs(
@@ -161,7 +231,10 @@ def _resume_configs(
         raise CheckpointError(f"{run}: cannot resume, invalid config ({error})") from error
     explicit = {k: v for k, v in model_overrides.items() if _given(ctx, k)}
     check_architecture(saved_model, explicit)
-    changed = {k: v for k, v in train_values.items() if _given(ctx, k) or k == "time_budget"
-               and v is not None}
+    changed = {
+        k: v
+        for k, v in train_values.items()
+        if _given(ctx, k) or k == "time_budget" and v is not None
+    }
     merged = {**saved_train, **changed}
     return None, TrainConfig.from_dict(merged, source=str(run))

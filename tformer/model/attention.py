@@ -101,9 +101,11 @@ class KVCache:
 
 
 class MultiHeadAttention(nn.Module):
-    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O (section 3.2.2),
 
-    Section 3.2.2. The h per-head projections are stored as one D x D matrix each (W^Q) and
+    where head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    The h per-head projections are stored as one D x D matrix each (W^Q) and
     one D x 2D matrix for keys and values together, so keys and values cost one matmul.
     """
 

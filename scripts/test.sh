@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Set up (with the test extras) and run the test suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh dev
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,65 @@
+"""Shared fixtures: a small real data set on disk and one tiny model trained on it for real."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from tformer.config import ModelConfig, TrainConfig, preset
+from tformer.train import TrainResult, train
+
+DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def digit_pairs(n: int, seed: int) -> list[dict[str, str]]:
+    """ "3 1 4" -> "three one four": a mapping with one-to-one alignment, learnt in seconds."""
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        digits = [rng.randrange(10) for _ in range(rng.randint(1, 6))]
+        pairs.append(
+            {
+                "source": " ".join(map(str, digits)),
+                "target": " ".join(DIGIT_WORDS[d] for d in digits),
+            }
+        )
+    return pairs
+
+
+def write_jsonl(path: Path, records: list[dict[str, str]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def toy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("toy")
+    write_jsonl(folder / "train.jsonl", digit_pairs(3000, seed=1))
+    write_jsonl(folder / "validation.jsonl", digit_pairs(100, seed=2))
+    write_jsonl(folder / "test.jsonl", digit_pairs(200, seed=3))
+    return folder
+
+
+def tiny_model() -> ModelConfig:
+    return preset("tiny", d_model=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=1,
+                  d_ff=128, dropout=0.0, max_len=64)
+
+
+TRAINED_STEPS = 600
+
+
+@pytest.fixture(scope="session")
+def trained(toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
+    """A tiny model trained on the digit task; many tests read it, none writes to it."""
+    out = tmp_path_factory.mktemp("runs") / "toy"
+    config = TrainConfig(data=str(toy_data), max_tokens=1024, lr=3e-3, warmup_steps=50,
+                         max_steps=TRAINED_STEPS, eval_every=200, log_every=50, save_every=200,
+                         label_smoothing=0.0, seed=0)
+    return train(tiny_model(), config, out=out, vocab_size=64)

@@ -1,0 +1,131 @@
+"""Loading real files through HF datasets, teacher-forcing batches and token-budget bucketing."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import digit_pairs, write_jsonl
+from tformer.data import (
+    BatchPlan,
+    bucket_batches,
+    collate,
+    encode_pairs,
+    load_text_pairs,
+    shift_right,
+)
+from tformer.errors import DataError
+from tformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
+
+
+def test_shift_right_feeds_bos_plus_target_and_predicts_target_plus_eos() -> None:
+    dec_in, labels = shift_right([7, 8, 9])
+    assert dec_in == [BOS_ID, 7, 8, 9]
+    assert labels == [7, 8, 9, EOS_ID]
+    assert dec_in[1:] == labels[:-1]  # labels are the input shifted left by one
+
+
+def test_collate_pads_and_aligns() -> None:
+    batch = collate([([5, 6, 7], [8]), ([9], [10, 11, 12])])
+    assert batch.src.tolist() == [[5, 6, 7], [9, PAD_ID, PAD_ID]]
+    assert batch.tgt_in.tolist() == [[BOS_ID, 8, PAD_ID, PAD_ID], [BOS_ID, 10, 11, 12]]
+    assert batch.tgt_out.tolist() == [[8, EOS_ID, PAD_ID, PAD_ID], [10, 11, 12, EOS_ID]]
+    assert batch.n_target_tokens == 6
+
+
+def test_bucketing_respects_the_budget_and_covers_every_example() -> None:
+    lengths = [((i * 7) % 23 + 1, (i * 5) % 19 + 1) for i in range(500)]
+    batches = bucket_batches(lengths, max_tokens=200, seed=3)
+    seen = sorted(i for b in batches for i in b)
+    assert seen == list(range(500))
+    for b in batches:
+        longest = max(max(lengths[i][0], lengths[i][1] + 1) for i in b)
+        assert len(b) * longest <= 200 or len(b) == 1
+    # Same seed, same batches; another seed, another order.
+    assert batches == bucket_batches(lengths, 200, seed=3)
+    assert batches != bucket_batches(lengths, 200, seed=4)
+
+
+def test_bucketing_keeps_padding_small() -> None:
+    pairs = [([4] * ((i % 30) + 1), [5] * ((i * 7) % 30 + 1)) for i in range(2000)]
+    plan = BatchPlan(pairs, max_tokens=1024, seed=0)
+    assert plan.padding_share() < 0.35
+    assert plan.epoch(1) != plan.epoch(0)
+
+
+def test_load_folder_and_single_file(toy_data: Path) -> None:
+    splits = load_text_pairs(str(toy_data))
+    assert set(splits) == {"train", "validation", "test"}
+    assert len(splits["train"]) == 3000
+    assert splits["train"][0] == (
+        digit_pairs(1, seed=1)[0]["source"],
+        digit_pairs(1, seed=1)[0]["target"],
+    )
+    single = load_text_pairs(str(toy_data / "test.jsonl"))
+    assert list(single) == ["train"] and len(single["train"]) == 200
+
+
+def test_bundled_data_keeps_iso_dates_as_text() -> None:
+    splits = load_text_pairs(None)
+    assert len(splits["train"]) == 20000
+    src, tgt = splits["test"][0]
+    assert isinstance(tgt, str) and len(tgt) == 10 and tgt[4] == "-"
+
+
+def test_csv_tsv_parquet_load_the_same_pairs(tmp_path: Path) -> None:
+    records = [{"en": r["source"], "de": r["target"]} for r in digit_pairs(50, seed=9)]
+    for suffix, delimiter in ((".csv", ","), (".tsv", "\t")):
+        with open(tmp_path / f"train{suffix}", "w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, ["en", "de"], delimiter=delimiter)
+            writer.writeheader()
+            writer.writerows(records)
+    import datasets
+
+    datasets.Dataset.from_list(records).to_parquet(str(tmp_path / "train.parquet"))
+    expected = [(r["en"], r["de"]) for r in records]
+    for suffix in (".csv", ".tsv", ".parquet"):
+        got = load_text_pairs(
+            str(tmp_path / f"train{suffix}"), source_field="en", target_field="de"
+        )["train"]
+        assert got == expected, suffix
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", "empty"),
+        ('{"source": "a", "target": "b"}\n{"source": "a" "target": "b"}\n', "line 2"),
+        ('{"src": "a", "target": "b"}\n', "'source' (--source-field)"),
+    ],
+)
+def test_bad_files_raise_clear_errors(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_text_pairs(str(path))
+
+
+def test_invalid_utf8_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"source": "a", "target": "b"}\n{"source": "\xff", "target": "b"}\n')
+    with pytest.raises(DataError, match="line 2: invalid UTF-8"):
+        load_text_pairs(str(path))
+
+
+def test_missing_paths_and_folders_without_train(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no such file"):
+        load_text_pairs(str(tmp_path / "nope.jsonl"))
+    write_jsonl(tmp_path / "test.jsonl", digit_pairs(3, seed=0))
+    with pytest.raises(DataError, match="no train file"):
+        load_text_pairs(str(tmp_path))
+
+
+def test_encode_pairs_drops_what_does_not_fit() -> None:
+    texts = [("1 2 3", "one two three"), ("1 2 3 4 5 6 7 8 9", "x"), ("", "y")]
+    tok = train_tokenizer([t for pair in texts for t in pair] * 3, vocab_size=60)
+    split = encode_pairs(texts, tok, tok, max_len=8)
+    assert split.dropped == 2
+    assert split.texts == [texts[0]]
+    assert tok.decode(split.pairs[0][1]) == "one two three"
