@@ -64,6 +64,8 @@ def _root(
 
 # Importing the command modules registers their commands on ``app``.
 from tformer.cli import (  # noqa: E402,F401
+    average,
+    evaluate,
     generate,
     info,
     inspect_attention,

@@ -1,0 +1,83 @@
+"""``tformer evaluate``: translate a split, score it (sacreBLEU, chrF, loss), write a card."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from tformer.checkpoint import load_checkpoint
+from tformer.cli import app
+from tformer.cli.console import console, err_console
+from tformer.cli.options import (
+    CHECKPOINT,
+    DATA,
+    DEVICE,
+    MAX_NEW_TOKENS,
+    SEED,
+    SOURCE_FIELD,
+    TARGET_FIELD,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+)
+from tformer.data import load_text_pairs
+from tformer.decoding import DecodingConfig
+from tformer.device import resolve_device
+from tformer.errors import ConfigError, DataError
+from tformer.evaluate import evaluate, result_card, write_results
+
+
+@app.command("evaluate")
+def evaluate_command(
+    checkpoint: Path = CHECKPOINT,
+    data: str | None = DATA,
+    source_field: str = SOURCE_FIELD,
+    target_field: str = TARGET_FIELD,
+    split: str = typer.Option("test", "--split", help="train, validation or test."),
+    limit: int | None = typer.Option(None, "--limit", help="Only the first N pairs.",
+                                     show_default=False),
+    out: Path | None = typer.Option(None, "--out", "-o", show_default=False,
+                                    help="Folder for hypotheses.txt, result.json, result.md "
+                                    "(default: <checkpoint>/eval-<split>)."),
+    temperature: float = TEMPERATURE,
+    top_k: int = TOP_K,
+    top_p: float = TOP_P,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    seed: int | None = SEED,
+    batch_size: int = typer.Option(64, "--batch-size"),
+    device: str = DEVICE,
+) -> None:
+    """Translate a split and report sacreBLEU and chrF (with signatures), loss and perplexity.
+
+    Example: tformer evaluate checkpoints/dates --split test
+    """
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit {limit} must be >= 1")
+    decoding = DecodingConfig(temperature=temperature, top_k=top_k, top_p=top_p,
+                              max_new_tokens=max_new_tokens, seed=seed)
+    splits = load_text_pairs(data, source_field=source_field, target_field=target_field)
+    if split not in splits:
+        raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
+    pairs = splits[split][:limit] if limit else splits[split]
+    ckpt = load_checkpoint(checkpoint, resolve_device(device))
+    err_console.print(f"translating {len(pairs):,} pairs of {split} …")
+    result = evaluate(ckpt, pairs, split=split, decoding=decoding, batch_size=batch_size)
+    card = result_card(ckpt, result, data=data, pairs=pairs)
+    paths = write_results(out or ckpt.path / f"eval-{split}", card, result.hypotheses)
+
+    table = Table(title=f"{escape(data or 'bundled dates')} [{split}], {len(pairs):,} pairs",
+                  title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("signature")
+    table.add_row("sacreBLEU", f"{result.scores.bleu:.2f}", result.scores.bleu_signature)
+    table.add_row("chrF", f"{result.scores.chrf:.2f}", result.scores.chrf_signature)
+    table.add_row("loss", f"{result.loss:.4f}", "teacher forcing")
+    table.add_row("perplexity", f"{result.perplexity:.2f}", "")
+    console.print(table)
+    console.print(f"{result.new_tokens_per_s:,.0f} new tokens/s; wrote "
+                  f"{escape(str(paths['json']))}, {escape(str(paths['markdown']))}, "
+                  f"{escape(str(paths['hypotheses']))}")

@@ -1,0 +1,213 @@
+"""Evaluation: translate a split, score it with sacreBLEU / chrF, and write a result card.
+
+sacreBLEU is the reference implementation of both metrics; its signatures (tokeniser, casing,
+smoothing, version) are reported with every score so figures can be compared across papers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import platform
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tformer.checkpoint import Checkpoint, write_text_atomic
+from tformer.data import BatchPlan, TextPair, encode_pairs
+from tformer.decoding import DecodingConfig, decode_texts
+from tformer.train import EVAL_BATCH_TOKENS, sequence_loss
+from tformer.version import __version__
+
+
+@dataclass
+class Scores:
+    """Corpus-level scores with the sacreBLEU signatures that define them."""
+
+    bleu: float
+    chrf: float
+    bleu_signature: str
+    chrf_signature: str
+    bleu_detail: str
+
+
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
+    """sacreBLEU BLEU and chrF of detokenised hypotheses against one reference each."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu, chrf = BLEU(), CHRF()
+    refs = [list(references)]
+    bleu_score = bleu.corpus_score(list(hypotheses), refs)
+    chrf_score = chrf.corpus_score(list(hypotheses), refs)
+    return Scores(
+        bleu=round(bleu_score.score, 2),
+        chrf=round(chrf_score.score, 2),
+        bleu_signature=str(bleu.get_signature()),
+        chrf_signature=str(chrf.get_signature()),
+        bleu_detail=str(bleu_score),
+    )
+
+
+@torch.no_grad()
+def teacher_forced_loss(ckpt: Checkpoint, pairs: Sequence[TextPair]) -> tuple[float, int]:
+    """Mean per-token cross-entropy under teacher forcing, and the number of target tokens."""
+    split = encode_pairs(pairs, ckpt.tokenizers.source, ckpt.tokenizers.target,
+                         ckpt.model_config.max_len)
+    device = next(ckpt.model.parameters()).device
+    total, tokens = 0.0, 0
+    for batch in BatchPlan(split.pairs, EVAL_BATCH_TOKENS, seed=0).batches(0):
+        batch = batch.to(device)
+        total += float(sequence_loss(ckpt.model(batch.src, batch.tgt_in).logits, batch.tgt_out))
+        tokens += batch.n_target_tokens
+    return total / max(tokens, 1), tokens
+
+
+@dataclass
+class Evaluation:
+    split: str
+    pairs: int
+    scores: Scores
+    loss: float
+    perplexity: float
+    wall_time: float
+    new_tokens_per_s: float
+    hypotheses: list[str] = field(repr=False)
+    decoding: dict[str, Any] = field(default_factory=dict)
+
+
+def evaluate(
+    ckpt: Checkpoint,
+    pairs: Sequence[TextPair],
+    *,
+    split: str = "test",
+    decoding: DecodingConfig | None = None,
+    batch_size: int = 64,
+) -> Evaluation:
+    """Translate ``pairs``' sources and score them against their targets."""
+    decoding = decoding or DecodingConfig()
+    started = time.perf_counter()
+    src = [ckpt.tokenizers.source.encode(s) for s, _ in pairs]
+    hyps = decode_texts(ckpt.model, src, decoding, batch_size=batch_size)
+    outputs = ckpt.tokenizers.target.decode_batch([h[0].ids for h in hyps])
+    decode_time = time.perf_counter() - started
+    new_tokens = sum(len(h[0].ids) + 1 for h in hyps)
+    loss, _ = teacher_forced_loss(ckpt, pairs)
+    return Evaluation(
+        split=split,
+        pairs=len(pairs),
+        scores=corpus_scores(outputs, [t for _, t in pairs]),
+        loss=round(loss, 5),
+        perplexity=round(math.exp(min(loss, 50.0)), 4),
+        wall_time=round(time.perf_counter() - started, 2),
+        new_tokens_per_s=round(new_tokens / max(decode_time, 1e-9), 1),
+        hypotheses=outputs,
+        decoding=asdict(decoding),
+    )
+
+
+# -- the result card --------------------------------------------------------------------------
+
+
+def data_fingerprint(pairs: Sequence[TextPair]) -> str:
+    """SHA-256 of the split's text, so a card names exactly the data it was measured on."""
+    digest = hashlib.sha256()
+    for source, target in pairs:
+        digest.update(source.encode("utf-8") + b"\t" + target.encode("utf-8") + b"\n")
+    return digest.hexdigest()
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def hardware() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def result_card(
+    ckpt: Checkpoint, result: Evaluation, *, data: str | None, pairs: Sequence[TextPair]
+) -> dict[str, Any]:
+    return {
+        "tformer_version": __version__,
+        "git_commit": git_commit(),
+        "checkpoint": str(ckpt.path),
+        "step": ckpt.step,
+        "data": data or "bundled dates (data/)",
+        "split": result.split,
+        "pairs": result.pairs,
+        "data_sha256": data_fingerprint(pairs),
+        "metrics": {
+            "bleu": result.scores.bleu,
+            "bleu_signature": result.scores.bleu_signature,
+            "bleu_detail": result.scores.bleu_detail,
+            "chrf": result.scores.chrf,
+            "chrf_signature": result.scores.chrf_signature,
+            "loss": result.loss,
+            "perplexity": result.perplexity,
+        },
+        "decoding": result.decoding,
+        "model": ckpt.model_config.to_dict(),
+        "train": ckpt.train_config.to_dict(),
+        "hardware": hardware(),
+        "wall_time_s": result.wall_time,
+        "new_tokens_per_s": result.new_tokens_per_s,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def card_markdown(card: dict[str, Any]) -> str:
+    m = card["metrics"]
+    lines = [
+        f"# tformer evaluation: {card['data']} [{card['split']}]",
+        "",
+        "| metric | value | signature |",
+        "|---|---:|---|",
+        f"| sacreBLEU | {m['bleu']:.2f} | `{m['bleu_signature']}` |",
+        f"| chrF | {m['chrf']:.2f} | `{m['chrf_signature']}` |",
+        f"| loss (teacher forcing) | {m['loss']:.4f} | |",
+        f"| perplexity | {m['perplexity']:.2f} | |",
+        "",
+        f"- checkpoint: `{card['checkpoint']}` (step {card['step']})",
+        f"- pairs: {card['pairs']}, data sha256 `{card['data_sha256'][:16]}…`",
+        f"- tformer {card['tformer_version']}, commit `{card['git_commit']}`",
+        f"- hardware: {card['hardware']['processor']}, {card['hardware']['cpu_count']} threads, "
+        f"torch {card['hardware']['torch']}",
+        f"- wall time {card['wall_time_s']} s, {card['new_tokens_per_s']:,.0f} new tokens/s",
+        f"- date: {card['date']}",
+        "",
+        "```json",
+        json.dumps({"model": card["model"], "train": card["train"],
+                    "decoding": card["decoding"]}, indent=2),
+        "```",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(out: Path, card: dict[str, Any], hypotheses: Sequence[str]) -> dict[str, Path]:
+    """Write hypotheses.txt, result.json and result.md into ``out`` (each atomically)."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"hypotheses": out / "hypotheses.txt", "json": out / "result.json",
+             "markdown": out / "result.md"}
+    write_text_atomic(paths["hypotheses"], "".join(h + "\n" for h in hypotheses))
+    write_text_atomic(paths["json"], json.dumps(card, indent=2, ensure_ascii=False) + "\n")
+    write_text_atomic(paths["markdown"], card_markdown(card))
+    return paths
