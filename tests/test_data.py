@@ -129,3 +129,71 @@ def test_encode_pairs_drops_what_does_not_fit() -> None:
     assert split.dropped == 2
     assert split.texts == [texts[0]]
     assert tok.decode(split.pairs[0][1]) == "one two three"
+
+
+SHARED_MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+
+
+def _paired_folder(tmp_path: Path, records: list[dict[str, str]]) -> Path:
+    folder = tmp_path / "paired"
+    folder.mkdir()
+    for split, part in (("train", records[:30]), ("val", records[30:40]),
+                        ("test2016", records[40:])):
+        (folder / f"{split}.en").write_text("".join(r["source"] + "\n" for r in part))
+        (folder / f"{split}.de").write_text("".join(r["target"] + "\n" for r in part))
+    return folder
+
+
+def test_every_data_shape_loads_the_same_pairs(tmp_path: Path) -> None:
+    records = digit_pairs(50, seed=4)
+    expected = [(r["source"], r["target"]) for r in records]
+    paired = load_text_pairs(str(_paired_folder(tmp_path, records)), source_field="en",
+                             target_field="de")
+    assert paired["train"] + paired["validation"] + paired["test"] == expected
+    translation = write_jsonl(tmp_path / "tr" / "train.jsonl",
+                              [{"translation": {"en": s, "de": t}} for s, t in expected])
+    assert load_text_pairs(str(translation), source_field="en",
+                           target_field="de")["train"] == expected
+    plain = write_jsonl(tmp_path / "plain.jsonl", records)
+    assert load_text_pairs(str(plain))["train"] == expected
+
+
+def test_paired_files_with_different_line_counts_are_refused(tmp_path: Path) -> None:
+    folder = _paired_folder(tmp_path, digit_pairs(50, seed=4))
+    with open(folder / "train.de", "a") as handle:
+        handle.write("one more line\n")
+    with pytest.raises(DataError, match="has 30 lines but .* has 31"):
+        load_text_pairs(str(folder), source_field="en", target_field="de")
+
+
+def test_translation_records_missing_a_language(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", [{"translation": {"en": "a", "fr": "b"}}])
+    with pytest.raises(DataError, match="no 'en' / 'de'"):
+        load_text_pairs(str(path), source_field="en", target_field="de")
+
+
+@pytest.mark.skipif(not SHARED_MULTI30K.is_dir(),
+                    reason="../shared/data/multi30k is not present beside the project")
+def test_multi30k_folder_loads_with_languages() -> None:
+    splits = load_text_pairs(str(SHARED_MULTI30K), source_field="en", target_field="de")
+    assert {k: len(v) for k, v in splits.items()} == {"train": 29000, "validation": 1014,
+                                                      "test": 1000}
+    assert splits["test"][0][0].startswith("A man")
+
+
+def test_hub_name_offline_gives_a_clear_error(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tformer", "train", "--data", "someone/no-such-set:cfg@v1",
+         "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert proc.returncode == 3
+    assert proc.stderr.startswith("error: --data someone/no-such-set:cfg@v1: not a local file")
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()

@@ -93,7 +93,52 @@ def _split_files(folder: Path) -> dict[str, Path]:
     return found
 
 
+def _paired_text_files(folder: Path, src: str, tgt: str) -> dict[str, tuple[Path, Path]]:
+    """Split -> (source file, target file) for a folder like ``train.en`` + ``train.de``.
+
+    ``val`` / ``valid`` / ``dev`` name the validation split; any ``test*`` prefix the test
+    split (``test2016.en`` as in Multi30k; the first in name order when there are several).
+    """
+    found: dict[str, tuple[Path, Path]] = {}
+    prefixes = sorted({p.name[: -len(src) - 1] for p in folder.glob(f"*.{src}")})
+    for prefix in prefixes:
+        pair = (folder / f"{prefix}.{src}", folder / f"{prefix}.{tgt}")
+        if not pair[1].is_file():
+            continue
+        for split, names in _SPLIT_NAMES.items():
+            matches = prefix in names or (split == "test" and prefix.startswith("test"))
+            if matches and split not in found:
+                found[split] = pair
+    return found
+
+
+def _load_paired_text(source: Path, target: Path) -> list[TextPair]:
+    """Two line-aligned text files -> pairs, through the HF datasets ``text`` loader."""
+    datasets: Any = _quiet_datasets()
+    sides = []
+    for path in (source, target):
+        raw = path.read_bytes()
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = raw[: error.start].count(b"\n") + 1
+            raise DataError(f"{path}: line {line}: invalid UTF-8 (byte {error.start})") from error
+        if not raw:
+            raise DataError(f"{path}: the file is empty")
+        loaded = datasets.load_dataset("text", data_files=str(path), split="train")
+        sides.append(loaded["text"])
+    if len(sides[0]) != len(sides[1]):
+        raise DataError(
+            f"{source} has {len(sides[0]):,} lines but {target} has {len(sides[1]):,}; "
+            "paired files must be aligned line by line"
+        )
+    return list(zip(sides[0], sides[1], strict=True))
+
+
 def _load_folder(folder: Path, source_field: str, target_field: str) -> dict[str, list[TextPair]]:
+    paired = _paired_text_files(folder, source_field, target_field)
+    if "train" in paired:
+        return {split: _load_paired_text(*files) for split, files in paired.items()}
     files = _split_files(folder)
     if "train" not in files:
         raise DataError(
@@ -109,6 +154,12 @@ def _quiet_datasets() -> object:
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
+    try:  # the hub client logs each failed request itself; our error says it once
+        from huggingface_hub.utils import logging as hub_logging
+
+        hub_logging.set_verbosity_error()
+    except ImportError:
+        pass
     return datasets
 
 
@@ -169,14 +220,21 @@ def _read_json_lines(path: Path, source_field: str, target_field: str) -> Any:
         where = f"line {int(match.group(1)) + 1}: " if match else ""
         message = re.sub(r"^JSON parse error: | in row \d+", "", message)
         raise DataError(f"{path}: {where}invalid JSON Lines ({message})") from error
+    for name in (source_field, target_field):
+        # A field no record has (e.g. "en" in {"translation": {...}} records) is not a column.
+        if table.column(name).null_count == table.num_rows:
+            table = table.drop_columns([name])
     return datasets.Dataset(table)
 
 
 def _load_hub(name: str, source_field: str, target_field: str) -> dict[str, list[TextPair]]:
     datasets: Any = _quiet_datasets()
 
+    # NAME[:CONFIG][@REVISION], e.g. "wmt16:de-en@main".
+    spec, _, revision = name.partition("@")
+    repo, _, config = spec.partition(":")
     try:
-        loaded = datasets.load_dataset(name)
+        loaded = datasets.load_dataset(repo, config or None, revision=revision or None)
     except Exception as error:
         raise DataError(
             f"--data {name}: not a local file or folder, and loading it from the Hugging Face "
@@ -199,6 +257,8 @@ def _pairs_from_columns(
     dataset: object, where: str, source_field: str, target_field: str
 ) -> list[TextPair]:
     columns = list(getattr(dataset, "column_names", []))
+    if "translation" in columns and source_field not in columns:
+        return _pairs_from_translation(dataset, where, source_field, target_field)
     for option, field in (("--source-field", source_field), ("--target-field", target_field)):
         if field not in columns:
             raise DataError(f"{where}: no column {field!r} ({option}); columns are {columns}")
@@ -223,6 +283,24 @@ def _pairs_from_columns(
                 f"got {type(src).__name__} and {type(tgt).__name__}"
             )
         pairs.append((src, tgt))
+    return pairs
+
+
+def _pairs_from_translation(
+    dataset: object, where: str, src_lang: str, tgt_lang: str
+) -> list[TextPair]:
+    """Records shaped ``{"translation": {"en": ..., "de": ...}}`` (the HF translation layout)."""
+    pairs = []
+    for row, record in enumerate(dataset["translation"], start=1):  # type: ignore[index]
+        if not isinstance(record, dict) or src_lang not in record or tgt_lang not in record:
+            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise DataError(
+                f"{where}: row {row}: 'translation' has no {src_lang!r} / {tgt_lang!r} "
+                f"(--src-lang / --tgt-lang); it has {keys}"
+            )
+        pairs.append((str(record[src_lang]), str(record[tgt_lang])))
+    if not pairs:
+        raise DataError(f"{where}: no rows")
     return pairs
 
 

@@ -32,8 +32,15 @@ DATA = typer.Option(
     "file, or a Hugging Face dataset name. Default: the bundled date set in data/.",
     show_default=False,
 )
-SOURCE_FIELD = typer.Option(default(TrainConfig, "source_field"), "--source-field")
-TARGET_FIELD = typer.Option(default(TrainConfig, "target_field"), "--target-field")
+SOURCE_FIELD = typer.Option(
+    default(TrainConfig, "source_field"), "--source-field", "--src-lang",
+    help="Source column; for paired text files (train.en + train.de) or translation records, "
+    "the source language.",
+)
+TARGET_FIELD = typer.Option(
+    default(TrainConfig, "target_field"), "--target-field", "--tgt-lang",
+    help="Target column, or the target language.",
+)
 TEMPERATURE = typer.Option(
     default(DecodingConfig, "temperature"),
     "--temperature",
