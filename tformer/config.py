@@ -128,6 +128,22 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
             log_every=50,
         ),
     },
+    # Multi30k (29k caption pairs): a small model with strong regularisation, sized so a 2-core
+    # CPU sees ~20 epochs in the hour (benchmarks/multi30k.py).
+    "multi30k": {
+        "model": dict(PRESETS["small"], dropout=0.3, max_len=128),
+        "train": dict(
+            lr=1e-3,
+            warmup_steps=1000,
+            max_tokens=6144,
+            label_smoothing=0.1,
+            time_budget=3600.0,
+            eval_every=500,
+            save_every=500,
+            keep_last=5,
+            log_every=50,
+        ),
+    },
 }
 
 

@@ -1,0 +1,76 @@
+"""Multi30k end to end: tokenizer -> train (the ``multi30k`` recipe) -> evaluate on test2016.
+
+Reads ../shared/data/multi30k (never copied into the repo), trains with a wall-clock budget,
+averages the last checkpoints, evaluates on test2016 with sacreBLEU and chrF, and writes the
+result card to benchmarks/results/multi30k-<src>-<tgt>-<date>.{json,md}.
+
+Usage: python benchmarks/multi30k.py [--src en --tgt de] [--time-budget 60m] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def run(*args: str) -> None:
+    print("+ tformer " + " ".join(args), file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-m", "tformer", *args], check=True, cwd=ROOT)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--src", default="en")
+    parser.add_argument("--tgt", default="de")
+    parser.add_argument("--time-budget", default="60m")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--smoke", action="store_true",
+                        help="a few steps on a tiny model, to check the pipeline (CI)")
+    args = parser.parse_args()
+    if not DATA.is_dir():
+        print(json.dumps({"skipped": f"{DATA} is not present"}))
+        return
+    name = f"multi30k-{args.src}-{args.tgt}"
+    out = Path(args.out or ROOT / "checkpoints" / name)
+    train = ["train", "--data", str(DATA), "--src-lang", args.src, "--tgt-lang", args.tgt,
+             "--recipe", "multi30k", "--out", str(out), "--overwrite"]
+    if args.smoke:
+        train += ["--preset", "tiny", "--max-steps", "5", "--eval-every", "5", "--save-every",
+                  "5", "--vocab-size", "500"]
+    else:
+        train += ["--time-budget", args.time_budget]
+    started = time.time()
+    run(*train)
+    steps = sorted(out.glob("step-*"))
+    final = out
+    if len(steps) >= 2:
+        final = out.parent / f"{name}-avg"
+        shutil.rmtree(final, ignore_errors=True)
+        run("average", *map(str, steps), "--out", str(final))
+    evaluate = ["evaluate", str(final), "--data", str(DATA), "--src-lang", args.src,
+                "--tgt-lang", args.tgt, "--split", "test", "--out", str(out / "eval-test2016")]
+    if args.smoke:
+        evaluate += ["--limit", "20", "--max-new-tokens", "10"]
+    run(*evaluate)
+    card = json.loads((out / "eval-test2016" / "result.json").read_text())
+    card["benchmark"] = {"command": " ".join(sys.argv), "total_wall_time_s":
+                         round(time.time() - started, 1), "averaged_checkpoints": len(steps)}
+    print(json.dumps(card))
+    if not args.smoke:
+        stamp = time.strftime("%Y-%m-%d")
+        results = ROOT / "benchmarks" / "results"
+        results.mkdir(parents=True, exist_ok=True)
+        (results / f"{name}-{stamp}.json").write_text(json.dumps(card, indent=2) + "\n")
+        shutil.copy(out / "eval-test2016" / "result.md", results / f"{name}-{stamp}.md")
+
+
+if __name__ == "__main__":
+    main()
