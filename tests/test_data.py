@@ -197,3 +197,34 @@ def test_hub_name_offline_gives_a_clear_error(tmp_path: Path) -> None:
     assert proc.stderr.startswith("error: --data someone/no-such-set:cfg@v1: not a local file")
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_encode_pairs_strict_names_the_first_pair_that_does_not_fit() -> None:
+    texts = [("1 2", "one two"), ("1 2 3 4 5 6 7 8 9", "x"), ("3", "")]
+    tok = train_tokenizer([t for pair in texts for t in pair] * 3, vocab_size=60)
+    with pytest.raises(DataError, match=r"pairs.jsonl: pair 2: the source is \d+ tokens, over "
+                                        r"--max-len 8 \(--strict\)"):
+        encode_pairs(texts, tok, tok, max_len=8, strict=True, where="pairs.jsonl")
+    with pytest.raises(DataError, match="pair 2: the target is empty"):
+        encode_pairs([texts[0], texts[2]], tok, tok, max_len=8, strict=True)
+
+
+def test_csv_and_tsv_keep_every_cell_as_written(tmp_path: Path) -> None:
+    rows = [("NA", "null"), ("007", "2025-03-06"), ("a, \"quoted\"\nline", "1.50"), ("", "x")]
+    for suffix, delimiter in ((".csv", ","), (".tsv", "\t")):
+        path = tmp_path / f"train{suffix}"
+        with open(path, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle, delimiter=delimiter)
+            writer.writerow(["source", "target"])
+            writer.writerows(rows)
+        assert load_text_pairs(str(path))["train"] == rows, suffix
+
+
+def test_invalid_utf8_in_csv_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "train.csv"
+    path.write_bytes(b"source,target\n1,one\n2,tw\xc3\x28o\n")
+    with pytest.raises(DataError, match="train.csv: line 3: invalid UTF-8"):
+        load_text_pairs(str(path))
+    path.write_bytes(b"source,target\n1\n")
+    with pytest.raises(DataError, match="line 2: no value for 'target'"):
+        load_text_pairs(str(path))

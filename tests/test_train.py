@@ -129,8 +129,8 @@ def test_gradient_accumulation_equals_a_bigger_batch(toy_data: Path, tmp_path: P
 
 
 def test_refuses_to_resume_nothing(tmp_path: Path) -> None:
-    from tformer.errors import ConfigError
+    from tformer.errors import CheckpointError
 
-    with pytest.raises(ConfigError, match="no tformer run"):
+    with pytest.raises(CheckpointError, match="no tformer run"):
         train(None, TrainConfig(), out=tmp_path / "nothing", resume=True)
     shutil.rmtree(tmp_path, ignore_errors=True)

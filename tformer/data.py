@@ -5,6 +5,8 @@ Shape legend: B pairs in a batch, S longest source, T longest target + 1 (for BO
 
 from __future__ import annotations
 
+import csv
+import io
 import random
 import re
 from collections.abc import Iterator, Sequence
@@ -164,8 +166,6 @@ def _quiet_datasets() -> object:
 
 
 def _load_file(path: Path, source_field: str, target_field: str) -> list[TextPair]:
-    datasets: Any = _quiet_datasets()
-
     loader = _LOADERS.get(path.suffix.lower())
     if loader is None:
         raise DataError(
@@ -174,24 +174,69 @@ def _load_file(path: Path, source_field: str, target_field: str) -> list[TextPai
         )
     if path.stat().st_size == 0:
         raise DataError(f"{path}: the file is empty")
-    if path.suffix.lower() in (".jsonl", ".json") and loader == "json":
+    if loader == "json":
         return _pairs_from_columns(
             _read_json_lines(path, source_field, target_field),
             str(path),
             source_field,
             target_field,
         )
-    kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
+    if loader == "csv":
+        return _read_delimited(path, source_field, target_field)
+    datasets: Any = _quiet_datasets()
     try:
-        dataset = datasets.load_dataset(
-            loader,
-            data_files=str(path),
-            split="train",
-            **kwargs,  # type: ignore[arg-type]
-        )
+        dataset = datasets.load_dataset(loader, data_files=str(path), split="train")
     except Exception as error:  # datasets raises many types; all mean "cannot parse"
         raise DataError(f"{path}: cannot be read as {loader}: {_first_line(error)}") from error
     return _pairs_from_columns(dataset, str(path), source_field, target_field)
+
+
+def _utf8_text(path: Path) -> str:
+    """The file's text; invalid UTF-8 is an error naming the line."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise DataError(f"{path}: cannot be read ({error.strerror or error})") from error
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise DataError(f"{path}: line {line}: invalid UTF-8 (byte {error.start})") from error
+
+
+def _read_delimited(path: Path, source_field: str, target_field: str) -> list[TextPair]:
+    """CSV / TSV with a header line, read with the standard library so every cell stays text
+    exactly as written ("NA", "007" and "2025-03-06" are not turned into nulls, numbers or
+    dates, as a type-inferring reader would)."""
+    kind = "TSV" if path.suffix.lower() == ".tsv" else "CSV"
+    text = _utf8_text(path).removeprefix("\ufeff")
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if kind == "TSV" else ",")
+    limit = csv.field_size_limit()
+    csv.field_size_limit(2**31 - 1)  # a very long line is data, not an error
+    try:
+        columns = list(reader.fieldnames or [])
+        if not columns:
+            raise DataError(f"{path}: no header line naming the columns")
+        for option, field in (("--source-field", source_field), ("--target-field", target_field)):
+            if field not in columns:
+                raise DataError(f"{path}: no column {field!r} ({option}); columns are {columns}")
+        pairs = []
+        for row in reader:
+            src, tgt = row.get(source_field), row.get(target_field)
+            if src is None or tgt is None:
+                missing = source_field if src is None else target_field
+                raise DataError(
+                    f"{path}: line {reader.line_num}: no value for {missing!r} (fewer cells "
+                    "than the header has columns)"
+                )
+            pairs.append((src, tgt))
+    except csv.Error as error:
+        raise DataError(f"{path}: line {reader.line_num}: invalid {kind} ({error})") from error
+    finally:
+        csv.field_size_limit(limit)
+    if not pairs:
+        raise DataError(f"{path}: no rows")
+    return pairs
 
 
 def _read_json_lines(path: Path, source_field: str, target_field: str) -> Any:
@@ -204,12 +249,7 @@ def _read_json_lines(path: Path, source_field: str, target_field: str) -> Any:
     import pyarrow.json as paj
 
     datasets: Any = _quiet_datasets()
-    raw = path.read_bytes()
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n") + 1
-        raise DataError(f"{path}: line {line}: invalid UTF-8 (byte {error.start})") from error
+    _utf8_text(path)
     schema = pa.schema([(source_field, pa.string()), (target_field, pa.string())])
     options = paj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer")
     try:
@@ -220,6 +260,8 @@ def _read_json_lines(path: Path, source_field: str, target_field: str) -> Any:
         where = f"line {int(match.group(1)) + 1}: " if match else ""
         message = re.sub(r"^JSON parse error: | in row \d+", "", message)
         raise DataError(f"{path}: {where}invalid JSON Lines ({message})") from error
+    if table.num_rows == 0:
+        raise DataError(f"{path}: no records (only blank lines); expected one JSON object a line")
     for name in (source_field, target_field):
         # A field no record has (e.g. "en" in {"translation": {...}} records) is not a column.
         if table.column(name).null_count == table.num_rows:
@@ -326,19 +368,45 @@ def encode_pairs(
     src_tokenizer: Tokenizer,
     tgt_tokenizer: Tokenizer,
     max_len: int,
+    *,
+    strict: bool = False,
+    where: str = "data",
 ) -> EncodedSplit:
-    """Tokenise pairs; drop those that do not fit ``max_len`` or have an empty side."""
+    """Tokenise pairs; drop those that do not fit ``max_len`` or have an empty side.
+
+    Args:
+        strict: refuse such a pair instead of dropping it.
+        where: names the data in error messages (e.g. "--data pairs.jsonl, train split").
+
+    Raises:
+        DataError: with ``strict``, naming the first pair that would be dropped and why.
+    """
     src_ids = src_tokenizer.encode_batch([s for s, _ in texts])
     tgt_ids = tgt_tokenizer.encode_batch([t for _, t in texts])
     kept: list[IdPair] = []
     kept_text: list[TextPair] = []
-    for text, src, tgt in zip(texts, src_ids, tgt_ids, strict=True):
-        # The decoder sees one extra position (BOS in, EOS out).
-        if not src or not tgt or len(src) > max_len or len(tgt) + 1 > max_len:
-            continue
-        kept.append((src, tgt))
-        kept_text.append(text)
+    for row, (text, src, tgt) in enumerate(zip(texts, src_ids, tgt_ids, strict=True), start=1):
+        problem = _unfit(src, tgt, max_len)
+        if problem is None:
+            kept.append((src, tgt))
+            kept_text.append(text)
+        elif strict:
+            raise DataError(
+                f"{where}: pair {row}: {problem} (--strict); raise --max-len, fix the pair, "
+                "or drop --strict to skip and count such pairs"
+            )
     return EncodedSplit(kept, kept_text, len(texts) - len(kept))
+
+
+def _unfit(src: list[int], tgt: list[int], max_len: int) -> str | None:
+    """Why a pair cannot be trained on, or None. The decoder sees one extra position."""
+    if not src or not tgt:
+        return f"the {'source' if not src else 'target'} is empty"
+    if len(src) > max_len:
+        return f"the source is {len(src)} tokens, over --max-len {max_len}"
+    if len(tgt) + 1 > max_len:
+        return f"the target is {len(tgt)} tokens + <eos>, over --max-len {max_len}"
+    return None
 
 
 # -- batches ----------------------------------------------------------------------------------

@@ -4,6 +4,11 @@
 model, loop over token-budget batches until a budget runs out, evaluate, checkpoint, and finally
 measure exact match on the test split. Progress goes to a ``Reporter`` so the library stays
 silent and the CLI decides how to show it.
+
+Reliability: a checkpoint holds everything the trajectory depends on (weights, optimizer, every
+RNG, the data position and the running loss of the next log line), so a resumed run repeats an
+uninterrupted one bit for bit on a CPU. SIGINT / SIGTERM finish the step and save first; a NaN /
+inf loss or gradient stops training before anything computed from it is saved.
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import shutil
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,10 +30,26 @@ import torch.nn.functional as F
 
 from tformer import checkpoint as ckpt
 from tformer.config import ModelConfig, TrainConfig
-from tformer.data import BatchPlan, EncodedSplit, collate, data_name, encode_pairs, load_text_pairs
+from tformer.data import (
+    BatchPlan,
+    EncodedSplit,
+    bundled_data_dir,
+    collate,
+    data_name,
+    encode_pairs,
+    load_text_pairs,
+)
 from tformer.decoding import DecodingConfig, decode_texts
 from tformer.device import resolve_device, seed_everything
-from tformer.errors import ConfigError, DataError
+from tformer.errors import (
+    Aborted,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    DivergedError,
+    OutOfMemoryError,
+    TrainingInterrupted,
+)
 from tformer.model import Transformer
 from tformer.optim import build_optimizer, lr_at
 from tformer.tokenizer import PAD_ID, Tokenizer, train_tokenizer
@@ -89,35 +111,86 @@ class TrainResult:
 
 
 def prepare_output(out: Path, *, resume: bool, overwrite: bool) -> None:
-    """Refuse to clobber anything that is not ours. Checks only: nothing is written yet."""
+    """Refuse to clobber anything that is not ours. Checks only: nothing is written yet.
+
+    ``--overwrite`` replaces a tformer run (its checkpoints and metrics; other files in the
+    folder are left alone). A folder that is not empty and not a tformer run is refused even
+    with ``--overwrite``: it may hold someone's work, and deleting it is not ours to do.
+    """
     if resume:
         if not ckpt.is_run_dir(out):
-            raise ConfigError(f"--resume {out}: no tformer run there to resume")
+            raise CheckpointError(f"--resume {out}: no tformer run there to resume")
         return
+    _check_writable_parent(out)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is a file")
-    if out.is_dir() and any(out.iterdir()):
-        if not ckpt.is_run_dir(out):
-            raise ConfigError(
-                f"--out {out}: exists and is not a tformer run; choose another --out "
-                "(or --overwrite to replace it)"
-                if not overwrite
-                else f"--out {out}: exists and is not a tformer run; refusing to delete it"
-            )
-        if not overwrite:
-            raise ConfigError(
-                f"--out {out}: already holds a run; --resume to continue it or --overwrite "
-                "to start again"
-            )
-
-
-def create_output(out: Path, *, resume: bool) -> None:
-    """Start the run folder afresh (after ``prepare_output`` allowed it)."""
-    if resume:
+        raise ConfigError(f"--out {out}: exists and is a file; choose a folder name")
+    if not out.is_dir() or not any(out.iterdir()):
         return
-    if out.is_dir():
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if ckpt.is_checkpoint_dir(out):
+        raise ConfigError(
+            f"--out {out}: is one checkpoint of a run, not a run folder; choose another --out"
+        )
+    if not ckpt.is_run_dir(out):
+        raise ConfigError(
+            f"--out {out}: exists, is not empty and is not a tformer run; choose another --out "
+            "(--overwrite only replaces tformer runs)"
+        )
+    if not overwrite:
+        raise ConfigError(
+            f"--out {out}: already holds a run; --resume {out} to continue it or --overwrite "
+            "to start again"
+        )
+
+
+def _check_writable_parent(out: Path) -> None:
+    """The nearest existing ancestor of ``out`` must be a folder (not a file)."""
+    for parent in out.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"--out {out}: {parent} is a file, so no folder can go there")
+            return
+
+
+def create_output(out: Path, *, resume_step: int | None, overwrite: bool) -> None:
+    """Start the run folder afresh, or rewind it to the checkpoint being resumed.
+
+    Called only after every check passed, so a refused run writes nothing.
+    """
+    if resume_step is not None:
+        ckpt.rewind_run(out, resume_step)
+        return
+    if overwrite and ckpt.is_run_dir(out):
+        ckpt.remove_run(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CheckpointError(
+            f"--out {out}: cannot create the run folder ({error.strerror or error}); "
+            "choose another --out"
+        ) from error
+
+
+def resume_target(out: Path | None, resume: bool | str | Path) -> tuple[Path, Path]:
+    """(run folder, checkpoint folder) for ``--resume``.
+
+    ``resume`` is True (resume the run ``out`` from its latest checkpoint), a run folder, or one
+    ``step-*`` checkpoint of a run (resume from it; the run forgets what came after).
+    """
+    given = Path(out) if resume is True else Path(resume)  # type: ignore[arg-type]
+    if resume is True and out is None:
+        raise ConfigError("--resume needs the run folder")
+    if ckpt.is_run_dir(given):
+        run = given
+    elif ckpt.is_checkpoint_dir(given) and ckpt.is_run_dir(given.parent):
+        run = given.parent
+    else:
+        raise CheckpointError(
+            f"--resume {given}: no tformer run there to resume (a run folder has a `latest` "
+            "file and step-* checkpoints)"
+        )
+    if out is not None and Path(out).resolve() != run.resolve():
+        raise ConfigError(f"--resume {given} belongs to the run {run}, not --out {out}")
+    return run, ckpt.resolve(given)
 
 
 def get_tokenizers(
@@ -261,8 +334,9 @@ def train(
     tokenizer_kind: str = "bpe",
     vocab_size: int = 8000,
     shared_vocab: bool = True,
-    resume: bool = False,
+    resume: bool | str | Path = False,
     overwrite: bool = False,
+    strict: bool = False,
     reporter: Reporter | None = None,
 ) -> TrainResult:
     """Train a model and return where it was saved and how well it did.
@@ -273,26 +347,37 @@ def train(
         train_config: data, batching, optimisation and stopping.
         out: the run folder (default ``checkpoints/<data name>``).
         tokenizer: a ``tokenizer.json`` to use; trained on the data when None.
-        resume: continue the run in ``out`` from its latest checkpoint.
+        resume: True to continue the run in ``out`` from its latest checkpoint, or the path of
+            a run folder or of one of its ``step-*`` checkpoints. The run then follows exactly
+            the trajectory it would have followed uninterrupted (bit for bit on a CPU).
+        overwrite: replace the tformer run in ``out``.
+        strict: refuse pairs longer than ``max_len`` (or with an empty side) instead of
+            skipping and counting them.
 
     Raises:
         ConfigError, DataError, CheckpointError, DeviceError: for users to act on.
+        DivergedError: the loss or a gradient became NaN / inf (the last good checkpoint stays).
+        TrainingInterrupted: SIGINT / SIGTERM; a checkpoint was written first.
     """
     report = reporter or Reporter()
     cfg = train_config
+    resume_from: Path | None = None
+    if resume is not False:
+        out, resume_from = resume_target(out, resume)
     out = Path(out) if out is not None else Path("checkpoints") / data_name(cfg.data)
     device = resolve_device(cfg.device)
-    prepare_output(out, resume=resume, overwrite=overwrite)
+    prepare_output(out, resume=resume_from is not None, overwrite=overwrite)
     seed_everything(cfg.seed)
 
     texts = load_text_pairs(cfg.data, source_field=cfg.source_field, target_field=cfg.target_field)
     resumed: ckpt.Checkpoint | None = None
-    if resume:
-        resumed = ckpt.load_checkpoint(out, "cpu")
+    if resume_from is not None:
+        resumed = _load_for_resume(out, resume_from)
         if model_config is not None:
             check_architecture(resumed.model_config, _architecture(model_config))
-        tokenizers = resumed.tokenizers
-        model_config = resumed.model_config
+        if tokenizer is not None:
+            _check_same_tokenizer(tokenizer, resumed)
+        tokenizers, model_config = resumed.tokenizers, resumed.model_config
     else:
         if model_config is None:
             raise ConfigError("a model configuration is needed unless resuming")
@@ -309,25 +394,17 @@ def train(
             tgt_vocab_size=tokenizers.target.vocab_size,
             share_embeddings=model_config.share_embeddings and tokenizers.shared,
         )
-
-    splits = {
-        name: encode_pairs(pairs, tokenizers.source, tokenizers.target, model_config.max_len)
-        for name, pairs in texts.items()
-    }
-    if not splits["train"].pairs:
-        raise DataError(
-            f"--data {cfg.data or 'data/'}: no training pair fits --max-len "
-            f"{model_config.max_len} (all {splits['train'].dropped} were dropped)"
-        )
+    splits = encode_splits(texts, tokenizers, model_config.max_len, cfg.data, strict=strict)
 
     model = resumed.model if resumed else Transformer(model_config)
     model.to(device).train()
     optimizer = build_optimizer(model, cfg)
-    pos = _Position()
+    state: dict[str, Any] = {}
     if resumed is not None:
         state, rng = ckpt.load_training_state(resumed.path, optimizer)
-        pos = _Position(**state["position"])
+        _apply_hyperparameters(optimizer, cfg)
         _restore_rng(state.get("rng", {}), rng)
+    pos = _Position(**state["position"]) if "position" in state else _Position()
 
     plan = BatchPlan(splits["train"].pairs, cfg.max_tokens, cfg.seed)
     batches_per_epoch = len(plan.epoch(0))
@@ -335,6 +412,8 @@ def train(
     if cfg.schedule == "cosine" and total_steps is None:
         raise ConfigError("--schedule cosine needs --max-steps or --epochs to know its length")
 
+    # Every check has passed: only now is anything written.
+    create_output(out, resume_step=pos.step if resumed else None, overwrite=overwrite)
     report.start(
         {
             "run_dir": str(out),
@@ -350,10 +429,92 @@ def train(
             "resumed_from": pos.step if resumed else None,
         }
     )
+    if resumed is not None:
+        changes = changed_settings(resumed.train_config, cfg)
+        if changes:
+            report.message(f"changed since {resumed.path}: {', '.join(changes)}")
 
-    create_output(out, resume=resume)
     loop = _Loop(model, optimizer, cfg, model_config, tokenizers, splits, device, out, report)
+    loop.restore(state)
     return loop.run(plan, pos, total_steps)
+
+
+def encode_splits(
+    texts: dict[str, list[tuple[str, str]]],
+    tokenizers: ckpt.Tokenizers,
+    max_len: int,
+    data: str | None,
+    *,
+    strict: bool,
+) -> dict[str, EncodedSplit]:
+    """Every split as ids; pairs that do not fit are dropped and counted (refused if strict)."""
+    where = f"--data {data or bundled_data_dir()}"
+    splits = {
+        name: encode_pairs(
+            pairs,
+            tokenizers.source,
+            tokenizers.target,
+            max_len,
+            strict=strict,
+            where=f"{where} ({name} split)",
+        )
+        for name, pairs in texts.items()
+    }
+    if not splits["train"].pairs:
+        raise DataError(
+            f"{where}: no training pair fits --max-len {max_len} "
+            f"(all {splits['train'].dropped} were dropped)"
+        )
+    return splits
+
+
+def _load_for_resume(run: Path, folder: Path) -> ckpt.Checkpoint:
+    try:
+        return ckpt.load_checkpoint(folder, "cpu")
+    except CheckpointError as error:
+        raise with_older_checkpoint(error, run, folder) from error
+
+
+def with_older_checkpoint(error: CheckpointError, run: Path, folder: Path) -> CheckpointError:
+    """``error`` about a damaged checkpoint, naming the newest older one to resume instead."""
+    step = ckpt.step_of(folder)
+    older = [p for p in ckpt.step_dirs(run) if step is not None and (ckpt.step_of(p) or 0) < step]
+    if not older:
+        return error
+    return CheckpointError(
+        f"{error}; resume from an earlier checkpoint instead: --resume {older[-1]}"
+    )
+
+
+def _check_same_tokenizer(path: Path, resumed: ckpt.Checkpoint) -> None:
+    given = Tokenizer.load(path)
+    saved = resumed.tokenizers.source
+    if given.sha256() != saved.sha256():
+        name = resumed.tokenizers.files()["source"]
+        raise CheckpointError(
+            f"--tokenizer {path} differs from {resumed.path / name}, which the run was trained "
+            "with; drop --tokenizer to resume with the saved one"
+        )
+
+
+def _apply_hyperparameters(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> None:
+    """Loading an optimizer state brings back the saved betas / eps / decay; the current
+    configuration wins (the learning rate is set at every step anyway)."""
+    for group in optimizer.param_groups:
+        group["betas"] = (cfg.beta1, cfg.beta2)
+        group["eps"] = cfg.eps
+        if "weight_decay" in group:
+            group["weight_decay"] = cfg.weight_decay
+
+
+def changed_settings(saved: TrainConfig, current: TrainConfig) -> list[str]:
+    """Training flags that differ from the checkpoint, as ``--flag old -> new``."""
+    before, after = saved.to_dict(), current.to_dict()
+    return [
+        f"--{key.replace('_', '-')} {before[key]} -> {after[key]}"
+        for key in after
+        if before.get(key) != after[key]
+    ]
 
 
 _DERIVED = ("src_vocab_size", "tgt_vocab_size", "share_embeddings")
@@ -372,6 +533,49 @@ def check_architecture(saved: ModelConfig, requested: dict[str, Any]) -> None:
                 f"--{name.replace('_', '-')} {want} conflicts with the checkpoint being "
                 f"resumed ({have}); drop the flag to keep the saved architecture"
             )
+
+
+_SIGNAL_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class _StopOnSignal:
+    """SIGINT / SIGTERM ask training to stop after the current step, with a checkpoint.
+
+    The handler only records the request: the loop finishes the step, saves, and raises
+    ``TrainingInterrupted``. A second signal raises ``Aborted`` at once; saves are atomic, so
+    stopping in the middle of one leaves the previous checkpoint intact. Handlers are installed
+    only in the main thread (Python allows nothing else) and restored on exit.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in _SIGNAL_EXIT_CODES:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.received is not None:
+            self._restore()
+            raise Aborted(_SIGNAL_EXIT_CODES.get(signum, 130))
+        self.received = signum
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    text = str(error)
+    return isinstance(error, oom) or "out of memory" in text or "can't allocate memory" in text
 
 
 class _Loop:
@@ -394,48 +598,99 @@ class _Loop:
         self.device, self.out, self.report = device, out, report
         self.last_val: float | None = None
         self.last_train: float | None = None
+        self.best_val: float | None = None
+        self.saved_step: int | None = None
+        # The running sums behind the next logged loss. They are part of the training state:
+        # a run resumed between two log lines must log the same loss as an uninterrupted one.
+        self.window_loss = torch.zeros((), device=device)
+        self.window_tokens = 0
+        # The first step whose loss or gradient norm was not finite (0: none yet). Kept on the
+        # device and read only where the loop synchronises anyway (log, eval, save).
+        self.bad_step = torch.zeros((), dtype=torch.long, device=device)
+        self.bad_values = torch.zeros(2, device=device)
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back the bookkeeping saved in a checkpoint's trainer state."""
+        window = state.get("window", {})
+        self.window_loss.fill_(float(window.get("loss", 0.0)))
+        self.window_tokens = int(window.get("tokens", 0))
+        self.last_val = state.get("last_val")
+        self.last_train = state.get("last_train")
+        best = self.out / ckpt.BEST
+        if best.is_dir() and ckpt.is_run_dir(best):
+            try:
+                metrics = ckpt.read_config(ckpt.resolve(best)).get("metrics") or {}
+            except CheckpointError:
+                metrics = {}
+            self.best_val = metrics.get("val_loss")
 
     def run(self, plan: BatchPlan, pos: _Position, total_steps: int | None) -> TrainResult:
+        if self._should_stop(pos, total_steps):
+            self.report.message(
+                f"the run is already at step {pos.step}, where it was set to stop; raise "
+                "--max-steps, --epochs or --time-budget to train further"
+            )
+        try:
+            with _StopOnSignal() as signals:
+                self._train(plan, pos, total_steps, signals)
+        except RuntimeError as error:
+            if not _is_out_of_memory(error):
+                raise
+            raise OutOfMemoryError(
+                f"step {pos.step + 1}: out of memory on {self.device} with batches of up to "
+                f"{self.cfg.max_tokens} padded tokens (--max-tokens {self.cfg.max_tokens}, "
+                f"--accumulate {self.cfg.accumulate}); lower --max-tokens (and raise "
+                f"--accumulate to keep the effective batch){self._last_good()}"
+            ) from error
+        return self._finish(pos, plan)
+
+    def _train(
+        self, plan: BatchPlan, pos: _Position, total_steps: int | None, signals: _StopOnSignal
+    ) -> None:
         cfg = self.cfg
         stream = _stream(plan, pos)
         started = time.perf_counter() - pos.elapsed
-        window_loss = torch.zeros((), device=self.device)
-        window_tokens = 0
         window_start, window_tokens_seen = time.perf_counter(), 0
-        stop = False
-        try:
-            while not stop:
-                micro = [next(stream) for _ in range(cfg.accumulate)]
-                loss_sum, n_tokens = self._step(plan, micro, pos.step + 1, total_steps)
-                pos.step += 1
-                last_epoch, last_index, _ = micro[-1]
-                pos.epoch, pos.batch = last_epoch, last_index + 1
-                pos.tokens += n_tokens
-                window_loss += loss_sum
-                window_tokens += n_tokens
-                window_tokens_seen += n_tokens
-                pos.elapsed = time.perf_counter() - started
-                stop = self._should_stop(pos, total_steps)
-                if pos.step % cfg.log_every == 0 or stop:
-                    now = time.perf_counter()
-                    # Reading the loss synchronises with the device: only at log intervals.
-                    self.last_train = float(window_loss) / max(window_tokens, 1)
-                    self._log(pos, plan, total_steps, window_tokens_seen / (now - window_start))
-                    window_loss.zero_()
-                    window_tokens = 0
-                    window_start, window_tokens_seen = now, 0
-                if pos.step % cfg.eval_every == 0 or stop:
-                    self._evaluate(pos)
-                if pos.step % cfg.save_every == 0 or stop:
-                    self._save(pos)
-        except KeyboardInterrupt:
+        stop = self._should_stop(pos, total_steps)
+        while not stop:
+            micro = [next(stream) for _ in range(cfg.accumulate)]
+            loss_sum, n_tokens = self._step(plan, micro, pos.step + 1, total_steps)
+            pos.step += 1
+            last_epoch, last_index, _ = micro[-1]
+            pos.epoch, pos.batch = last_epoch, last_index + 1
+            pos.tokens += n_tokens
+            self.window_loss += loss_sum
+            self.window_tokens += n_tokens
+            window_tokens_seen += n_tokens
+            pos.elapsed = time.perf_counter() - started
+            stop = self._should_stop(pos, total_steps)
+            on_cadence = pos.step % cfg.log_every == 0
+            if on_cadence or stop:
+                now = time.perf_counter()
+                self._log(
+                    pos, plan, total_steps, window_tokens_seen / max(now - window_start, 1e-9)
+                )
+                window_start, window_tokens_seen = now, 0
+                if on_cadence:  # a final off-cadence line leaves the window to a resumed run
+                    self.window_loss.zero_()
+                    self.window_tokens = 0
+            if pos.step % cfg.eval_every == 0 or stop:
+                self._evaluate(pos)
+            if pos.step % cfg.save_every == 0 or stop:
+                self._save(pos)
+            if signals.received is not None and not stop:
+                self._stop_on_signal(pos, signals.received)
+
+    def _stop_on_signal(self, pos: _Position, signum: int) -> None:
+        if self.saved_step != pos.step:
             self._save(pos)
-            self.report.message(
-                f"interrupted at step {pos.step}; resume with: tformer train --resume "
-                f"--out {self.out}"
-            )
-            raise
-        return self._finish(pos, plan)
+        name = signal.Signals(signum).name
+        raise TrainingInterrupted(
+            f"stopped by {name} after step {pos.step}; checkpoint "
+            f"{self.out / ckpt.checkpoint_name(pos.step)} saved. Resume with: "
+            f"tformer train --resume {self.out}",
+            _SIGNAL_EXIT_CODES.get(signum, 130),
+        )
 
     def _step(
         self,
@@ -458,11 +713,48 @@ class _Loop:
             loss = sequence_loss(logits, batch.tgt_out, self.cfg.label_smoothing)
             (loss / n_tokens).backward()
             total += loss.detach()
+        params = [p for p in self.model.parameters() if p.grad is not None]
         if self.cfg.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.clip_norm)
+        else:
+            grad_norm = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(p.grad.detach()) for p in params])
+            )
+        self._watch_numerics(step, total, grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total, n_tokens
+
+    def _watch_numerics(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Remember the first step whose loss or gradient norm is NaN / inf, without a sync.
+
+        In float32 such a step is fatal: ``_check_numerics`` stops training before anything
+        computed from it is logged or saved, so the last checkpoint stays good. This is the
+        hook for mixed precision: with a gradient scaler, a non-finite step is expected now and
+        then and should be skipped (no optimizer step) and counted here instead of stopping.
+        """
+        finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
+        first = (self.bad_step == 0) & ~finite
+        self.bad_step = torch.where(first, step, self.bad_step)
+        values = torch.stack([loss.detach().float(), grad_norm.detach().float()])
+        self.bad_values = torch.where(first, values, self.bad_values)
+
+    def _check_numerics(self) -> None:
+        step = int(self.bad_step)
+        if step == 0:
+            return
+        loss, norm = (float(v) for v in self.bad_values)
+        raise DivergedError(
+            f"step {step}: training diverged (loss {loss}, gradient norm {norm}); stopped "
+            f"without saving it{self._last_good()}. Resume from there with a lower --lr, a "
+            "longer --warmup-steps or a smaller --clip-norm"
+        )
+
+    def _last_good(self) -> str:
+        try:
+            return f"; the last good checkpoint {ckpt.resolve(self.out)} is kept"
+        except CheckpointError:
+            return "; no checkpoint had been saved yet"
 
     def _should_stop(self, pos: _Position, total_steps: int | None) -> bool:
         if total_steps is not None and pos.step >= total_steps:
@@ -472,6 +764,9 @@ class _Loop:
     def _log(
         self, pos: _Position, plan: BatchPlan, total_steps: int | None, tokens_per_s: float
     ) -> None:
+        # Reading the loss synchronises with the device: only at log intervals.
+        self._check_numerics()
+        self.last_train = float(self.window_loss) / max(self.window_tokens, 1)
         epoch = pos.epoch + pos.batch / max(len(plan.epoch(pos.epoch)), 1)
         record = {
             "step": pos.step,
@@ -490,6 +785,7 @@ class _Loop:
         split = self.splits.get("validation")
         if split is None or not split.pairs:
             return
+        self._check_numerics()
         self.last_val = evaluate_loss(self.model, split, self.device)
         record = {
             "step": pos.step,
@@ -498,20 +794,42 @@ class _Loop:
         }
         ckpt.append_metrics(self.out, record)
         self.report.log(record)
+        best = self.best_val
+        if math.isfinite(self.last_val) and (best is None or self.last_val < best):
+            self.best_val = self.last_val
+            ckpt.save_checkpoint(
+                self.out / ckpt.BEST,
+                model=self.model,
+                train_config=self.cfg,
+                tokenizers=self.tokenizers,
+                step=pos.step,
+                keep_last=1,
+                metrics={"val_loss": self.last_val},
+            )
 
     def _save(self, pos: _Position) -> Path:
+        self._check_numerics()
         rng_meta, rng_tensors = _rng_state()
-        return ckpt.save_checkpoint(
+        state = {
+            "position": dataclasses.asdict(pos),
+            "rng": rng_meta,
+            "window": {"loss": float(self.window_loss), "tokens": self.window_tokens},
+            "last_val": self.last_val,
+            "last_train": self.last_train,
+        }
+        folder = ckpt.save_checkpoint(
             self.out,
             model=self.model,
             train_config=self.cfg,
             tokenizers=self.tokenizers,
             step=pos.step,
             optimizer=self.optimizer,
-            trainer_state={"position": dataclasses.asdict(pos), "rng": rng_meta},
+            trainer_state=state,
             rng_state=rng_tensors,
             keep_last=self.cfg.keep_last,
         )
+        self.saved_step = pos.step
+        return folder
 
     def _finish(self, pos: _Position, plan: BatchPlan) -> TrainResult:
         result = TrainResult(

@@ -13,7 +13,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from tformer.cli.console import err_console
-from tformer.errors import TformerError
+from tformer.errors import TformerError, TrainingInterrupted
 from tformer.version import __version__
 
 
@@ -23,14 +23,17 @@ class TformerGroup(TyperGroup):
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
+        except TrainingInterrupted as error:  # not a failure: stopped on request, resumable
+            err_console.print(f"[yellow]{escape(str(error))}[/]", soft_wrap=True)
+            ctx.exit(error.exit_code)
         except TformerError as error:
             if (ctx.obj or {}).get("debug"):
                 raise
             err_console.print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)
             ctx.exit(error.exit_code)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as error:
             err_console.print("[yellow]interrupted[/]")
-            ctx.exit(130)
+            ctx.exit(getattr(error, "exit_code", 130))
         return None
 
 
@@ -65,12 +68,14 @@ def _root(
 # Importing the command modules registers their commands on ``app``.
 from tformer.cli import (  # noqa: E402,F401
     average,
+    compare,
     evaluate,
     generate,
     info,
     inspect_attention,
     tokenizer,
     train,
+    verify,
 )
 
 

@@ -1,15 +1,21 @@
-"""``tformer generate``: decode outputs for inputs given as arguments, a file, or stdin."""
+"""``tformer generate``: decode outputs for inputs given as arguments, a file, stdin, or
+interactively; optionally streamed, explained step by step, or compared across settings."""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from tformer.checkpoint import load_checkpoint
+from tformer.checkpoint import Checkpoint, load_checkpoint
 from tformer.cli import app
+from tformer.cli.compare import default_settings, print_comparison
+from tformer.cli.console import console
+from tformer.cli.explain import explanation_table
 from tformer.cli.options import (
     CHECKPOINT,
     DEVICE,
@@ -18,11 +24,54 @@ from tformer.cli.options import (
     TEMPERATURE,
     TOP_K,
     TOP_P,
+    default,
     existing_file,
 )
-from tformer.decoding import DecodingConfig, decode_texts
+from tformer.decoding import DecodingConfig, Hypothesis, decode_texts, explain, stream_tokens
 from tformer.device import resolve_device
 from tformer.errors import ConfigError, DataError
+
+INPUT_FILE = typer.Option(
+    None, "--input-file", "-i", help="Inputs, one a line.", show_default=False
+)
+MIN_P = typer.Option(
+    default(DecodingConfig, "min_p"),
+    "--min-p",
+    help="Sample only tokens at least this fraction as likely as the most likely one; 0 = off.",
+)
+REPETITION_PENALTY = typer.Option(
+    default(DecodingConfig, "repetition_penalty"),
+    "--repetition-penalty",
+    help="Divide a seen token's positive logit by this (multiply a negative one); 1 = off.",
+)
+NO_REPEAT_NGRAM_SIZE = typer.Option(
+    default(DecodingConfig, "no_repeat_ngram_size"),
+    "--no-repeat-ngram-size",
+    help="Never repeat an n-gram of the output of this size; 0 = off.",
+)
+BEAM_SIZE = typer.Option(
+    default(DecodingConfig, "beam_size"),
+    "--beam-size",
+    "-b",
+    help="Beam search with this many beams; 1 = greedy / sampling.",
+)
+LENGTH_PENALTY = typer.Option(
+    default(DecodingConfig, "length_penalty"),
+    "--length-penalty",
+    help="Beam score = sum log p / length ** this (length counts <eos>); 0 favours short "
+    "outputs, 1 is the mean log-probability per token, more favours long ones.",
+)
+N_BEST = typer.Option(
+    default(DecodingConfig, "n_best"), "--n-best", help="Beam search outputs per input."
+)
+MIN_NEW_TOKENS = typer.Option(
+    default(DecodingConfig, "min_new_tokens"),
+    "--min-new-tokens",
+    help="Forbid <eos> until this many tokens are generated.",
+)
+NUM_SAMPLES = typer.Option(
+    default(DecodingConfig, "num_samples"), "--num-samples", "-n", help="Samples per input."
+)
 
 
 def read_inputs(texts: list[str] | None, input_file: Path | None) -> list[str]:
@@ -38,7 +87,9 @@ def read_inputs(texts: list[str] | None, input_file: Path | None) -> list[str]:
         except UnicodeDecodeError as error:
             raise DataError(f"--input-file {input_file}: not UTF-8 text ({error})") from error
     if sys.stdin is None or sys.stdin.isatty():
-        raise ConfigError("no input: give TEXT arguments, --input-file FILE, or pipe lines in")
+        raise ConfigError(
+            "no input: give TEXT arguments, --input-file FILE, pipe lines in, or use --interactive"
+        )
     return sys.stdin.read().splitlines()
 
 
@@ -48,53 +99,235 @@ def generate_command(
     texts: list[str] | None = typer.Argument(
         None, help="Inputs (default: --input-file or stdin, one a line).", show_default=False
     ),
-    input_file: Path | None = typer.Option(None, "--input-file", "-i", show_default=False),
+    input_file: Path | None = INPUT_FILE,
     temperature: float = TEMPERATURE,
     top_k: int = TOP_K,
     top_p: float = TOP_P,
+    min_p: float = MIN_P,
+    repetition_penalty: float = REPETITION_PENALTY,
+    no_repeat_ngram_size: int = NO_REPEAT_NGRAM_SIZE,
+    beam_size: int = BEAM_SIZE,
+    length_penalty: float = LENGTH_PENALTY,
+    n_best: int = N_BEST,
+    min_new_tokens: int = MIN_NEW_TOKENS,
     max_new_tokens: int = MAX_NEW_TOKENS,
-    num_samples: int = typer.Option(1, "--num-samples", "-n", help="Outputs per input."),
+    num_samples: int = NUM_SAMPLES,
     seed: int | None = SEED,
     batch_size: int = typer.Option(64, "--batch-size", help="Rows decoded together."),
     as_json: bool = typer.Option(
         False,
         "--json",
-        help="One JSON record per output, with ids, per-token log-probabilities and the score.",
+        help="One JSON record per output: ids, per-token log-probabilities, log p and score.",
+    ),
+    stream: bool | None = typer.Option(
+        None,
+        "--stream/--no-stream",
+        help="Print tokens as they are decoded (default: on for one input to a terminal).",
+        show_default=False,
+    ),
+    interactive: bool = typer.Option(
+        False, "--interactive", help="Keep the model loaded; read inputs at a prompt."
+    ),
+    explain_steps: bool = typer.Option(
+        False,
+        "--explain",
+        help="For one input, a table of every step: the token, its probability before and "
+        "after each processor, the alternatives and the source tokens attended to.",
+    ),
+    compare: bool = typer.Option(
+        False,
+        "--compare",
+        help="Decode with greedy, beam 4, temperatures 0.5/1/1.5 and top-p 0.9 and show "
+        "the outputs side by side (see `tformer compare`).",
     ),
     device: str = DEVICE,
 ) -> None:
-    """Generate outputs; one line per output, in input order (samples of an input together).
+    """Generate outputs; one line per output, in input order (an input's outputs together).
 
-    Example: tformer generate checkpoints/dates "6 March 2025" "the first of May 1999" -t 0
+    Greedy by default; -t samples; --beam-size searches. Logit processors run in this order:
+    repetition penalty, no-repeat n-gram, min new tokens, then (sampling) temperature, top-k,
+    top-p, min-p.
+
+    Examples:
+
+      tformer generate checkpoints/dates "6 March 2025" "the first of May 1999"
+
+      tformer generate checkpoints/dates "6 Mar. 2025" -t 0.8 -n 3 --seed 1
+
+      tformer generate checkpoints/dates "6 Mar. 2025" --beam-size 4 --n-best 2 --json
+
+      tformer generate checkpoints/dates "6 Mar. 2025" -t 0.7 --top-p 0.9 --explain
+
+      tformer generate checkpoints/dates --interactive
     """
     config = DecodingConfig(
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size,
+        beam_size=beam_size,
+        length_penalty=length_penalty,
+        n_best=n_best,
+        min_new_tokens=min_new_tokens,
         max_new_tokens=max_new_tokens,
         num_samples=num_samples,
         seed=seed,
     )
+    _check_modes(config, batch_size, as_json, stream, interactive, explain_steps, compare)
+    if interactive:
+        if texts or input_file is not None:
+            raise ConfigError("--interactive reads inputs at a prompt: drop TEXT / --input-file")
+        loaded = load_checkpoint(checkpoint, resolve_device(device))
+        _interactive(loaded, config, as_json=as_json, stream=stream)
+        return
+    inputs = read_inputs(texts, input_file)
+    if explain_steps and len(inputs) != 1:
+        raise ConfigError(f"--explain shows one input at a time; got {len(inputs)}")
+    loaded = load_checkpoint(checkpoint, resolve_device(device))
+    if compare:
+        settings = default_settings(max_new_tokens=max_new_tokens, seed=seed or 0)
+        print_comparison(loaded, inputs, settings, batch_size=batch_size, as_json=as_json)
+    elif explain_steps:
+        _explain(loaded, inputs[0], config)
+    elif _should_stream(stream, config, len(inputs), as_json):
+        for text in inputs:
+            _stream(loaded, text, config)
+    else:
+        _print_outputs(loaded, inputs, config, batch_size=batch_size, as_json=as_json)
+
+
+def _check_modes(
+    config: DecodingConfig,
+    batch_size: int,
+    as_json: bool,
+    stream: bool | None,
+    interactive: bool,
+    explain_steps: bool,
+    compare: bool,
+) -> None:
     if batch_size < 1:
         raise ConfigError(f"--batch-size {batch_size} must be >= 1")
-    inputs = read_inputs(texts, input_file)
-    loaded = load_checkpoint(checkpoint, resolve_device(device))
+    modes = [
+        name
+        for name, on in (
+            ("--interactive", interactive),
+            ("--explain", explain_steps),
+            ("--compare", compare),
+        )
+        if on
+    ]
+    if len(modes) > 1:
+        raise ConfigError(f"{' and '.join(modes)} do not combine; pick one")
+    if stream:
+        if config.beam_size > 1:
+            raise ConfigError(
+                f"--stream with --beam-size {config.beam_size}: beam search knows its best "
+                "output only at the end; drop one of them"
+            )
+        clash = ["--json"] if as_json else [m for m in modes if m != "--interactive"]
+        if clash:
+            raise ConfigError(f"--stream prints plain text; it does not combine with {clash[0]}")
+    if as_json and explain_steps:
+        raise ConfigError("--explain prints a table; it does not combine with --json")
+
+
+def _should_stream(
+    stream: bool | None, config: DecodingConfig, n_inputs: int, as_json: bool
+) -> bool:
+    if stream is not None:
+        return stream
+    return (
+        n_inputs == 1
+        and not as_json
+        and config.beam_size == 1
+        and config.num_samples == 1
+        and stdout_is_terminal()
+    )
+
+
+def stdout_is_terminal() -> bool:
+    """Whether results go to a terminal (then a single output is streamed by default)."""
+    return sys.stdout.isatty()
+
+
+def _records(
+    text: str, hyps: list[Hypothesis], config: DecodingConfig, loaded: Checkpoint
+) -> Iterable[dict[str, Any]]:
+    tgt = loaded.tokenizers.target
+    for index, hyp in enumerate(hyps):
+        record: dict[str, Any] = {"input": text, "output": tgt.decode(hyp.ids)}
+        record["rank" if config.beam_size > 1 else "sample"] = index
+        record |= {
+            "ids": hyp.ids,
+            "token_logprobs": [round(x, 6) for x in hyp.token_logprobs],
+            "logprob": round(hyp.logprob, 6),
+            "score": round(hyp.score, 6),
+            "length": len(hyp.ids),
+            "finished": hyp.finished,
+        }
+        yield record
+
+
+def _print_outputs(
+    loaded: Checkpoint,
+    inputs: list[str],
+    config: DecodingConfig,
+    *,
+    batch_size: int,
+    as_json: bool,
+) -> None:
     src = [loaded.tokenizers.source.encode(t) for t in inputs]
     hyps = decode_texts(loaded.model, src, config, batch_size=batch_size)
+    for text, outputs in zip(inputs, hyps, strict=True):
+        for record in _records(text, outputs, config, loaded):
+            typer.echo(json.dumps(record, ensure_ascii=False) if as_json else record["output"])
+
+
+def _stream(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
+    """Print each output's text piece by piece as its tokens arrive; one line per output."""
+    src = loaded.tokenizers.source.encode(text)
     tgt = loaded.tokenizers.target
-    for text, samples in zip(inputs, hyps, strict=True):
-        for index, hyp in enumerate(samples):
-            output = tgt.decode(hyp.ids)
-            if as_json:
-                record = {
-                    "input": text,
-                    "output": output,
-                    "sample": index,
-                    "ids": hyp.ids,
-                    "token_logprobs": [round(x, 6) for x in hyp.token_logprobs],
-                    "score": round(hyp.score, 6),
-                    "finished": hyp.finished,
-                }
-                typer.echo(json.dumps(record, ensure_ascii=False))
-            else:
-                typer.echo(output)
+    for sample in range(config.num_samples):
+        ids: list[int] = []
+        shown = ""
+        for token in stream_tokens(loaded.model, src, config, sample=sample):
+            ids.append(token)
+            decoded = tgt.decode(ids)
+            # Print only once the text so far extends what is on screen (it nearly always
+            # does; a token that rewrites earlier text waits for the next one).
+            if decoded.startswith(shown):
+                typer.echo(decoded[len(shown) :], nl=False)
+                shown = decoded
+        final = tgt.decode(ids)
+        typer.echo(final[len(shown) :] if final.startswith(shown) else "")
+
+
+def _explain(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
+    src = loaded.tokenizers.source.encode(text)
+    hyps = decode_texts(loaded.model, [src], config)[0]
+    for index, hyp in enumerate(hyps):
+        steps = explain(loaded.model, src, hyp, config)
+        output = loaded.tokenizers.target.decode(hyp.ids)
+        title = f"{text!r} -> {output!r}"
+        if len(hyps) > 1:
+            title = f"output {index + 1}/{len(hyps)}: {title}"
+        console.print(explanation_table(steps, src, loaded.tokenizers, config, hyp, title=title))
+
+
+def _interactive(
+    loaded: Checkpoint, config: DecodingConfig, *, as_json: bool, stream: bool | None
+) -> None:
+    """Read one input a line at a prompt until end of input, an empty line or "exit"."""
+    typer.echo("one input a line; an empty line, 'exit' or Ctrl-D ends", err=True)
+    while True:
+        typer.echo("> ", err=True, nl=False)
+        line = sys.stdin.readline()
+        text = line.rstrip("\r\n")
+        if not line or not text.strip() or text.strip() in ("exit", "quit"):
+            break
+        if _should_stream(stream, config, 1, as_json):
+            _stream(loaded, text, config)
+        else:
+            _print_outputs(loaded, [text], config, batch_size=64, as_json=as_json)

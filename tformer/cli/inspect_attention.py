@@ -1,4 +1,4 @@
-"""``tformer inspect-attention``: show one attention map, or all heads of a layer."""
+"""``tformer inspect-attention``: explore attention maps in the terminal, or save them."""
 
 from __future__ import annotations
 
@@ -9,18 +9,32 @@ from rich.markup import escape
 
 from tformer.checkpoint import load_checkpoint
 from tformer.cli import app
-from tformer.cli.console import console
+from tformer.cli.console import console, err_console
 from tformer.cli.options import CHECKPOINT, DEVICE, SEED, TEMPERATURE
-from tformer.cli.render import head_grid, heatmap, save_map
+from tformer.cli.render import render_selection, stats_table
+from tformer.cli.render_files import check_save_path, save_maps
 from tformer.decoding import DecodingConfig
 from tformer.device import resolve_device
 from tformer.errors import ConfigError
-from tformer.inspection import KINDS, inspect_attention
+from tformer.inspection import KINDS, Head, Layer, eos_column, head_statistics, inspect_attention
 
 
-def parse_head(text: str) -> int | str:
+def parse_layer(text: str) -> Layer:
+    """``--layer``: a number (negative counts from the end) or ``all``."""
+    if text == "all":
+        return "all"
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(
+            f"--layer {text!r} must be a layer number (negative counts from the end) or 'all'"
+        ) from None
+
+
+def parse_head(text: str) -> Head:
+    """``--head``: a number (negative counts from the end), ``all`` or ``mean``."""
     if text in ("all", "mean"):
-        return text
+        return text  # type: ignore[return-value]
     try:
         return int(text)
     except ValueError:
@@ -38,48 +52,61 @@ def inspect_attention_command(
         show_default=False,
     ),
     kind: str = typer.Option("cross", "--kind", "-k", help="encoder | decoder | cross"),
-    layer: int = typer.Option(-1, "--layer", "-l", help="Layer; negative counts from the end."),
+    layer: str = typer.Option(
+        "-1", "--layer", "-l", help="A layer number (negative counts from the end) or 'all'."
+    ),
     head: str = typer.Option("mean", "--head", help="A head number, 'all' or 'mean'."),
-    values: bool = typer.Option(False, "--values", help="Print the weights in the cells."),
+    values: bool = typer.Option(
+        False, "--values", help="Print the weights in the cells of a single map."
+    ),
+    stats: bool = typer.Option(
+        False, "--stats", help="Add a table of every head: entropy, positional shares, pattern."
+    ),
     save: Path | None = typer.Option(
-        None, "--save", help="Write .json or .png.", show_default=False
+        None,
+        "--save",
+        help="Also write the selection to .png, .html (interactive, every map), .json or .npz.",
+        show_default=False,
     ),
     temperature: float = TEMPERATURE,
     seed: int | None = SEED,
     device: str = DEVICE,
 ) -> None:
-    """Show attention weights as a heatmap with token labels.
+    """Show attention weights as heatmaps with token labels, or save them.
 
-    Rows of decoder and cross maps are decoder positions: row "<bos>" predicts the first
-    output token. Example: tformer inspect-attention checkpoints/dates "6 March 2025"
+    Rows of decoder and cross maps are decoder positions: row "<bos>"
+    predicts the first output token. The target is the model's own output
+    (greedy unless --temperature) or --target, teacher-forced. Wide maps
+    fold to the terminal width; --stats tags each head with its pattern.
+
+    Examples:
+
+      tformer inspect-attention checkpoints/dates "6 March 2025" --values
+
+      tformer inspect-attention checkpoints/dates "6 Mar 2025" --layer all --stats
+
+      tformer inspect-attention checkpoints/dates "03/06/25" --save map.html
     """
     if kind not in KINDS:
         raise ConfigError(f"--kind {kind!r} must be one of {', '.join(KINDS)}")
-    which = parse_head(head)
+    which_layer, which_head = parse_layer(layer), parse_head(head)
+    check_save_path(save)
     decoding = DecodingConfig(temperature=temperature, seed=seed)
     loaded = load_checkpoint(checkpoint, resolve_device(device))
     result = inspect_attention(loaded.model, loaded.tokenizers, text, target, decoding)
-    weights = result.select(kind, layer, which)
-    rows, cols = result.labels(kind)
-    n_layers = result.maps(kind).shape[0]
-    shown_layer = layer % n_layers
+    selection = result.selection(kind, which_layer, which_head, checkpoint=str(loaded.path))
     origin = "model output" if result.generated else "given target"
-    title = f"{kind} attention · layer {shown_layer} · head {head}"
     console.print(
-        f"source: {escape(result.source_text)}\ntarget ({origin}): {escape(result.target_text)}"
+        f"source: {escape(result.source_text)}\ntarget ({origin}): {escape(result.target_text)}",
+        soft_wrap=True,
     )
-    if which == "all":
-        console.print(head_grid(weights, rows, cols, width=console.width, title=title))
-    else:
-        console.print(heatmap(weights, rows, cols, width=console.width, values=values, title=title))
+    console.print(render_selection(selection, width=console.width, values=values))
+    if stats:
+        maps = result.maps(kind)
+        head_stats = head_statistics(
+            maps, causal=kind == "decoder", eos=eos_column(selection.columns)
+        )
+        console.print(stats_table(head_stats, kind))
     if save is not None:
-        meta = {
-            "checkpoint": str(loaded.path),
-            "source": result.source_text,
-            "target": result.target_text,
-            "kind": kind,
-            "layer": shown_layer,
-            "head": head,
-        }
-        save_map(save, weights, rows, cols, meta)
-        console.print(f"wrote {escape(str(save))}")
+        save_maps(save, result, selection, values=values)
+        err_console.print(f"wrote {escape(str(save))}", soft_wrap=True)

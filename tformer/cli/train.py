@@ -31,7 +31,7 @@ from tformer.config import (
 )
 from tformer.errors import CheckpointError, ConfigError
 from tformer.tokenizer import TOKENIZER_KINDS
-from tformer.train import check_architecture, train
+from tformer.train import check_architecture, train, with_older_checkpoint
 
 T = TrainConfig
 M = ModelConfig
@@ -56,10 +56,23 @@ def train_command(
     resume: Path | None = typer.Option(
         None,
         "--resume",
-        help="Continue the run in this folder from its latest checkpoint.",
+        help="Continue a run exactly where it stopped: give its folder (latest checkpoint) or "
+        "one of its step-* checkpoints (later ones are dropped). Training flags given again "
+        "override the saved ones (and are listed); architecture flags must match.",
         show_default=False,
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run in --out."),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Replace the tformer run in --out (its checkpoints and metrics). A folder that is "
+        "not a tformer run is never deleted.",
+    ),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        help="Refuse pairs longer than --max-len (or with an empty side) instead of skipping "
+        "and counting them.",
+    ),
     # tokenizer
     tokenizer: Path | None = typer.Option(
         None,
@@ -113,7 +126,9 @@ def train_command(
     ),
     # batching and optimisation
     max_tokens: int = typer.Option(
-        default(T, "max_tokens"), "--max-tokens", help="Padded tokens per batch."
+        default(T, "max_tokens"),
+        "--max-tokens",
+        help="Padded tokens per batch; lower it after an out-of-memory error.",
     ),
     accumulate: int = typer.Option(
         default(T, "accumulate"), "--accumulate", help="Batches per optimiser step."
@@ -143,11 +158,18 @@ def train_command(
     eval_every: int = typer.Option(default(T, "eval_every"), "--eval-every"),
     save_every: int = typer.Option(default(T, "save_every"), "--save-every"),
     log_every: int = typer.Option(default(T, "log_every"), "--log-every"),
-    keep_last: int = typer.Option(default(T, "keep_last"), "--keep-last"),
+    keep_last: int = typer.Option(
+        default(T, "keep_last"),
+        "--keep-last",
+        help="Step checkpoints to keep (the best one by validation loss is kept apart in best/).",
+    ),
     seed: int = typer.Option(default(T, "seed"), "--seed"),
     device: str = DEVICE,
 ) -> None:
     """Train a Transformer; with no options, on the bundled date-normalisation data.
+
+    Ctrl-C (or SIGTERM) finishes the current step, saves a checkpoint and exits 130 (143);
+    `--resume` then continues exactly where it stopped. A second Ctrl-C stops at once.
 
     Example: tformer train --preset tiny --max-steps 2000 --out checkpoints/dates
     """
@@ -161,27 +183,32 @@ def train_command(
     train_values = {k: v for k, v in params.items() if k in _TRAIN_FIELDS}
 
     if resume is not None:
-        if out is not None and out != resume:
-            raise ConfigError("--resume names the run folder; drop --out or make it the same")
+        if overwrite:
+            raise ConfigError("--resume continues a run and --overwrite replaces it; give one")
         model_config, train_config = _resume_configs(ctx, resume, model_overrides, train_values)
-        out = resume
     else:
         model_config, train_config = _new_configs(
             ctx, recipe, preset_name, model_overrides, train_values
         )
 
-    train(
-        model_config,
-        train_config,
-        out=out,
-        tokenizer=tokenizer,
-        tokenizer_kind=tokenizer_kind,
-        vocab_size=vocab_size,
-        shared_vocab=not separate_vocab,
-        resume=resume is not None,
-        overwrite=overwrite,
-        reporter=RichReporter(),
-    )
+    reporter = RichReporter()
+    try:
+        train(
+            model_config,
+            train_config,
+            out=out,
+            tokenizer=tokenizer,
+            tokenizer_kind=tokenizer_kind,
+            vocab_size=vocab_size,
+            shared_vocab=not separate_vocab,
+            resume=resume if resume is not None else False,
+            overwrite=overwrite,
+            strict=strict,
+            reporter=reporter,
+        )
+    finally:
+        if reporter.progress is not None:  # leave the terminal clean for the error line
+            reporter.progress.stop()
 
 
 def _given(ctx: click.Context, name: str) -> bool:
@@ -223,12 +250,15 @@ def _resume_configs(
     ctx: click.Context, run: Path, model_overrides: dict[str, Any], train_values: dict[str, Any]
 ) -> tuple[None, TrainConfig]:
     """The saved configs, with the training flags given on this command line on top."""
-    config = ckpt.read_config(ckpt.resolve(run))
+    folder = ckpt.resolve(run)
     try:
-        saved_model = ModelConfig.from_dict(config["model"])
-        saved_train = config["train"]
-    except (KeyError, ConfigError) as error:
-        raise CheckpointError(f"{run}: cannot resume, invalid config ({error})") from error
+        config = ckpt.read_verified_config(folder)
+    except CheckpointError as error:
+        if not ckpt.is_run_dir(folder.parent):
+            raise
+        raise with_older_checkpoint(error, folder.parent, folder) from error
+    saved_model, saved, _ = ckpt.parse_configs(folder, config)
+    saved_train = saved.to_dict()
     explicit = {k: v for k, v in model_overrides.items() if _given(ctx, k)}
     check_architecture(saved_model, explicit)
     changed = {

@@ -1,0 +1,38 @@
+"""The benchmark scripts run in CI as smoke tests (tiny sizes) so they cannot rot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def run_script(name: str, *args: str) -> list[dict]:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_train_speed_smoke() -> None:
+    records = run_script("train_speed.py", "--smoke")
+    assert records[0]["reference"] == "dense matmul" and records[0]["bf16_gflops"] > 0
+    measured = [r for r in records if "ms_per_step" in r]
+    assert {r["impl"] for r in measured} >= {"tformer", "torch.nn.Transformer"}
+    assert {r["precision"] for r in measured} == {"fp32", "bf16"}
+    assert all(r["target_tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in measured)
+
+
+@pytest.mark.skipif(not SHARED_MULTI30K.is_dir(),
+                    reason="../shared/data/multi30k is not present beside the project")
+def test_multi30k_pipeline_smoke(tmp_path: Path) -> None:
+    records = run_script("multi30k.py", "--smoke", "--out", str(tmp_path / "m30k"))
+    card = records[-1]
+    assert card["split"] == "test" and card["pairs"] == 20
+    assert "bleu_signature" in card["metrics"]

@@ -1,0 +1,175 @@
+"""``tformer compare``: the same inputs under several decoding settings, side by side."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from tformer.checkpoint import Checkpoint, load_checkpoint
+from tformer.cli import app
+from tformer.cli.console import console
+from tformer.cli.options import CHECKPOINT, DEVICE, MAX_NEW_TOKENS, default
+from tformer.decoding import DecodingConfig, Hypothesis, decode_texts
+from tformer.device import resolve_device
+from tformer.errors import ConfigError
+
+Setting = tuple[str, DecodingConfig]
+
+
+def default_settings(
+    *,
+    beam_size: int = 4,
+    temperatures: Sequence[float] = (0.5, 1.0, 1.5),
+    top_p: float = 0.9,
+    max_new_tokens: int = default(DecodingConfig, "max_new_tokens"),
+    seed: int = 0,
+) -> list[Setting]:
+    """Greedy, beam search, a temperature sweep and nucleus sampling (T = 1), fixed seed.
+
+    A beam size of 1 or a top-p of 1 leaves that setting out.
+    """
+    limit = {"max_new_tokens": max_new_tokens}
+    settings: list[Setting] = [("greedy", DecodingConfig(**limit))]
+    if beam_size > 1:
+        settings.append((f"beam {beam_size}", DecodingConfig(beam_size=beam_size, **limit)))
+    for t in temperatures:
+        settings.append((f"T={t:g}", DecodingConfig(temperature=t, seed=seed, **limit)))
+    if top_p < 1.0:
+        settings.append(
+            (f"top-p {top_p:g}", DecodingConfig(temperature=1.0, top_p=top_p, seed=seed, **limit))
+        )
+    return settings
+
+
+def parse_temperatures(text: str) -> list[float]:
+    """ "0.5,1,1.5" -> [0.5, 1.0, 1.5]; an empty string means no temperature rows."""
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"--temperatures {text!r} must be numbers separated by commas, e.g. 0.5,1,1.5"
+        ) from None
+    for t in values:
+        if t <= 0:
+            raise ConfigError(f"--temperatures: {t:g} must be > 0 (greedy has its own row)")
+    return values
+
+
+def compare_outputs(
+    loaded: Checkpoint, inputs: list[str], settings: list[Setting], *, batch_size: int = 64
+) -> list[list[tuple[str, Hypothesis]]]:
+    """For each input, the first output of each setting, in settings order."""
+    src = [loaded.tokenizers.source.encode(t) for t in inputs]
+    per_setting = [
+        decode_texts(loaded.model, src, config, batch_size=batch_size) for _, config in settings
+    ]
+    return [
+        [(label, hyps[i][0]) for (label, _), hyps in zip(settings, per_setting, strict=True)]
+        for i in range(len(inputs))
+    ]
+
+
+def comparison_table(text: str, rows: list[tuple[str, Hypothesis]], loaded: Checkpoint) -> Table:
+    table = Table(title=escape(text), title_justify="left")
+    table.add_column("setting", no_wrap=True)
+    table.add_column("output")
+    table.add_column("log p", justify="right")
+    table.add_column("per token", justify="right")
+    table.add_column("tokens", justify="right")
+    for label, hyp in rows:
+        output = escape(loaded.tokenizers.target.decode(hyp.ids))
+        if not hyp.finished:
+            output += " [dim](cut off)[/]"
+        per_token = hyp.logprob / max(len(hyp.token_logprobs), 1)
+        table.add_row(label, output, f"{hyp.logprob:.3f}", f"{per_token:.3f}", str(len(hyp.ids)))
+    return table
+
+
+def print_comparison(
+    loaded: Checkpoint,
+    inputs: list[str],
+    settings: list[Setting],
+    *,
+    batch_size: int = 64,
+    as_json: bool = False,
+) -> None:
+    """One table per input (or one JSON record per input and setting) on stdout."""
+    for text, rows in zip(
+        inputs, compare_outputs(loaded, inputs, settings, batch_size=batch_size), strict=True
+    ):
+        if not as_json:
+            console.print(comparison_table(text, rows, loaded))
+            continue
+        for label, hyp in rows:
+            record = {
+                "input": text,
+                "setting": label,
+                "output": loaded.tokenizers.target.decode(hyp.ids),
+                "ids": hyp.ids,
+                "logprob": round(hyp.logprob, 6),
+                "score": round(hyp.score, 6),
+                "length": len(hyp.ids),
+                "finished": hyp.finished,
+            }
+            typer.echo(json.dumps(record, ensure_ascii=False))
+
+
+@app.command("compare")
+def compare_command(
+    checkpoint: Path = CHECKPOINT,
+    texts: list[str] | None = typer.Argument(
+        None, help="Inputs (default: --input-file or stdin, one a line).", show_default=False
+    ),
+    input_file: Path | None = typer.Option(
+        None, "--input-file", "-i", help="Inputs, one a line.", show_default=False
+    ),
+    beam_size: int = typer.Option(4, "--beam-size", "-b", help="Beam row; 1 leaves it out."),
+    temperatures: str = typer.Option(
+        "0.5,1,1.5", "--temperatures", help="Sampling rows, comma-separated; '' for none."
+    ),
+    top_p: float = typer.Option(
+        0.9, "--top-p", help="Nucleus sampling row (at T = 1); 1 leaves it out."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of every sampling row."),
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    batch_size: int = typer.Option(64, "--batch-size", help="Rows decoded together."),
+    as_json: bool = typer.Option(
+        False, "--json", help="One JSON record per input and setting instead of tables."
+    ),
+    device: str = DEVICE,
+) -> None:
+    """Decode the same inputs under several settings; outputs, log p and lengths side by side.
+
+    Rows: greedy, beam search, one per temperature, and nucleus sampling (top-p at T = 1).
+    Sampling rows use a fixed seed, so the table repeats.
+    Log-probabilities are the model's (before temperature and filters), so rows compare.
+
+    Examples:
+
+      tformer compare checkpoints/dates "6 Mar. 2025" "03/06/25"
+
+      tformer compare checkpoints/dates "6 Mar. 2025" --beam-size 8 --temperatures 0.3,2
+    """
+    from tformer.cli.generate import read_inputs  # generate imports this module
+
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size {batch_size} must be >= 1")
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"--top-p {top_p} must be in (0, 1] (1 leaves the row out)")
+    if beam_size < 1:
+        raise ConfigError(f"--beam-size {beam_size} must be >= 1 (1 leaves the row out)")
+    settings = default_settings(
+        beam_size=beam_size,
+        temperatures=parse_temperatures(temperatures),
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+    )
+    inputs = read_inputs(texts, input_file)
+    loaded = load_checkpoint(checkpoint, resolve_device(device))
+    print_comparison(loaded, inputs, settings, batch_size=batch_size, as_json=as_json)
