@@ -121,19 +121,27 @@ def heatmap(
             for c in block:
                 v = float(matrix[r, c])
                 line.append(" ")
-                line.append(_cell_text(v, cell, values), style=_cell_style(v))
+                line.append(_cell_text(v, cell, values), style=_cell_style(v, values))
             lines.append(line)
     lines.append(legend())
     return Group(*lines)
 
 
+_SHADES = " ░▒▓█"
+
+
 def _cell_text(value: float, cell: int, values: bool) -> str:
     if not values:
-        return " " * cell
+        # A shade glyph drawn in the cell's own colour: invisible on a colour terminal, and
+        # still a readable heatmap where colour is off (NO_COLOR, output piped to a file).
+        level = min(int(max(value, 0.0) * len(_SHADES)), len(_SHADES) - 1)
+        return _SHADES[level] * cell
     return "1.0" if value >= 0.995 else f"{value:.2f}"[1:]
 
 
-def _cell_style(value: float) -> Style:
+def _cell_style(value: float, values: bool = True) -> Style:
+    if not values:
+        return Style(bgcolor=weight_color(value), color=weight_color(value))
     return Style(bgcolor=weight_color(value), color="black" if value > 0.55 else "white")
 
 
