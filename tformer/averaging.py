@@ -40,5 +40,10 @@ def average_checkpoints(paths: Sequence[Path], out: Path) -> Path:
         for name, tensor in states[0].items()
     }
     first.model.load_state_dict(averaged)
-    return save_checkpoint(out, model=first.model, train_config=first.train_config,
-                           tokenizers=first.tokenizers, step=max(c.step for c in loaded))
+    return save_checkpoint(
+        out,
+        model=first.model,
+        train_config=first.train_config,
+        tokenizers=first.tokenizers,
+        step=max(c.step for c in loaded),
+    )

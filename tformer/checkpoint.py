@@ -307,12 +307,14 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     trainer_state: dict[str, Any] | None = None,
     rng_state: dict[str, torch.Tensor] | None = None,
+    extra_tensors: dict[str, torch.Tensor] | None = None,
     keep_last: int = 2,
     metrics: dict[str, float] | None = None,
 ) -> Path:
     """Write checkpoint ``step-NNNNNN`` into ``run_dir`` atomically and point ``latest`` at it.
 
     ``metrics`` (e.g. the validation loss of a best checkpoint) go into config.json.
+    ``extra_tensors`` (e.g. the raw weights behind an averaged model) join the training state.
 
     Returns:
         The checkpoint folder.
@@ -344,6 +346,7 @@ def save_checkpoint(
         if optimizer is not None and trainer_state is not None:
             tensors, meta = _optimizer_to_files(optimizer)
             tensors.update({f"rng.{k}": v.contiguous() for k, v in (rng_state or {}).items()})
+            tensors.update({f"extra.{k}": v.contiguous() for k, v in (extra_tensors or {}).items()})
             save_file(tensors, str(tmp / OPTIMIZER))
             state = {**trainer_state, "optimizer": meta}
             (tmp / TRAINER_STATE).write_text(json.dumps(state) + "\n", encoding="utf-8")
@@ -653,8 +656,8 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Che
 
 def load_training_state(
     folder: Path, optimizer: torch.optim.Optimizer
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Restore ``optimizer`` in place; return the trainer state and the saved RNG tensors."""
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Restore ``optimizer`` in place; return the trainer state, RNG and extra tensors."""
     state_path, tensors_path = folder / TRAINER_STATE, folder / OPTIMIZER
     if not state_path.is_file() or not tensors_path.is_file():
         raise CheckpointError(
@@ -666,7 +669,8 @@ def load_training_state(
         state = json.loads(state_path.read_text(encoding="utf-8"))
         tensors = load_file(str(tensors_path))
         rng = {k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")}
-        opt_tensors = {k: v for k, v in tensors.items() if not k.startswith("rng.")}
+        extra = {k.removeprefix("extra."): v for k, v in tensors.items() if k.startswith("extra.")}
+        opt_tensors = {k: v for k, v in tensors.items() if not k.startswith(("rng.", "extra."))}
         optimizer.load_state_dict(_optimizer_from_files(opt_tensors, state.pop("optimizer")))
     except (
         OSError,
@@ -681,7 +685,7 @@ def load_training_state(
         raise CheckpointError(
             f"{folder}: training state unreadable ({_first_line(error)})"
         ) from error
-    return state, rng
+    return state, rng, extra
 
 
 # -- verification -----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import random
 import re
 from collections.abc import Iterator, Sequence
@@ -361,6 +362,17 @@ class EncodedSplit:
     pairs: list[IdPair]
     texts: list[TextPair]
     dropped: int
+
+    def length_percentiles(self, qs: Sequence[int] = (50, 90, 99, 100)) -> dict[str, list[int]]:
+        """Token-length percentiles (nearest rank) per side: {"source": [...], "target": [...]}."""
+        result: dict[str, list[int]] = {}
+        for side, index in (("source", 0), ("target", 1)):
+            lengths = sorted(len(pair[index]) for pair in self.pairs)
+            if not lengths:
+                result[side] = [0 for _ in qs]
+                continue
+            result[side] = [lengths[max(0, math.ceil(q / 100 * len(lengths)) - 1)] for q in qs]
+        return result
 
 
 def encode_pairs(

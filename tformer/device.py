@@ -53,3 +53,16 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def set_threads(threads: int) -> None:
+    """``--threads N``: the CPU threads torch uses inside each operation.
+
+    Raises:
+        ConfigError: N < 1.
+    """
+    from tformer.errors import ConfigError
+
+    if threads < 1:
+        raise ConfigError(f"--threads {threads} must be >= 1")
+    torch.set_num_threads(threads)

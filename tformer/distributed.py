@@ -2,9 +2,11 @@
 
 ``torchrun`` starts one process per rank and sets RANK / WORLD_SIZE / LOCAL_RANK; tformer reads
 them, joins the process group (gloo on CPU, NCCL on CUDA) and wraps the model in DDP. Each rank
-takes every ``world``-th batch of the same deterministic batch order, so rank r's share of
-global step s is batch ``s * world * accumulate + ... + r``: all ranks take the same number of
-steps, and the run equals a single process with ``--accumulate world * accumulate``.
+takes every ``world``-th batch of the same deterministic batch order: one optimizer step uses
+``world * accumulate`` consecutive batches and rank r computes batches r, r + world, ... of
+them. All ranks therefore take the same number of steps (the order runs on across epochs, so
+no rank waits at an epoch's end), and the run equals a single process with
+``--accumulate world * accumulate``.
 """
 
 from __future__ import annotations
@@ -45,14 +47,17 @@ def init_world(device: torch.device) -> World:
     """Join the process group when started by torchrun; otherwise a world of one."""
     if not launched_by_torchrun():
         return World()
-    world = World(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
-                  int(os.environ.get("LOCAL_RANK", 0)))
+    world = World(
+        int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    )
     if world.world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(world.local_rank)
-        # A bounded timeout turns a peer that died mid-collective into an error, not a hang.
-        dist.init_process_group(backend, timeout=timedelta(minutes=5))
+        # A bounded timeout turns a peer that hangs mid-collective into an error; a peer that
+        # dies is caught sooner by torchrun, which then stops the whole job. Generous enough
+        # for rank 0's validation (translating the validation subset) while others wait.
+        dist.init_process_group(backend, timeout=timedelta(minutes=30))
     return world
 
 
@@ -63,30 +68,34 @@ def local_device(device: torch.device, world: World) -> torch.device:
     return device
 
 
-def shard(batches: list[list[int]], world: World, accumulate: int) -> list[list[int]]:
-    """This rank's batches of one epoch: every world-th, cut so all ranks get the same count.
-
-    The epoch is first cut to a whole number of global steps (world * accumulate batches), so
-    no rank waits at the end of an epoch for a step the others never take.
-    """
-    if not world.distributed:
-        return batches
-    per_step = world.world_size * accumulate
-    usable = len(batches) - len(batches) % per_step
-    if usable == 0:
-        raise ConfigError(
-            f"one epoch has {len(batches)} batches, fewer than {world.world_size} ranks x "
-            f"--accumulate {accumulate}; lower --max-tokens or use fewer processes"
-        )
-    return batches[world.rank : usable : world.world_size]
-
-
 def all_reduce_sum(value: float | int, device: torch.device, world: World) -> float:
     if not world.distributed:
         return float(value)
     tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
     return float(tensor.item())
+
+
+def all_reduce_max(values: list[float], device: torch.device) -> list[float]:
+    """The element-wise maximum over all ranks (e.g. "any rank wants to stop")."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
+def broadcast_text(text: str | None, world: World, device: torch.device) -> str:
+    """Rank 0's ``text`` on every rank, sent as UTF-8 bytes (no pickling)."""
+    if not world.distributed:
+        assert text is not None
+        return text
+    data = text.encode("utf-8") if world.is_main and text is not None else b""
+    size = torch.tensor([len(data)], dtype=torch.long, device=device)
+    dist.broadcast(size, src=0)
+    buffer = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
+    if world.is_main:
+        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    dist.broadcast(buffer, src=0)
+    return bytes(buffer.cpu().tolist()).decode("utf-8")
 
 
 def close(world: World) -> None:

@@ -57,8 +57,9 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Score
 @torch.no_grad()
 def teacher_forced_loss(ckpt: Checkpoint, pairs: Sequence[TextPair]) -> tuple[float, int]:
     """Mean per-token cross-entropy under teacher forcing, and the number of target tokens."""
-    split = encode_pairs(pairs, ckpt.tokenizers.source, ckpt.tokenizers.target,
-                         ckpt.model_config.max_len)
+    split = encode_pairs(
+        pairs, ckpt.tokenizers.source, ckpt.tokenizers.target, ckpt.model_config.max_len
+    )
     device = next(ckpt.model.parameters()).device
     total, tokens = 0.0, 0
     for batch in BatchPlan(split.pairs, EVAL_BATCH_TOKENS, seed=0).batches(0):
@@ -124,8 +125,13 @@ def data_fingerprint(pairs: Sequence[TextPair]) -> str:
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5, cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -195,8 +201,9 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"- date: {card['date']}",
         "",
         "```json",
-        json.dumps({"model": card["model"], "train": card["train"],
-                    "decoding": card["decoding"]}, indent=2),
+        json.dumps(
+            {"model": card["model"], "train": card["train"], "decoding": card["decoding"]}, indent=2
+        ),
         "```",
     ]
     return "\n".join(lines) + "\n"
@@ -205,8 +212,11 @@ def card_markdown(card: dict[str, Any]) -> str:
 def write_results(out: Path, card: dict[str, Any], hypotheses: Sequence[str]) -> dict[str, Path]:
     """Write hypotheses.txt, result.json and result.md into ``out`` (each atomically)."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"hypotheses": out / "hypotheses.txt", "json": out / "result.json",
-             "markdown": out / "result.md"}
+    paths = {
+        "hypotheses": out / "hypotheses.txt",
+        "json": out / "result.json",
+        "markdown": out / "result.md",
+    }
     write_text_atomic(paths["hypotheses"], "".join(h + "\n" for h in hypotheses))
     write_text_atomic(paths["json"], json.dumps(card, indent=2, ensure_ascii=False) + "\n")
     write_text_atomic(paths["markdown"], card_markdown(card))

@@ -316,8 +316,9 @@ def head_statistics(
     for layer in range(n_layers):
         for head in range(n_heads):
             values = {name: float(v[layer, head]) for name, v in measures.items()}
-            stats.append(HeadStats(layer=layer, head=head, pattern=head_pattern(**values),
-                                   **values))
+            stats.append(
+                HeadStats(layer=layer, head=head, pattern=head_pattern(**values), **values)
+            )
     return stats
 
 
@@ -332,8 +333,12 @@ def head_pattern(
     **_: float,
 ) -> str:
     """The dominant pattern of a head from its statistics (one of ``PATTERNS``)."""
-    positional = {"diagonal": diagonal, "previous-token": previous, "first-token": first,
-                  "eos": eos}
+    positional = {
+        "diagonal": diagonal,
+        "previous-token": previous,
+        "first-token": first,
+        "eos": eos,
+    }
     name, best = max(positional.items(), key=lambda item: item[1])
     if best >= POSITIONAL_SHARE:
         return name
@@ -357,8 +362,12 @@ def save_attention(path: Path, selection: AttentionSelection) -> None:
     meta = selection.metadata()
     path.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".json":
-        record = {**meta, "rows": selection.rows, "columns": selection.columns,
-                  "weights": selection.weights.tolist()}
+        record = {
+            **meta,
+            "rows": selection.rows,
+            "columns": selection.columns,
+            "weights": selection.weights.tolist(),
+        }
         path.write_text(json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
     elif suffix == ".npz":
         with open(path, "wb") as handle:  # a file object: numpy would append .npz to a name

@@ -13,13 +13,14 @@ inf loss or gradient stops training before anything computed from it is saved.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from tformer import checkpoint as ckpt
+from tformer import distributed as dist_
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data import (
     BatchPlan,
@@ -41,6 +43,8 @@ from tformer.data import (
 )
 from tformer.decoding import DecodingConfig, decode_texts
 from tformer.device import resolve_device, seed_everything
+from tformer.distributed import World
+from tformer.ema import WeightAverage
 from tformer.errors import (
     Aborted,
     CheckpointError,
@@ -52,10 +56,13 @@ from tformer.errors import (
 )
 from tformer.model import Transformer
 from tformer.optim import build_optimizer, lr_at
+from tformer.precision import Precision, resolve_precision
 from tformer.tokenizer import PAD_ID, Tokenizer, train_tokenizer
 
 DEFAULT_EPOCHS = 10.0
 EVAL_BATCH_TOKENS = 8192
+# Mixed precision skips a step whose gradients overflowed; this many in a row means divergence.
+MAX_SKIPPED_IN_A_ROW = 25
 
 
 # -- the loss ---------------------------------------------------------------------------------
@@ -102,6 +109,9 @@ class TrainResult:
     elapsed: float
     train_loss: float | None = None
     val_loss: float | None = None
+    best: dict[str, float] = field(default_factory=dict)
+    stopped_early: bool = False
+    skipped_steps: int = 0
     exact_match: float | None = None
     exact_match_split: str | None = None
     samples: list[dict[str, str]] = field(default_factory=list)
@@ -252,18 +262,44 @@ def _from_json(value: Any) -> Any:
 
 
 @torch.no_grad()
-def evaluate_loss(model: Transformer, split: EncodedSplit, device: torch.device) -> float:
+def evaluate_loss(
+    model: Transformer,
+    split: EncodedSplit,
+    device: torch.device,
+    precision: Precision | None = None,
+) -> float:
     """Mean per-token cross-entropy (no label smoothing) over a split."""
     model.eval()
     plan = BatchPlan(split.pairs, EVAL_BATCH_TOKENS, seed=0)
     total, tokens = 0.0, 0
     for batch in plan.batches(0):
         batch = batch.to(device)
-        logits = model(batch.src, batch.tgt_in).logits
+        if precision is None:
+            logits = model(batch.src, batch.tgt_in).logits
+        else:
+            with precision.autocast():
+                logits = model(batch.src, batch.tgt_in).logits
         total += float(sequence_loss(logits, batch.tgt_out))
         tokens += batch.n_target_tokens
     model.train()
     return total / max(tokens, 1)
+
+
+@torch.no_grad()
+def translation_scores(
+    model: Transformer, split: EncodedSplit, tokenizers: ckpt.Tokenizers, limit: int
+) -> dict[str, float]:
+    """sacreBLEU BLEU and chrF of greedy translations of the split's first ``limit`` pairs."""
+    from tformer.evaluate import corpus_scores  # local: evaluate builds on this module
+
+    pairs = split.pairs[:limit]
+    references = [t for _, t in split.texts[: len(pairs)]]
+    max_new = max(8, model.config.max_len)
+    hyps = decode_texts(model, [s for s, _ in pairs], DecodingConfig(max_new_tokens=max_new))
+    outputs = tokenizers.target.decode_batch([h[0].ids for h in hyps])
+    model.train()
+    scores = corpus_scores(outputs, references)
+    return {"bleu": scores.bleu, "chrf": scores.chrf}
 
 
 def exact_match(
@@ -359,14 +395,18 @@ def train(
         DivergedError: the loss or a gradient became NaN / inf (the last good checkpoint stays).
         TrainingInterrupted: SIGINT / SIGTERM; a checkpoint was written first.
     """
-    report = reporter or Reporter()
     cfg = train_config
     resume_from: Path | None = None
     if resume is not False:
         out, resume_from = resume_target(out, resume)
     out = Path(out) if out is not None else Path("checkpoints") / data_name(cfg.data)
     device = resolve_device(cfg.device)
-    prepare_output(out, resume=resume_from is not None, overwrite=overwrite)
+    # Under torchrun every rank runs this function; only rank 0 writes and reports.
+    world = dist_.init_world(device)
+    device = dist_.local_device(device, world)
+    report = (reporter or Reporter()) if world.is_main else Reporter()
+    if world.is_main:
+        prepare_output(out, resume=resume_from is not None, overwrite=overwrite)
     seed_everything(cfg.seed)
 
     texts = load_text_pairs(cfg.data, source_field=cfg.source_field, target_field=cfg.target_field)
@@ -381,12 +421,16 @@ def train(
     else:
         if model_config is None:
             raise ConfigError("a model configuration is needed unless resuming")
-        tokenizers = get_tokenizers(
-            tokenizer,
-            texts["train"],
-            kind=tokenizer_kind,
-            vocab_size=vocab_size,
-            shared=shared_vocab,
+        tokenizers = _shared_tokenizers(
+            world,
+            device,
+            lambda: get_tokenizers(
+                tokenizer,
+                texts["train"],
+                kind=tokenizer_kind,
+                vocab_size=vocab_size,
+                shared=shared_vocab,
+            ),
         )
         model_config = dataclasses.replace(
             model_config,
@@ -394,34 +438,51 @@ def train(
             tgt_vocab_size=tokenizers.target.vocab_size,
             share_embeddings=model_config.share_embeddings and tokenizers.shared,
         )
+    precision = resolve_precision(cfg.precision, device, model_config)
     splits = encode_splits(texts, tokenizers, model_config.max_len, cfg.data, strict=strict)
 
     model = resumed.model if resumed else Transformer(model_config)
     model.to(device).train()
     optimizer = build_optimizer(model, cfg)
     state: dict[str, Any] = {}
+    extra: dict[str, torch.Tensor] = {}
     if resumed is not None:
-        state, rng = ckpt.load_training_state(resumed.path, optimizer)
+        state, rng, extra = ckpt.load_training_state(resumed.path, optimizer)
         _apply_hyperparameters(optimizer, cfg)
         _restore_rng(state.get("rng", {}), rng)
     pos = _Position(**state["position"]) if "position" in state else _Position()
+    if world.rank > 0:
+        # Rank 0 follows the single-process RNG stream; the others draw their own dropout
+        # masks, from a stream that depends only on (seed, rank, step) so a resume repeats it.
+        torch.manual_seed(cfg.seed * 1_000_003 + world.rank * 10_007 + pos.step)
 
     plan = BatchPlan(splits["train"].pairs, cfg.max_tokens, cfg.seed)
     batches_per_epoch = len(plan.epoch(0))
-    total_steps = _total_steps(cfg, batches_per_epoch)
+    total_steps = _total_steps(cfg, batches_per_epoch * world.world_size)
     if cfg.schedule == "cosine" and total_steps is None:
         raise ConfigError("--schedule cosine needs --max-steps or --epochs to know its length")
 
     # Every check has passed: only now is anything written.
-    create_output(out, resume_step=pos.step if resumed else None, overwrite=overwrite)
+    if world.is_main:
+        create_output(out, resume_step=pos.step if resumed else None, overwrite=overwrite)
     report.start(
         {
             "run_dir": str(out),
             "device": str(device),
+            "precision": precision.name,
+            "compile": cfg.compile,
+            "world_size": world.world_size,
+            "global_batch": {
+                "ranks": world.world_size,
+                "accumulate": cfg.accumulate,
+                "max_tokens": cfg.max_tokens,
+                "tokens": world.world_size * cfg.accumulate * cfg.max_tokens,
+            },
             "model": model_config.to_dict(),
             "parameters": model.parameter_counts()["total"],
             "splits": {k: len(v.pairs) for k, v in splits.items()},
             "dropped": {k: v.dropped for k, v in splits.items()},
+            "lengths": {k: v.length_percentiles() for k, v in splits.items() if v.pairs},
             "batches_per_epoch": batches_per_epoch,
             "padding_share": plan.padding_share(),
             "total_steps": total_steps,
@@ -434,9 +495,41 @@ def train(
         if changes:
             report.message(f"changed since {resumed.path}: {', '.join(changes)}")
 
-    loop = _Loop(model, optimizer, cfg, model_config, tokenizers, splits, device, out, report)
-    loop.restore(state)
-    return loop.run(plan, pos, total_steps)
+    loop = _Loop(
+        model,
+        optimizer,
+        cfg,
+        model_config,
+        tokenizers,
+        splits,
+        device,
+        out,
+        report,
+        precision=precision,
+        world=world,
+    )
+    loop.restore(state, extra)
+    try:
+        return loop.run(plan, pos, total_steps)
+    finally:
+        dist_.close(world)
+
+
+def _shared_tokenizers(
+    world: World, device: torch.device, make: Callable[[], ckpt.Tokenizers]
+) -> ckpt.Tokenizers:
+    """The tokenizers, made once on rank 0 and sent to the other ranks as JSON text."""
+    if not world.distributed:
+        return make()
+    made = make() if world.is_main else None
+    source = dist_.broadcast_text(made.source.to_str() if made else None, world, device)
+    shared = dist_.broadcast_text(
+        ("shared" if made.shared else made.target.to_str()) if made else None, world, device
+    )
+    if made is not None:
+        return made
+    src = Tokenizer.from_str(source)
+    return ckpt.Tokenizers(src, src if shared == "shared" else Tokenizer.from_str(shared))
 
 
 def encode_splits(
@@ -592,14 +685,41 @@ class _Loop:
         device: torch.device,
         out: Path,
         report: Reporter,
+        *,
+        precision: Precision,
+        world: World,
     ) -> None:
         self.model, self.optimizer, self.cfg = model, optimizer, cfg
         self.model_config, self.tokenizers, self.splits = model_config, tokenizers, splits
         self.device, self.out, self.report = device, out, report
+        self.precision, self.world = precision, world
+        self.scaler = precision.scaler()
+        # What runs the forward pass: the model itself, or it wrapped for data parallelism
+        # and/or compiled. Checkpoints always save ``self.model``, so their tensor names carry
+        # no ``module.`` or ``_orig_mod.`` prefix and load anywhere.
+        self.forward: torch.nn.Module = model
+        if world.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.forward = DistributedDataParallel(
+                model,
+                device_ids=[device.index] if device.type == "cuda" else None,
+                broadcast_buffers=False,  # the only buffer is the fixed sinusoid table
+            )
+        if cfg.compile:
+            self.forward = torch.compile(self.forward)
+        # Only rank 0 evaluates and saves, so only it needs the average.
+        self.ema = (
+            WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 and world.is_main else None
+        )
         self.last_val: float | None = None
         self.last_train: float | None = None
-        self.best_val: float | None = None
+        self.best_value: float | None = None
+        self.evals_without_gain = 0
+        self.stopped_early = False
         self.saved_step: int | None = None
+        self.skipped = 0
+        self.skipped_in_a_row = 0
         # The running sums behind the next logged loss. They are part of the training state:
         # a run resumed between two log lines must log the same loss as an uninterrupted one.
         self.window_loss = torch.zeros((), device=device)
@@ -609,20 +729,46 @@ class _Loop:
         self.bad_step = torch.zeros((), dtype=torch.long, device=device)
         self.bad_values = torch.zeros(2, device=device)
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: dict[str, Any], extra: dict[str, torch.Tensor]) -> None:
         """Take back the bookkeeping saved in a checkpoint's trainer state."""
         window = state.get("window", {})
-        self.window_loss.fill_(float(window.get("loss", 0.0)))
+        if self.world.is_main:  # the saved window is the sum over all ranks
+            self.window_loss.fill_(float(window.get("loss", 0.0)))
         self.window_tokens = int(window.get("tokens", 0))
         self.last_val = state.get("last_val")
         self.last_train = state.get("last_train")
+        self.skipped = int(state.get("skipped", 0))
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        best = state.get("best")
+        if best and best.get("metric") == self.cfg.best_metric:
+            self.best_value = best.get("value")
+            self.evals_without_gain = int(best.get("evals_without_gain", 0))
+        elif self.cfg.best_metric == "val_loss":
+            self.best_value = self._saved_best_loss()
+        raw = {k.removeprefix("raw."): v for k, v in extra.items() if k.startswith("raw.")}
+        if raw:
+            # The checkpoint's weights are the average; training continues from the raw ones.
+            params = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for name, tensor in raw.items():
+                    if name in params:
+                        params[name].copy_(tensor)
+            if self.ema is not None:
+                self.ema.load({n: p for n, p in self._checkpoint_weights(extra).items()})
+
+    def _checkpoint_weights(self, extra: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k.removeprefix("ema."): v for k, v in extra.items() if k.startswith("ema.")}
+
+    def _saved_best_loss(self) -> float | None:
         best = self.out / ckpt.BEST
         if best.is_dir() and ckpt.is_run_dir(best):
             try:
                 metrics = ckpt.read_config(ckpt.resolve(best)).get("metrics") or {}
             except CheckpointError:
                 metrics = {}
-            self.best_val = metrics.get("val_loss")
+            return metrics.get("val_loss")
+        return None
 
     def run(self, plan: BatchPlan, pos: _Position, total_steps: int | None) -> TrainResult:
         if self._should_stop(pos, total_steps):
@@ -647,13 +793,16 @@ class _Loop:
     def _train(
         self, plan: BatchPlan, pos: _Position, total_steps: int | None, signals: _StopOnSignal
     ) -> None:
-        cfg = self.cfg
+        cfg, world = self.cfg, self.world
         stream = _stream(plan, pos)
         started = time.perf_counter() - pos.elapsed
         window_start, window_tokens_seen = time.perf_counter(), 0
         stop = self._should_stop(pos, total_steps)
         while not stop:
-            micro = [next(stream) for _ in range(cfg.accumulate)]
+            # One optimizer step takes ranks x accumulate batches of the one global order;
+            # rank r computes every world-th of them, so the step equals a single process
+            # accumulating them all.
+            micro = [next(stream) for _ in range(cfg.accumulate * world.world_size)]
             loss_sum, n_tokens = self._step(plan, micro, pos.step + 1, total_steps)
             pos.step += 1
             last_epoch, last_index, _ = micro[-1]
@@ -663,7 +812,7 @@ class _Loop:
             self.window_tokens += n_tokens
             window_tokens_seen += n_tokens
             pos.elapsed = time.perf_counter() - started
-            stop = self._should_stop(pos, total_steps)
+            stop, signalled = self._agree(self._should_stop(pos, total_steps), signals)
             on_cadence = pos.step % cfg.log_every == 0
             if on_cadence or stop:
                 now = time.perf_counter()
@@ -676,10 +825,24 @@ class _Loop:
                     self.window_tokens = 0
             if pos.step % cfg.eval_every == 0 or stop:
                 self._evaluate(pos)
+                if self._agree(self.stopped_early, None)[0] and not stop:
+                    self.stopped_early = stop = True
             if pos.step % cfg.save_every == 0 or stop:
                 self._save(pos)
-            if signals.received is not None and not stop:
-                self._stop_on_signal(pos, signals.received)
+            if signalled is not None and not stop:
+                self._stop_on_signal(pos, signalled)
+
+    def _agree(self, stop: bool, signals: _StopOnSignal | None) -> tuple[bool, int | None]:
+        """Whether to stop (and on which signal), the same on every rank.
+
+        The time budget is read from each rank's clock and a signal may reach ranks one step
+        apart; one small all-reduce (max) per step makes them all stop after the same step.
+        """
+        signum = signals.received if signals is not None else None
+        if not self.world.distributed:
+            return stop, signum
+        flags = dist_.all_reduce_max([float(stop), float(signum or 0)], self.device)
+        return bool(flags[0]), (int(flags[1]) or None)
 
     def _stop_on_signal(self, pos: _Position, signum: int) -> None:
         if self.saved_step != pos.step:
@@ -699,39 +862,89 @@ class _Loop:
         step: int,
         total_steps: int | None,
     ) -> tuple[torch.Tensor, int]:
-        batches = [collate([plan.pairs[i] for i in indices]) for _, _, indices in micro]
-        # Normalise by the tokens of the whole accumulated step, so accumulating k batches
-        # equals one batch k times larger.
-        n_tokens = sum(b.n_target_tokens for b in batches)
+        world = self.world
+        # Normalise by the target tokens of the whole (global) step, so accumulating k batches
+        # equals one batch k times larger, and n ranks equal one process. Every rank knows
+        # every batch of the step, so this needs no communication.
+        n_tokens = sum(plan.lengths[i][1] + 1 for _, _, indices in micro for i in indices)
+        mine = micro[world.rank :: world.world_size]
+        batches = [collate([plan.pairs[i] for i in indices]) for _, _, indices in mine]
         lr = lr_at(step, self.model_config, self.cfg, total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=self.device)
-        for batch in batches:
+        for i, batch in enumerate(batches):
             batch = batch.to(self.device)
-            logits = self.model(batch.src, batch.tgt_in).logits
-            loss = sequence_loss(logits, batch.tgt_out, self.cfg.label_smoothing)
-            (loss / n_tokens).backward()
+            last = i == len(batches) - 1
+            # Gradients are all-reduced once per step, on the last micro-batch only.
+            sync = last or not world.distributed
+            with contextlib.nullcontext() if sync else self.forward.no_sync():
+                with self.precision.autocast():
+                    logits = self.forward(batch.src, batch.tgt_in).logits
+                    loss = sequence_loss(logits, batch.tgt_out, self.cfg.label_smoothing)
+                scaled = loss / n_tokens
+                if world.distributed:  # DDP averages gradients over ranks; we want the sum
+                    scaled = scaled * world.world_size
+                if self.scaler is not None:
+                    scaled = self.scaler.scale(scaled)
+                scaled.backward()
             total += loss.detach()
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         if self.cfg.clip_norm > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.clip_norm)
         else:
             grad_norm = torch.linalg.vector_norm(
                 torch.stack([torch.linalg.vector_norm(p.grad.detach()) for p in params])
             )
-        self._watch_numerics(step, total, grad_norm)
-        self.optimizer.step()
+        if self.precision.mixed:
+            self._mixed_precision_update(step, grad_norm)
+        else:
+            self._watch_numerics(step, total, grad_norm)
+            self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update()
         self.optimizer.zero_grad(set_to_none=True)
         return total, n_tokens
+
+    def _mixed_precision_update(self, step: int, grad_norm: torch.Tensor) -> None:
+        """Take the step unless the gradients overflowed; skip and count it if they did.
+
+        Reduced precision overflows now and then without anything being wrong (fp16 above all,
+        where the grad scaler then lowers its scale); only a long run of skipped steps means
+        the model diverged. The finiteness check reads one value from the device per step.
+        """
+        if self.scaler is not None:
+            before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)  # skips the update itself on inf / NaN gradients
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < before
+        else:
+            skipped = not bool(torch.isfinite(grad_norm))
+            if not skipped:
+                self.optimizer.step()
+        if not skipped:
+            self.skipped_in_a_row = 0
+            if self.ema is not None:
+                self.ema.update()
+            return
+        self.skipped += 1
+        self.skipped_in_a_row += 1
+        if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+            raise DivergedError(
+                f"step {step}: training diverged ({self.skipped_in_a_row} steps in a row had "
+                f"non-finite gradients in {self.precision.name}); stopped without saving "
+                f"it{self._last_good()}. Resume from there with a lower --lr, a longer "
+                "--warmup-steps or --precision fp32"
+            )
 
     def _watch_numerics(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """Remember the first step whose loss or gradient norm is NaN / inf, without a sync.
 
         In float32 such a step is fatal: ``_check_numerics`` stops training before anything
-        computed from it is logged or saved, so the last checkpoint stays good. This is the
-        hook for mixed precision: with a gradient scaler, a non-finite step is expected now and
-        then and should be skipped (no optimizer step) and counted here instead of stopping.
+        computed from it is logged or saved, so the last checkpoint stays good. (Mixed
+        precision skips and counts such steps instead: ``_mixed_precision_update``.)
         """
         finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
         first = (self.bad_step == 0) & ~finite
@@ -761,12 +974,19 @@ class _Loop:
             return True
         return self.cfg.time_budget is not None and pos.elapsed >= self.cfg.time_budget
 
+    def _global_window_loss(self) -> float:
+        if not self.world.distributed:
+            return float(self.window_loss)
+        return dist_.all_reduce_sum(float(self.window_loss), self.device, self.world)
+
     def _log(
         self, pos: _Position, plan: BatchPlan, total_steps: int | None, tokens_per_s: float
     ) -> None:
         # Reading the loss synchronises with the device: only at log intervals.
         self._check_numerics()
-        self.last_train = float(self.window_loss) / max(self.window_tokens, 1)
+        self.last_train = self._global_window_loss() / max(self.window_tokens, 1)
+        if not self.world.is_main:
+            return
         epoch = pos.epoch + pos.batch / max(len(plan.epoch(pos.epoch)), 1)
         record = {
             "step": pos.step,
@@ -778,74 +998,143 @@ class _Loop:
             "total_steps": total_steps,
             "time_budget": self.cfg.time_budget,
         }
+        if self.precision.mixed:
+            record["skipped_steps"] = self.skipped
         ckpt.append_metrics(self.out, record)
         self.report.log(record)
+
+    @contextlib.contextmanager
+    def _averaged(self) -> Iterator[None]:
+        """The EMA weights in the model for the duration (when EMA is on)."""
+        if self.ema is None:
+            yield
+            return
+        self.ema.swap()
+        try:
+            yield
+        finally:
+            self.ema.swap()
 
     def _evaluate(self, pos: _Position) -> None:
         split = self.splits.get("validation")
-        if split is None or not split.pairs:
+        if split is None or not split.pairs or not self.world.is_main:
             return
         self._check_numerics()
-        self.last_val = evaluate_loss(self.model, split, self.device)
-        record = {
-            "step": pos.step,
-            "val_loss": round(self.last_val, 5),
-            "val_ppl": round(math.exp(min(self.last_val, 50.0)), 4),
-        }
+        with self._averaged():
+            self.last_val = evaluate_loss(self.model, split, self.device, self.precision)
+            record: dict[str, Any] = {
+                "step": pos.step,
+                "val_loss": round(self.last_val, 5),
+                "val_ppl": round(math.exp(min(self.last_val, 50.0)), 4),
+            }
+            if self.cfg.val_bleu > 0:
+                scores = translation_scores(self.model, split, self.tokenizers, self.cfg.val_bleu)
+                record.update({f"val_{k}": v for k, v in scores.items()})
+            value = record[
+                "val_loss" if self.cfg.best_metric == "val_loss" else f"val_{self.cfg.best_metric}"
+            ]
+            improved = math.isfinite(value) and (
+                self.best_value is None
+                or (
+                    value < self.best_value
+                    if self.cfg.best_metric == "val_loss"
+                    else value > self.best_value
+                )
+            )
+            if improved:
+                self.best_value, self.evals_without_gain = value, 0
+                record["best"] = True
+                metrics = {k: v for k, v in record.items() if k.startswith("val_")}
+                ckpt.save_checkpoint(
+                    self.out / ckpt.BEST,
+                    model=self.model,
+                    train_config=self.cfg,
+                    tokenizers=self.tokenizers,
+                    step=pos.step,
+                    keep_last=1,
+                    metrics=metrics,
+                )
+            else:
+                self.evals_without_gain += 1
         ckpt.append_metrics(self.out, record)
         self.report.log(record)
-        best = self.best_val
-        if math.isfinite(self.last_val) and (best is None or self.last_val < best):
-            self.best_val = self.last_val
-            ckpt.save_checkpoint(
-                self.out / ckpt.BEST,
-                model=self.model,
-                train_config=self.cfg,
-                tokenizers=self.tokenizers,
-                step=pos.step,
-                keep_last=1,
-                metrics={"val_loss": self.last_val},
+        patience = self.cfg.patience
+        if patience is not None and self.evals_without_gain >= patience:
+            self.stopped_early = True
+            self.report.message(
+                f"early stop: {self.cfg.best_metric} has not improved for {patience} "
+                f"evaluations (best {self.best_value})"
             )
 
-    def _save(self, pos: _Position) -> Path:
+    def _save(self, pos: _Position) -> Path | None:
         self._check_numerics()
+        window = self._global_window_loss()  # a collective: every rank takes part
+        if not self.world.is_main:
+            self.saved_step = pos.step
+            return None
         rng_meta, rng_tensors = _rng_state()
         state = {
             "position": dataclasses.asdict(pos),
             "rng": rng_meta,
-            "window": {"loss": float(self.window_loss), "tokens": self.window_tokens},
+            "window": {"loss": window, "tokens": self.window_tokens},
             "last_val": self.last_val,
             "last_train": self.last_train,
+            "skipped": self.skipped,
+            "best": {
+                "metric": self.cfg.best_metric,
+                "value": self.best_value,
+                "evals_without_gain": self.evals_without_gain,
+            },
         }
-        folder = ckpt.save_checkpoint(
-            self.out,
-            model=self.model,
-            train_config=self.cfg,
-            tokenizers=self.tokenizers,
-            step=pos.step,
-            optimizer=self.optimizer,
-            trainer_state=state,
-            rng_state=rng_tensors,
-            keep_last=self.cfg.keep_last,
-        )
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        extra: dict[str, torch.Tensor] = {}
+        if self.ema is not None:
+            # The checkpoint's weights are the average; the raw ones resume training.
+            extra = {f"raw.{n}": p.detach().clone() for n, p in self.model.named_parameters()}
+        with self._averaged():
+            if self.ema is not None:
+                extra.update(
+                    {f"ema.{n}": p.detach().clone() for n, p in self.model.named_parameters()}
+                )
+            folder = ckpt.save_checkpoint(
+                self.out,
+                model=self.model,
+                train_config=self.cfg,
+                tokenizers=self.tokenizers,
+                step=pos.step,
+                optimizer=self.optimizer,
+                trainer_state=state,
+                rng_state=rng_tensors,
+                extra_tensors=extra,
+                keep_last=self.cfg.keep_last,
+            )
         self.saved_step = pos.step
         return folder
 
     def _finish(self, pos: _Position, plan: BatchPlan) -> TrainResult:
+        epoch = pos.epoch + pos.batch / max(len(plan.epoch(pos.epoch)), 1)
+        if not self.world.is_main:
+            return TrainResult(self.out, self.out, pos.step, epoch, pos.elapsed)
         result = TrainResult(
             run_dir=self.out,
             checkpoint=ckpt.resolve(self.out),
             step=pos.step,
-            epoch=pos.epoch + pos.batch / max(len(plan.epoch(pos.epoch)), 1),
+            epoch=epoch,
             elapsed=pos.elapsed,
             train_loss=self.last_train,
             val_loss=self.last_val,
+            stopped_early=self.stopped_early,
+            skipped_steps=self.skipped,
         )
+        if self.best_value is not None:
+            result.best = {self.cfg.best_metric: self.best_value}
         name = "test" if "test" in self.splits else "validation"
         split = self.splits.get(name)
         if split is not None and split.pairs:
             self.report.message(f"measuring exact match on the {name} split ({len(split.pairs)})")
-            result.exact_match, result.samples = exact_match(self.model, split, self.tokenizers)
+            with self._averaged():
+                result.exact_match, result.samples = exact_match(self.model, split, self.tokenizers)
             result.exact_match_split = name
             ckpt.append_metrics(
                 self.out, {"step": pos.step, f"{name}_exact_match": result.exact_match}

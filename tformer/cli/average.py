@@ -14,10 +14,12 @@ from tformer.cli.console import console
 
 @app.command("average")
 def average_command(
-    checkpoints: list[Path] = typer.Argument(..., help="Checkpoint folders of one architecture.",
-                                             show_default=False),
-    out: Path = typer.Option(..., "--out", "-o", help="Run folder to write the average into.",
-                             show_default=False),
+    checkpoints: list[Path] = typer.Argument(
+        ..., help="Checkpoint folders of one architecture.", show_default=False
+    ),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Run folder to write the average into.", show_default=False
+    ),
 ) -> None:
     """Average model weights (Vaswani et al. average the last checkpoints; often +0.5 BLEU).
 

@@ -37,11 +37,17 @@ def evaluate_command(
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,
     split: str = typer.Option("test", "--split", help="train, validation or test."),
-    limit: int | None = typer.Option(None, "--limit", help="Only the first N pairs.",
-                                     show_default=False),
-    out: Path | None = typer.Option(None, "--out", "-o", show_default=False,
-                                    help="Folder for hypotheses.txt, result.json, result.md "
-                                    "(default: <checkpoint>/eval-<split>)."),
+    limit: int | None = typer.Option(
+        None, "--limit", help="Only the first N pairs.", show_default=False
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        show_default=False,
+        help="Folder for hypotheses.txt, result.json, result.md "
+        "(default: <checkpoint>/eval-<split>).",
+    ),
     temperature: float = TEMPERATURE,
     top_k: int = TOP_K,
     top_p: float = TOP_P,
@@ -56,8 +62,9 @@ def evaluate_command(
     """
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit {limit} must be >= 1")
-    decoding = DecodingConfig(temperature=temperature, top_k=top_k, top_p=top_p,
-                              max_new_tokens=max_new_tokens, seed=seed)
+    decoding = DecodingConfig(
+        temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
+    )
     splits = load_text_pairs(data, source_field=source_field, target_field=target_field)
     if split not in splits:
         raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
@@ -68,8 +75,10 @@ def evaluate_command(
     card = result_card(ckpt, result, data=data, pairs=pairs)
     paths = write_results(out or ckpt.path / f"eval-{split}", card, result.hypotheses)
 
-    table = Table(title=f"{escape(data or 'bundled dates')} [{split}], {len(pairs):,} pairs",
-                  title_justify="left")
+    table = Table(
+        title=f"{escape(data or 'bundled dates')} [{split}], {len(pairs):,} pairs",
+        title_justify="left",
+    )
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_column("signature")
@@ -78,6 +87,8 @@ def evaluate_command(
     table.add_row("loss", f"{result.loss:.4f}", "teacher forcing")
     table.add_row("perplexity", f"{result.perplexity:.2f}", "")
     console.print(table)
-    console.print(f"{result.new_tokens_per_s:,.0f} new tokens/s; wrote "
-                  f"{escape(str(paths['json']))}, {escape(str(paths['markdown']))}, "
-                  f"{escape(str(paths['hypotheses']))}")
+    console.print(
+        f"{result.new_tokens_per_s:,.0f} new tokens/s; wrote "
+        f"{escape(str(paths['json']))}, {escape(str(paths['markdown']))}, "
+        f"{escape(str(paths['hypotheses']))}"
+    )

@@ -33,12 +33,16 @@ DATA = typer.Option(
     show_default=False,
 )
 SOURCE_FIELD = typer.Option(
-    default(TrainConfig, "source_field"), "--source-field", "--src-lang",
+    default(TrainConfig, "source_field"),
+    "--source-field",
+    "--src-lang",
     help="Source column; for paired text files (train.en + train.de) or translation records, "
     "the source language.",
 )
 TARGET_FIELD = typer.Option(
-    default(TrainConfig, "target_field"), "--target-field", "--tgt-lang",
+    default(TrainConfig, "target_field"),
+    "--target-field",
+    "--tgt-lang",
     help="Target column, or the target language.",
 )
 TEMPERATURE = typer.Option(

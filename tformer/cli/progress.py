@@ -46,9 +46,14 @@ class RichReporter(Reporter):
             f"{summary['parameters']:,} parameters\n"
             f"data {splits} pairs ({dropped} dropped for length); "
             f"{summary['batches_per_epoch']} batches/epoch, "
-            f"padding {summary['padding_share']:.1%}"
+            f"padding {summary['padding_share']:.1%}\n"
+            f"precision {summary['precision']}"
+            + (", compiled" if summary.get("compile") else "")
+            + f"; global batch {_global_batch(summary['global_batch'])}"
             + (f"\nresuming from step {summary['resumed_from']}" if summary["resumed_from"] else "")
         )
+        if summary.get("lengths"):
+            err_console.print(_length_table(summary))
         if self.live:
             self.progress = Progress(
                 TextColumn("[bold blue]step {task.fields[step]}"),
@@ -78,6 +83,10 @@ class RichReporter(Reporter):
     def log(self, record: dict[str, Any]) -> None:
         if "val_loss" in record:
             self.val = f"{record['val_loss']:.3f} (ppl {record['val_ppl']:.2f})"
+            if "val_bleu" in record:
+                self.val += f" BLEU {record['val_bleu']:.1f} chrF {record['val_chrf']:.1f}"
+            if record.get("best"):
+                self.val += " *"
             if self.progress is None:
                 err_console.print(f"step {record['step']:>6}  val loss {self.val}")
             elif self.task is not None:
@@ -127,3 +136,27 @@ class RichReporter(Reporter):
             err_console.print(f"validation loss {result.val_loss:.4f}")
         if result.exact_match is not None:
             console.print(f"exact match on {result.exact_match_split}: {result.exact_match:.2%}")
+
+
+def _global_batch(batch: dict[str, int]) -> str:
+    """ranks x accumulate x max_tokens: keep it equal when changing the number of processes."""
+    return (
+        f"{batch['ranks']} rank(s) x {batch['accumulate']} accumulated x "
+        f"{batch['max_tokens']:,} tokens = {batch['tokens']:,} padded tokens per step"
+    )
+
+
+def _length_table(summary: dict[str, Any]) -> Table:
+    """Pairs per split, token-length percentiles of each side, and pairs dropped for length."""
+    table = Table(title="data (token lengths: p50 / p90 / p99 / max)", title_justify="left")
+    for column in ("split", "pairs", "source", "target", "dropped"):
+        table.add_column(column, justify="left" if column == "split" else "right")
+    for name, lengths in summary["lengths"].items():
+        table.add_row(
+            name,
+            f"{summary['splits'][name]:,}",
+            " / ".join(map(str, lengths["source"])),
+            " / ".join(map(str, lengths["target"])),
+            f"{summary['dropped'][name]:,}",
+        )
+    return table

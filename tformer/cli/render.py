@@ -112,8 +112,9 @@ def heatmap(
     blocks = _blocks(len(cols), per_block)
     for block in blocks:
         if len(blocks) > 1:
-            lines.append(Text(f"columns {block.start}-{block.stop - 1} of {len(cols)}",
-                              style="dim"))
+            lines.append(
+                Text(f"columns {block.start}-{block.stop - 1} of {len(cols)}", style="dim")
+            )
         for header in _vertical_header([cols[c] for c in block], cell, 1):
             lines.append(Text(" " * label_w) + header)
         for r, token in enumerate(rows):
@@ -152,8 +153,10 @@ def _full_panel(matrix: Tensor, cols: Sequence[str], block: range, title: str) -
     """One map at one character per cell, with vertical column labels and a title."""
     width = max(len(block), len(title))
     lines = [Text(title.ljust(width), style="bold")]
-    lines += [h.append(" " * (width - len(block)))
-              for h in _vertical_header([cols[c] for c in block], 1, 0)]
+    lines += [
+        h.append(" " * (width - len(block)))
+        for h in _vertical_header([cols[c] for c in block], 1, 0)
+    ]
     for r in range(matrix.shape[0]):
         line = Text()
         for c in block:
@@ -208,8 +211,7 @@ def head_grid(
     label_w = _label_width(rows, width)
     blocks = _blocks(len(cols), width - label_w - GAP)
     header_h = min(max((len(c) for c in cols), default=1), MAX_HEADER)
-    left = [Text(""), *(Text("") for _ in range(header_h)),
-            *(_row_label(t, label_w) for t in rows)]
+    left = [Text(""), *(Text("") for _ in range(header_h)), *(_row_label(t, label_w) for t in rows)]
     lines: list[RenderableType] = [Text(title, style="bold")] if title else []
     for block in blocks:
         suffix = f" [{block.start}-{block.stop - 1}]" if len(blocks) > 1 else ""
@@ -232,11 +234,21 @@ def overview(
     room = width - left_w - GAP
     shown = range(min(len(cols), room))
     lines: list[RenderableType] = [Text(title, style="bold")] if title else []
-    lines.append(Text(f"rows: {len(rows)} ({_preview(rows)}), two per line · "
-                      f"columns: {len(cols)} ({_preview(cols)})", style="dim"))
+    lines.append(
+        Text(
+            f"rows: {len(rows)} ({_preview(rows)}), two per line · "
+            f"columns: {len(cols)} ({_preview(cols)})",
+            style="dim",
+        )
+    )
     if len(shown) < len(cols):
-        lines.append(Text(f"columns 0-{len(shown) - 1} of {len(cols)} shown; choose a layer "
-                          "with --layer N for the whole map", style="dim"))
+        lines.append(
+            Text(
+                f"columns 0-{len(shown) - 1} of {len(cols)} shown; choose a layer "
+                "with --layer N for the whole map",
+                style="dim",
+            )
+        )
     for layer, heads in enumerate(per_layer):
         titles = [f"h{h}" for h in range(len(heads))] if maps.dim() == 4 else [""]
         panels = [_compact_panel(m, shown, t) for m, t in zip(heads, titles, strict=True)]

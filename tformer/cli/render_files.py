@@ -66,8 +66,10 @@ def save_png(path: Path, selection: AttentionSelection, *, values: bool = False)
     fig, axes = plt.subplots(
         nrows,
         ncols,
-        figsize=(max(4.0, ncols * (len(cols) * cell + 1.2)),
-                 max(3.0, nrows * (len(rows) * cell + 1.2))),
+        figsize=(
+            max(4.0, ncols * (len(cols) * cell + 1.2)),
+            max(3.0, nrows * (len(rows) * cell + 1.2)),
+        ),
         squeeze=False,
         layout="constrained",  # room for the titles, the colour bar and the labels
     )
@@ -85,8 +87,15 @@ def save_png(path: Path, selection: AttentionSelection, *, values: bool = False)
         ax.set_title(title, fontsize=8)
         if values and len(panels) == 1 and matrix.numel() <= ANNOTATE_CELLS:
             for (r, c), v in _cells(matrix):
-                ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=6,
-                        color="black" if v > 0.55 else "white")
+                ax.text(
+                    c,
+                    r,
+                    f"{v:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="black" if v > 0.55 else "white",
+                )
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
     fig.suptitle(
         f"{selection.kind} attention, layer {selection.layer}, head {selection.head}\n"
@@ -99,5 +108,8 @@ def save_png(path: Path, selection: AttentionSelection, *, values: bool = False)
 
 
 def _cells(matrix: Tensor) -> list[tuple[tuple[int, int], float]]:
-    return [((r, c), float(matrix[r, c]))
-            for r in range(matrix.shape[0]) for c in range(matrix.shape[1])]
+    return [
+        ((r, c), float(matrix[r, c]))
+        for r in range(matrix.shape[0])
+        for c in range(matrix.shape[1])
+    ]

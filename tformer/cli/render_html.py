@@ -20,8 +20,11 @@ from tformer.tokenizer import SPECIAL_TOKENS
 
 DECIMALS = 4  # weights are stored rounded: enough for colours and hover values, 4x smaller
 
-_AXES = {"encoder": ("source", "source"), "decoder": ("target", "target"),
-         "cross": ("target", "source")}
+_AXES = {
+    "encoder": ("source", "source"),
+    "decoder": ("target", "target"),
+    "cross": ("target", "source"),
+}
 
 
 def _rounded(maps: Tensor) -> list[Any]:
@@ -35,8 +38,11 @@ def page_data(result: AttentionResult, selection: AttentionSelection) -> dict[st
         "tokens": {"source": result.source_tokens, "target": result.target_tokens},
         "special": list(SPECIAL_TOKENS),
         "kinds": {
-            kind: {"rows": _AXES[kind][0], "columns": _AXES[kind][1],
-                   "weights": _rounded(result.maps(kind))}
+            kind: {
+                "rows": _AXES[kind][0],
+                "columns": _AXES[kind][1],
+                "weights": _rounded(result.maps(kind)),
+            }
             for kind in KINDS
         },
         "initial": {

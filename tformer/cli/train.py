@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 import typer
+from rich.table import Table
 
 from tformer import checkpoint as ckpt
+from tformer import distributed as dist_
 from tformer.cli import app
+from tformer.cli.console import console
 from tformer.cli.options import (
     DATA,
     DEVICE,
@@ -29,6 +33,8 @@ from tformer.config import (
     parse_duration,
     preset,
 )
+from tformer.device import set_threads
+from tformer.dryrun import DryRunReport, measure_batch_limits
 from tformer.errors import CheckpointError, ConfigError
 from tformer.tokenizer import TOKENIZER_KINDS
 from tformer.train import check_architecture, train, with_older_checkpoint
@@ -163,8 +169,63 @@ def train_command(
         "--keep-last",
         help="Step checkpoints to keep (the best one by validation loss is kept apart in best/).",
     ),
+    val_bleu: int = typer.Option(
+        default(T, "val_bleu"),
+        "--val-bleu",
+        help="At each evaluation, translate this many validation pairs (greedy) and report "
+        "sacreBLEU and chrF (0 = off).",
+    ),
+    best_metric: str = typer.Option(
+        default(T, "best_metric"),
+        "--best-metric",
+        help="What best/ keeps and --patience watches: val_loss | bleu | chrf (needs --val-bleu).",
+    ),
+    patience: int | None = typer.Option(
+        None,
+        "--patience",
+        show_default=False,
+        help="Stop after this many evaluations without a better --best-metric.",
+    ),
+    ema_decay: float = typer.Option(
+        default(T, "ema_decay"),
+        "--ema-decay",
+        help="Keep an exponential moving average of the weights (e.g. 0.999; 0 = off); "
+        "checkpoints and validation then use the average.",
+    ),
     seed: int = typer.Option(default(T, "seed"), "--seed"),
     device: str = DEVICE,
+    precision: str = typer.Option(
+        default(T, "precision"),
+        "--precision",
+        help="auto | fp32 | bf16 | fp16. auto: bf16 autocast on GPUs that have it (else fp16 "
+        "with a grad scaler) and on CPUs with AMX / AVX-512-BF16 for models with d_model >= "
+        "256; fp32 otherwise.",
+    ),
+    compile_: bool = typer.Option(
+        default(T, "compile"),
+        "--compile/--no-compile",
+        help="torch.compile the model for training (compiles once, then runs faster; "
+        "checkpoints are unaffected).",
+    ),
+    threads: int | None = typer.Option(
+        None,
+        "--threads",
+        show_default=False,
+        help="CPU threads for torch (default: torch's choice, one per physical core).",
+    ),
+    nproc: int | None = typer.Option(
+        None,
+        "--nproc",
+        show_default=False,
+        help="Train data-parallel with N processes on this machine (runs torchrun for you; "
+        "--max-tokens is per process and step).",
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Run a few steps on the largest batch the settings allow and report tokens/s, "
+        "peak memory and the largest --max-tokens that fits; trains nothing, writes nothing.",
+    ),
 ) -> None:
     """Train a Transformer; with no options, on the bundled date-normalisation data.
 
@@ -174,7 +235,12 @@ def train_command(
     Example: tformer train --preset tiny --max-steps 2000 --out checkpoints/dates
     """
     params: dict[str, Any] = dict(ctx.params)
+    params["compile"] = params.pop("compile_")
     params["time_budget"] = parse_duration(time_budget) if time_budget else None
+    if threads is not None:
+        set_threads(threads)
+    if nproc is not None and not dist_.launched_by_torchrun():
+        raise typer.Exit(launch_data_parallel(nproc))
     existing_file(tokenizer, "--tokenizer")
     if n_layers is not None:
         params["n_encoder_layers"] = params["n_encoder_layers"] or n_layers
@@ -191,6 +257,17 @@ def train_command(
             ctx, recipe, preset_name, model_overrides, train_values
         )
 
+    if dry_run:
+        if model_config is None:  # resuming: the run's own architecture and vocabulary
+            folder = ckpt.resolve(resume)
+            model_config = ckpt.parse_configs(folder, ckpt.read_verified_config(folder))[0]
+            vocab_size = model_config.src_vocab_size
+        show_dry_run(
+            measure_batch_limits(
+                model_config, train_config, tokenizer=tokenizer, vocab_size=vocab_size
+            )
+        )
+        return
     reporter = RichReporter()
     try:
         train(
@@ -268,3 +345,52 @@ def _resume_configs(
     }
     merged = {**saved_train, **changed}
     return None, TrainConfig.from_dict(merged, source=str(run))
+
+
+def launch_data_parallel(nproc: int) -> int:
+    """Re-run this very command under torchrun with ``nproc`` processes on this machine."""
+    argv = sys.argv[1:]
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--nproc":
+            skip = True
+            continue
+        if arg.startswith("--nproc="):
+            continue
+        kept.append(arg)
+    if not kept or kept[0] != "train":
+        kept = ["train", *kept]
+    return dist_.launch(nproc, kept)
+
+
+def show_dry_run(report: DryRunReport) -> None:
+    table = Table(title="dry run (nothing was trained or written)", title_justify="left")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    gib = 1024**3
+    rows = [
+        ("device / precision", f"{report.device} / {report.precision}"),
+        ("parameters", f"{report.parameters:,}"),
+        (
+            "batch (worst case)",
+            f"{report.rows} rows x {report.seq_len} tokens "
+            f"= {report.tokens_per_batch:,} target tokens",
+        ),
+        ("time per step", f"{report.ms_per_step:,.1f} ms (mean of {report.steps})"),
+        ("throughput", f"{report.tokens_per_s:,.0f} target tokens/s"),
+        (f"peak memory ({report.memory})", f"{report.peak_bytes / gib:.2f} GiB"),
+        ("before the batch (runtime, model, optimizer)", f"{report.baseline_bytes / gib:.2f} GiB"),
+    ]
+    if report.free_bytes is not None:
+        rows.append(("free memory", f"{report.free_bytes / gib:.2f} GiB"))
+    if report.max_tokens_fit is not None:
+        verdict = "fits" if report.max_tokens_fit >= report.max_tokens else "does NOT fit"
+        rows.append(("--max-tokens", f"{report.max_tokens:,} ({verdict})"))
+        rows.append(("largest --max-tokens (estimate)", f"{report.max_tokens_fit:,}"))
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)

@@ -1,0 +1,191 @@
+"""``tformer train --dry-run``: measure a configuration before hours are spent on it.
+
+Builds the model and the largest batch the settings allow (every row ``--max-len`` tokens long
+on both sides, as many rows as ``--max-tokens`` admits: the most attention memory a real batch
+can need), runs a few optimizer steps in the run's precision, and reports tokens/s, peak memory
+and an estimate of the largest ``--max-tokens`` that fits in the memory left. Nothing is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tformer.config import ModelConfig, TrainConfig
+from tformer.device import resolve_device, seed_everything
+from tformer.model import Transformer
+from tformer.optim import build_optimizer
+from tformer.precision import resolve_precision
+from tformer.tokenizer import PAD_ID, Tokenizer
+
+# Keep a tenth of the free memory as headroom: allocators fragment and batches vary.
+HEADROOM = 0.9
+
+
+@dataclass(frozen=True)
+class DryRunReport:
+    device: str
+    precision: str
+    parameters: int
+    rows: int
+    seq_len: int
+    tokens_per_batch: int  # padded target tokens of the measured batch
+    steps: int
+    ms_per_step: float
+    tokens_per_s: float  # target tokens per second
+    memory: str  # what is measured: "RSS" (CPU process) or "allocated" (CUDA)
+    peak_bytes: int
+    baseline_bytes: int  # weights, gradients and optimizer state, before the batch
+    free_bytes: int | None
+    max_tokens: int
+    max_tokens_fit: int | None  # estimated largest --max-tokens that fits
+
+
+def measure_batch_limits(
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    *,
+    tokenizer: Path | None = None,
+    vocab_size: int = 8000,
+    steps: int = 3,
+) -> DryRunReport:
+    """Run ``steps`` timed optimizer steps (after one warm-up) on the worst-case batch."""
+    # The vocabulary of the given tokenizer, else the size an automatic one is trained to.
+    if tokenizer is not None:
+        vocab_size = Tokenizer.load(tokenizer).vocab_size
+    model_config = dataclasses.replace(
+        model_config, src_vocab_size=vocab_size, tgt_vocab_size=vocab_size
+    )
+    device = resolve_device(train_config.device)
+    precision = resolve_precision(train_config.precision, device, model_config)
+    seed_everything(train_config.seed)
+    model = Transformer(model_config).to(device).train()
+    forward = torch.compile(model) if train_config.compile else model
+    optimizer = build_optimizer(model, train_config)
+    for group in optimizer.param_groups:
+        group["lr"] = 1e-4
+    seq_len = model_config.max_len
+    rows = max(1, train_config.max_tokens // seq_len)
+    low = 4  # the first id after the special tokens
+    src = torch.randint(low, model_config.src_vocab_size, (rows, seq_len), device=device)
+    tgt = torch.randint(low, model_config.tgt_vocab_size, (rows, seq_len + 1), device=device)
+    scaler = precision.scaler()
+
+    def step() -> None:
+        with precision.autocast():
+            logits = forward(src, tgt[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.size(-1)).float(),
+                tgt[:, 1:].reshape(-1),
+                ignore_index=PAD_ID,
+            )
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+        else:
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.clip_norm or 1e9)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # warm-up: allocates the optimizer state (and compiles, with --compile)
+    _synchronize(device)
+    baseline = _current_memory(device)
+    _reset_peak(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _synchronize(device)
+    elapsed = time.perf_counter() - started
+    peak = max(_peak_memory(device), baseline)
+    free = _free_memory(device)
+    tokens = rows * seq_len
+    activations = max(peak - baseline, 1)
+    fit = None
+    if free is not None:
+        # Activation memory grows linearly with the tokens of a batch at a fixed length.
+        per_token = activations / tokens
+        fit = int(HEADROOM * (free + activations) / per_token) // 64 * 64
+    return DryRunReport(
+        device=str(device),
+        precision=precision.name,
+        parameters=model.parameter_counts()["total"],
+        rows=rows,
+        seq_len=seq_len,
+        tokens_per_batch=tokens,
+        steps=steps,
+        ms_per_step=round(1000 * elapsed / steps, 1),
+        tokens_per_s=round(tokens * steps / max(elapsed, 1e-9), 1),
+        memory="allocated" if device.type == "cuda" else "RSS",
+        peak_bytes=peak,
+        baseline_bytes=baseline,
+        free_bytes=free,
+        max_tokens=train_config.max_tokens,
+        max_tokens_fit=fit,
+    )
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _status_bytes(field: str) -> int | None:
+    """A ``kB`` field of /proc/self/status (Linux), in bytes."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _current_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    return _status_bytes("VmRSS") or _max_rss()
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux: "5" resets the process's peak RSS (VmHWM) to its current RSS
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return _status_bytes("VmHWM") or _max_rss()
+
+
+def _max_rss() -> int:
+    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return usage if sys.platform == "darwin" else usage * 1024  # bytes on macOS, kB on Linux
+
+
+def _free_memory(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
