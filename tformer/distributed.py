@@ -110,6 +110,9 @@ def launch(nproc: int, argv: list[str]) -> int:
     if nproc < 1:
         raise ConfigError(f"--nproc {nproc} must be >= 1")
     args = ["--nproc-per-node", str(nproc), "--standalone", "-m", "tformer", *argv]
+    # Share the cores out instead of letting every process use them all (torchrun's own
+    # default is 1 thread each, with a warning).
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     try:
         torchrun_main(args)
     except SystemExit as exit_:

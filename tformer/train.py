@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import math
 import random
 import signal
@@ -112,6 +113,8 @@ class TrainResult:
     best: dict[str, float] = field(default_factory=dict)
     stopped_early: bool = False
     skipped_steps: int = 0
+    # The trained model in memory (on rank 0 with EMA: the raw, not the averaged, weights).
+    model: Transformer | None = field(default=None, repr=False)
     exact_match: float | None = None
     exact_match_split: str | None = None
     samples: list[dict[str, str]] = field(default_factory=list)
@@ -701,10 +704,16 @@ class _Loop:
         if world.distributed:
             from torch.nn.parallel import DistributedDataParallel
 
+            # The only buffer is the fixed sinusoid table: no need to sync it every forward.
+            sync_flag = (
+                "forward_sync_buffers"
+                if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                else "broadcast_buffers"
+            )
             self.forward = DistributedDataParallel(
                 model,
                 device_ids=[device.index] if device.type == "cuda" else None,
-                broadcast_buffers=False,  # the only buffer is the fixed sinusoid table
+                **{sync_flag: False},
             )
         if cfg.compile:
             self.forward = torch.compile(self.forward)
@@ -1115,7 +1124,7 @@ class _Loop:
     def _finish(self, pos: _Position, plan: BatchPlan) -> TrainResult:
         epoch = pos.epoch + pos.batch / max(len(plan.epoch(pos.epoch)), 1)
         if not self.world.is_main:
-            return TrainResult(self.out, self.out, pos.step, epoch, pos.elapsed)
+            return TrainResult(self.out, self.out, pos.step, epoch, pos.elapsed, model=self.model)
         result = TrainResult(
             run_dir=self.out,
             checkpoint=ckpt.resolve(self.out),
@@ -1126,6 +1135,7 @@ class _Loop:
             val_loss=self.last_val,
             stopped_early=self.stopped_early,
             skipped_steps=self.skipped,
+            model=self.model,
         )
         if self.best_value is not None:
             result.best = {self.cfg.best_metric: self.best_value}

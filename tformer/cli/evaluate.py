@@ -12,10 +12,16 @@ from tformer.checkpoint import load_checkpoint
 from tformer.cli import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (
+    BEAM_SIZE,
     CHECKPOINT,
     DATA,
     DEVICE,
+    LENGTH_PENALTY,
     MAX_NEW_TOKENS,
+    MIN_NEW_TOKENS,
+    MIN_P,
+    NO_REPEAT_NGRAM_SIZE,
+    REPETITION_PENALTY,
     SEED,
     SOURCE_FIELD,
     TARGET_FIELD,
@@ -51,6 +57,12 @@ def evaluate_command(
     temperature: float = TEMPERATURE,
     top_k: int = TOP_K,
     top_p: float = TOP_P,
+    min_p: float = MIN_P,
+    repetition_penalty: float = REPETITION_PENALTY,
+    no_repeat_ngram_size: int = NO_REPEAT_NGRAM_SIZE,
+    beam_size: int = BEAM_SIZE,
+    length_penalty: float = LENGTH_PENALTY,
+    min_new_tokens: int = MIN_NEW_TOKENS,
     max_new_tokens: int = MAX_NEW_TOKENS,
     seed: int | None = SEED,
     batch_size: int = typer.Option(64, "--batch-size"),
@@ -62,8 +74,19 @@ def evaluate_command(
     """
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit {limit} must be >= 1")
+    # The same decoding flags as `tformer generate`; one output per input is scored.
     decoding = DecodingConfig(
-        temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size,
+        beam_size=beam_size,
+        length_penalty=length_penalty,
+        min_new_tokens=min_new_tokens,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
     )
     splits = load_text_pairs(data, source_field=source_field, target_field=target_field)
     if split not in splits:

@@ -17,9 +17,16 @@ from tformer.cli.compare import default_settings, print_comparison
 from tformer.cli.console import console
 from tformer.cli.explain import explanation_table
 from tformer.cli.options import (
+    BEAM_SIZE,
     CHECKPOINT,
     DEVICE,
+    LENGTH_PENALTY,
     MAX_NEW_TOKENS,
+    MIN_NEW_TOKENS,
+    MIN_P,
+    N_BEST,
+    NO_REPEAT_NGRAM_SIZE,
+    REPETITION_PENALTY,
     SEED,
     TEMPERATURE,
     TOP_K,
@@ -33,41 +40,6 @@ from tformer.errors import ConfigError, DataError
 
 INPUT_FILE = typer.Option(
     None, "--input-file", "-i", help="Inputs, one a line.", show_default=False
-)
-MIN_P = typer.Option(
-    default(DecodingConfig, "min_p"),
-    "--min-p",
-    help="Sample only tokens at least this fraction as likely as the most likely one; 0 = off.",
-)
-REPETITION_PENALTY = typer.Option(
-    default(DecodingConfig, "repetition_penalty"),
-    "--repetition-penalty",
-    help="Divide a seen token's positive logit by this (multiply a negative one); 1 = off.",
-)
-NO_REPEAT_NGRAM_SIZE = typer.Option(
-    default(DecodingConfig, "no_repeat_ngram_size"),
-    "--no-repeat-ngram-size",
-    help="Never repeat an n-gram of the output of this size; 0 = off.",
-)
-BEAM_SIZE = typer.Option(
-    default(DecodingConfig, "beam_size"),
-    "--beam-size",
-    "-b",
-    help="Beam search with this many beams; 1 = greedy / sampling.",
-)
-LENGTH_PENALTY = typer.Option(
-    default(DecodingConfig, "length_penalty"),
-    "--length-penalty",
-    help="Beam score = sum log p / length ** this (length counts <eos>); 0 favours short "
-    "outputs, 1 is the mean log-probability per token, more favours long ones.",
-)
-N_BEST = typer.Option(
-    default(DecodingConfig, "n_best"), "--n-best", help="Beam search outputs per input."
-)
-MIN_NEW_TOKENS = typer.Option(
-    default(DecodingConfig, "min_new_tokens"),
-    "--min-new-tokens",
-    help="Forbid <eos> until this many tokens are generated.",
 )
 NUM_SAMPLES = typer.Option(
     default(DecodingConfig, "num_samples"), "--num-samples", "-n", help="Samples per input."

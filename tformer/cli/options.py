@@ -70,3 +70,40 @@ def existing_file(path: Path | None, option: str) -> Path | None:
     if path is not None and not path.is_file():
         raise ConfigError(f"{option} {path}: no such file")
     return path
+
+
+MIN_P = typer.Option(
+    default(DecodingConfig, "min_p"),
+    "--min-p",
+    help="Sample only tokens at least this fraction as likely as the most likely one; 0 = off.",
+)
+REPETITION_PENALTY = typer.Option(
+    default(DecodingConfig, "repetition_penalty"),
+    "--repetition-penalty",
+    help="Divide a seen token's positive logit by this (multiply a negative one); 1 = off.",
+)
+NO_REPEAT_NGRAM_SIZE = typer.Option(
+    default(DecodingConfig, "no_repeat_ngram_size"),
+    "--no-repeat-ngram-size",
+    help="Never repeat an n-gram of the output of this size; 0 = off.",
+)
+BEAM_SIZE = typer.Option(
+    default(DecodingConfig, "beam_size"),
+    "--beam-size",
+    "-b",
+    help="Beam search with this many beams; 1 = greedy / sampling.",
+)
+LENGTH_PENALTY = typer.Option(
+    default(DecodingConfig, "length_penalty"),
+    "--length-penalty",
+    help="Beam score = sum log p / length ** this (length counts <eos>); 0 favours short "
+    "outputs, 1 is the mean log-probability per token, more favours long ones.",
+)
+N_BEST = typer.Option(
+    default(DecodingConfig, "n_best"), "--n-best", help="Beam search outputs per input."
+)
+MIN_NEW_TOKENS = typer.Option(
+    default(DecodingConfig, "min_new_tokens"),
+    "--min-new-tokens",
+    help="Forbid <eos> until this many tokens are generated.",
+)

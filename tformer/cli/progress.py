@@ -119,7 +119,8 @@ class RichReporter(Reporter):
         if result.samples:
             table = Table(title="samples", title_justify="left")
             for column in ("source", "reference", "output"):
-                table.add_column(column)
+                # An untrained model can babble for hundreds of tokens: one line each.
+                table.add_column(column, no_wrap=True, overflow="ellipsis", max_width=60)
             for sample in result.samples:
                 ok = sample["output"].strip() == sample["reference"].strip()
                 table.add_row(

@@ -376,9 +376,8 @@ def show_dry_run(report: DryRunReport) -> None:
         ("device / precision", f"{report.device} / {report.precision}"),
         ("parameters", f"{report.parameters:,}"),
         (
-            "batch (worst case)",
-            f"{report.rows} rows x {report.seq_len} tokens "
-            f"= {report.tokens_per_batch:,} target tokens",
+            "batch: rows x length (worst case)",
+            f"{report.rows} x {report.seq_len} = {report.tokens_per_batch:,} tokens",
         ),
         ("time per step", f"{report.ms_per_step:,.1f} ms (mean of {report.steps})"),
         ("throughput", f"{report.tokens_per_s:,.0f} target tokens/s"),
