@@ -12,6 +12,7 @@ no rank waits at an epoch's end), and the run equals a single process with
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -117,7 +118,31 @@ def launch(nproc: int, argv: list[str]) -> int:
         torchrun_main(args)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    except Exception as error:  # torchrun raises ChildFailedError naming the failed rank
+    except Exception as error:  # torchrun's ChildFailedError: which ranks failed, and how
+        return _report_failure(error)
+    return 0
+
+
+def _report_failure(error: Exception) -> int:
+    """One line per failed rank; the exit code of the first failure (1 for a signal)."""
+    failures = getattr(error, "failures", None) or {}
+    if not failures:
         print(f"error: {str(error).strip().splitlines()[0]}", file=sys.stderr)
         return 1
-    return 0
+    code = 1
+    for rank, failure in sorted(failures.items()):
+        exitcode = int(getattr(failure, "exitcode", 1))
+        if exitcode < 0:
+            try:
+                how = f"was killed by {signal.Signals(-exitcode).name}"
+            except ValueError:
+                how = f"was killed by signal {-exitcode}"
+        else:
+            how = f"exited with code {exitcode}"
+            code = exitcode if code == 1 else code
+        print(
+            f"error: rank {rank} (pid {getattr(failure, 'pid', '?')}) {how}; torchrun stopped "
+            "the other ranks",
+            file=sys.stderr,
+        )
+    return code

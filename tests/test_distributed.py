@@ -1,0 +1,184 @@
+"""Data-parallel training under torchrun on CPU (gloo): real processes, a tiny model, few steps.
+
+Checks what the scale-out issue asks: identical weights on every rank, the loss curve of a
+single process with the same global batch, one run folder written (by rank 0), checkpoints that
+load anywhere with identical logits, resume under DDP, and a killed rank ending the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import digit_pairs, write_jsonl
+from tests.ddp_worker import model_config, train_config
+from tformer.checkpoint import load_checkpoint, resolve
+from tformer.train import train
+
+pytestmark = [
+    pytest.mark.skipif(sys.platform != "linux", reason="torchrun + gloo on Linux"),
+    pytest.mark.skipif(
+        not torch.distributed.is_available(), reason="this torch has no torch.distributed"
+    ),
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 8
+CLI_ARGS = [
+    "--preset", "tiny", "--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--d-ff", "64",
+    "--max-len", "48", "--dropout", "0", "--vocab-size", "60", "--max-tokens", "256",
+    "--warmup-steps", "5", "--lr", "3e-3", "--log-every", "1", "--eval-every", "4",
+    "--save-every", "4", "--label-smoothing", "0", "--seed", "0",
+]  # fmt: skip
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("ddp-data")
+    write_jsonl(folder / "train.jsonl", digit_pairs(300, seed=21))
+    write_jsonl(folder / "validation.jsonl", digit_pairs(20, seed=22))
+    return folder
+
+
+def torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--standalone", *args]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=timeout,
+                          cwd=ROOT)  # fmt: skip
+
+
+def tformer(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tformer", *args], capture_output=True,
+                          text=True, env=ENV, timeout=timeout, cwd=ROOT)  # fmt: skip
+
+
+def losses(run: Path) -> list[float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two ranks, STEPS steps, each rank's final weights dumped."""
+    root = tmp_path_factory.mktemp("ddp")
+    worker = str(ROOT / "tests" / "ddp_worker.py")
+    result = torchrun(worker, "--data", str(data), "--out", str(root / "run"),
+                      "--dump", str(root / "dump"), "--steps", str(STEPS))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+def test_ranks_end_with_identical_weights(ddp_run: Path) -> None:
+    rank0 = load_file(str(ddp_run / "dump" / "rank0.safetensors"))
+    rank1 = load_file(str(ddp_run / "dump" / "rank1.safetensors"))
+    assert rank0.keys() == rank1.keys()
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+
+
+def test_only_rank_0_writes_one_run_folder(ddp_run: Path) -> None:
+    assert sorted(p.name for p in ddp_run.iterdir()) == ["dump", "run"]
+    run = ddp_run / "run"
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-000004", "step-000008"]
+    # One line per step: rank 1 logged nothing of its own.
+    assert len(losses(run)) == STEPS
+
+
+def test_two_ranks_follow_one_process_with_the_same_global_batch(
+    ddp_run: Path, data: Path, tmp_path: Path
+) -> None:
+    single = train(model_config(), train_config(str(data), STEPS, accumulate=2),
+                   out=tmp_path / "single", vocab_size=60)  # fmt: skip
+    ddp, one = losses(ddp_run / "run"), losses(tmp_path / "single")
+    assert len(ddp) == len(one) == STEPS
+    for a, b in zip(ddp, one, strict=True):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6), (ddp, one)
+    # (The weights are not compared: Adam divides by sqrt(v) + 1e-9, which turns rounding
+    # noise in gradients that are zero in exact arithmetic into lr-sized steps.)
+    assert single.model is not None
+
+
+def test_a_ddp_checkpoint_loads_in_one_process_with_identical_logits(ddp_run: Path) -> None:
+    loaded = load_checkpoint(ddp_run / "run")  # a plain model: no `module.` prefixes
+    rank0 = load_file(str(ddp_run / "dump" / "rank0.safetensors"))
+    reference = type(loaded.model)(loaded.model_config)
+    reference.load_state_dict(rank0)
+    reference.eval()
+    src = torch.tensor([[5, 6, 7, 8, 2]])
+    tgt = torch.tensor([[1, 9, 10]])
+    with torch.no_grad():
+        assert torch.equal(loaded.model(src, tgt).logits, reference(src, tgt).logits)
+
+
+def test_nproc_launches_torchrun_and_resume_works_under_ddp(
+    ddp_run: Path, data: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    first = tformer("train", "--nproc", "2", "--data", str(data), "--out", str(out), *CLI_ARGS,
+                    "--max-steps", str(STEPS // 2))  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "global batch 2 rank(s) x 1 accumulated x 256 tokens = 512" in first.stderr
+    second = tformer("train", "--nproc", "2", "--resume", str(out), "--max-steps", str(STEPS))
+    assert second.returncode == 0, second.stderr[-3000:]
+    # Stopped half-way and resumed: the same trajectory and weights as straight through.
+    assert losses(out) == pytest.approx(losses(ddp_run / "run"), rel=1e-6)
+    rank0 = load_file(str(ddp_run / "dump" / "rank0.safetensors"))
+    resumed = load_checkpoint(out).model.state_dict()
+    for name, tensor in rank0.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=1e-5, atol=1e-6)
+    assert resolve(out).name == f"step-{STEPS:06d}"
+
+
+def _rank_pid(parent: int, rank: int) -> int | None:
+    """The pid of the child process started with RANK=<rank> (Linux /proc)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and f"RANK={rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+def test_a_killed_rank_stops_the_job_and_is_named(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    stderr = tmp_path / "stderr"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tformer", "train", "--nproc", "2", "--data", str(data),
+         "--out", str(out), *CLI_ARGS, "--max-steps", "1000000"],
+        stdout=subprocess.DEVNULL, stderr=open(stderr, "wb"), env=ENV, cwd=ROOT,  # noqa: SIM115
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not (out / "metrics.jsonl").is_file() or not losses(out):
+            assert proc.poll() is None, stderr.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no step was logged"
+            time.sleep(0.2)
+        pid = _rank_pid(proc.pid, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        rc = proc.wait(timeout=90)
+        assert time.monotonic() - killed_at < 90
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc != 0
+    text = stderr.read_text()
+    assert "rank 1" in text and "SIGKILL" in text, text[-3000:]
+    assert "Traceback" not in text.split("error:")[-1]
