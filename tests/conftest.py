@@ -63,3 +63,11 @@ def trained(toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainRe
                          max_steps=TRAINED_STEPS, eval_every=200, log_every=50, save_every=200,
                          label_smoothing=0.0, seed=0)
     return train(tiny_model(), config, out=out, vocab_size=64)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_token_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """CLI runs cache token ids; keep them in a temporary folder, not the user's cache."""
+    import os
+
+    os.environ["TFORMER_CACHE"] = str(tmp_path_factory.mktemp("token-cache"))

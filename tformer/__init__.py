@@ -11,11 +11,28 @@ The command line is a thin layer over this API::
 
 from __future__ import annotations
 
-from tformer.checkpoint import Checkpoint, Tokenizers, load_checkpoint, save_checkpoint
-from tformer.config import PRESETS, ModelConfig, TrainConfig, preset
-from tformer.decoding import DecodingConfig, Hypothesis, decode_texts
+from tformer.averaging import average_checkpoints
+from tformer.checkpoint import (
+    Checkpoint,
+    Tokenizers,
+    load_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from tformer.config import PRESETS, RECIPES, ModelConfig, TrainConfig, preset
+from tformer.decoding import DecodingConfig, Hypothesis, decode_texts, explain, stream_tokens
+from tformer.dryrun import DryRunReport, measure_batch_limits
 from tformer.errors import CheckpointError, ConfigError, DataError, DeviceError, TformerError
-from tformer.inspection import AttentionResult, inspect_attention
+from tformer.evaluate import Evaluation, corpus_scores, evaluate
+from tformer.inspection import (
+    AttentionResult,
+    AttentionSelection,
+    HeadStats,
+    head_statistics,
+    inspect_attention,
+    load_attention,
+    save_attention,
+)
 from tformer.model import AttentionMaps, Transformer
 from tformer.tokenizer import Tokenizer, train_tokenizer
 from tformer.train import TrainResult, train
@@ -35,14 +52,19 @@ def generate(
 
 __all__ = [
     "PRESETS",
+    "RECIPES",
     "AttentionMaps",
     "AttentionResult",
+    "AttentionSelection",
     "Checkpoint",
     "CheckpointError",
     "ConfigError",
     "DataError",
     "DecodingConfig",
     "DeviceError",
+    "DryRunReport",
+    "Evaluation",
+    "HeadStats",
     "Hypothesis",
     "ModelConfig",
     "TformerError",
@@ -52,12 +74,22 @@ __all__ = [
     "TrainResult",
     "Transformer",
     "__version__",
+    "average_checkpoints",
+    "corpus_scores",
     "decode_texts",
+    "evaluate",
+    "explain",
     "generate",
+    "head_statistics",
     "inspect_attention",
+    "load_attention",
     "load_checkpoint",
+    "measure_batch_limits",
     "preset",
+    "save_attention",
     "save_checkpoint",
+    "stream_tokens",
     "train",
     "train_tokenizer",
+    "verify_checkpoint",
 ]

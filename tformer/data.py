@@ -383,18 +383,25 @@ def encode_pairs(
     *,
     strict: bool = False,
     where: str = "data",
+    cache_dir: Path | None = None,
+    num_proc: int | None = None,
 ) -> EncodedSplit:
     """Tokenise pairs; drop those that do not fit ``max_len`` or have an empty side.
 
     Args:
         strict: refuse such a pair instead of dropping it.
         where: names the data in error messages (e.g. "--data pairs.jsonl, train split").
+        cache_dir: tokenise through ``datasets.map`` with the ids cached there
+            (``tformer.tokenized``); ``num_proc`` worker processes for a large corpus.
 
     Raises:
         DataError: with ``strict``, naming the first pair that would be dropped and why.
     """
-    src_ids = src_tokenizer.encode_batch([s for s, _ in texts])
-    tgt_ids = tgt_tokenizer.encode_batch([t for _, t in texts])
+    from tformer.tokenized import encode_texts
+
+    options: dict[str, Any] = {"cache_dir": cache_dir, "num_proc": num_proc}
+    src_ids = encode_texts([s for s, _ in texts], src_tokenizer, **options)
+    tgt_ids = encode_texts([t for _, t in texts], tgt_tokenizer, **options)
     kept: list[IdPair] = []
     kept_text: list[TextPair] = []
     for row, (text, src, tgt) in enumerate(zip(texts, src_ids, tgt_ids, strict=True), start=1):

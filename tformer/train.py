@@ -377,6 +377,8 @@ def train(
     overwrite: bool = False,
     strict: bool = False,
     reporter: Reporter | None = None,
+    tokenized_cache: Path | None = None,
+    num_proc: int | None = None,
 ) -> TrainResult:
     """Train a model and return where it was saved and how well it did.
 
@@ -392,6 +394,9 @@ def train(
         overwrite: replace the tformer run in ``out``.
         strict: refuse pairs longer than ``max_len`` (or with an empty side) instead of
             skipping and counting them.
+        tokenized_cache: a folder where token ids are cached (``datasets.map``), keyed by
+            data and tokenizer, so the next run over the same data skips tokenisation.
+        num_proc: processes that tokenise a large corpus (with ``tokenized_cache``).
 
     Raises:
         ConfigError, DataError, CheckpointError, DeviceError: for users to act on.
@@ -442,7 +447,15 @@ def train(
             share_embeddings=model_config.share_embeddings and tokenizers.shared,
         )
     precision = resolve_precision(cfg.precision, device, model_config)
-    splits = encode_splits(texts, tokenizers, model_config.max_len, cfg.data, strict=strict)
+    splits = encode_splits(
+        texts,
+        tokenizers,
+        model_config.max_len,
+        cfg.data,
+        strict=strict,
+        cache_dir=tokenized_cache,
+        num_proc=num_proc,
+    )
 
     model = resumed.model if resumed else Transformer(model_config)
     model.to(device).train()
@@ -542,6 +555,8 @@ def encode_splits(
     data: str | None,
     *,
     strict: bool,
+    cache_dir: Path | None = None,
+    num_proc: int | None = None,
 ) -> dict[str, EncodedSplit]:
     """Every split as ids; pairs that do not fit are dropped and counted (refused if strict)."""
     where = f"--data {data or bundled_data_dir()}"
@@ -553,6 +568,8 @@ def encode_splits(
             max_len,
             strict=strict,
             where=f"{where} ({name} split)",
+            cache_dir=cache_dir,
+            num_proc=num_proc,
         )
         for name, pairs in texts.items()
     }

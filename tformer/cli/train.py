@@ -36,6 +36,7 @@ from tformer.config import (
 from tformer.device import set_threads
 from tformer.dryrun import DryRunReport, measure_batch_limits
 from tformer.errors import CheckpointError, ConfigError
+from tformer.tokenized import default_cache_dir
 from tformer.tokenizer import TOKENIZER_KINDS
 from tformer.train import check_architecture, train, with_older_checkpoint
 
@@ -220,6 +221,22 @@ def train_command(
         help="Train data-parallel with N processes on this machine (runs torchrun for you; "
         "--max-tokens is per process and step).",
     ),
+    num_proc: int | None = typer.Option(
+        None,
+        "--num-proc",
+        show_default=False,
+        help="Processes that tokenise a large corpus (datasets.map).",
+    ),
+    cache_dir: Path | None = typer.Option(
+        None,
+        "--cache-dir",
+        show_default=False,
+        help="Where token ids are cached, keyed by data + tokenizer, so the next run over the "
+        "same data starts at once (default: $TFORMER_CACHE or ~/.cache/tformer).",
+    ),
+    no_cache: bool = typer.Option(
+        False, "--no-cache", help="Tokenise in memory; read and write no cache."
+    ),
     dry_run: bool = typer.Option(
         False,
         "--dry-run",
@@ -282,6 +299,8 @@ def train_command(
             overwrite=overwrite,
             strict=strict,
             reporter=reporter,
+            tokenized_cache=None if no_cache else (cache_dir or default_cache_dir()),
+            num_proc=num_proc,
         )
     finally:
         if reporter.progress is not None:  # leave the terminal clean for the error line
