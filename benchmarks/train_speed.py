@@ -85,8 +85,8 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
 
 def tformer_step(work: Workload, precision: str) -> Callable[[], None]:
     from tformer.config import ModelConfig
+    from tformer.loss import sequence_loss
     from tformer.model import Transformer
-    from tformer.train import sequence_loss
 
     d = work.dims
     config = ModelConfig(src_vocab_size=d["vocab"], tgt_vocab_size=d["vocab"],

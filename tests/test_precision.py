@@ -110,7 +110,7 @@ def test_mixed_precision_skips_and_counts_an_overflowed_step(
     toy_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """fp32 stops on a non-finite step (test_reliability); mixed precision skips it."""
-    train_module = importlib.import_module("tformer.train")
+    train_module = importlib.import_module("tformer.loop")
     real = train_module.sequence_loss
     calls = {"n": 0}
 

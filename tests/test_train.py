@@ -14,9 +14,10 @@ import torch.nn.functional as F
 from tests.conftest import tiny_model
 from tformer.checkpoint import load_checkpoint
 from tformer.config import ModelConfig, TrainConfig
+from tformer.loss import sequence_loss
 from tformer.optim import cosine_lr, inverse_sqrt_lr, lr_at
 from tformer.tokenizer import PAD_ID
-from tformer.train import TrainResult, sequence_loss, train
+from tformer.train import TrainResult, train
 
 
 def test_loss_ignores_padding() -> None:

@@ -22,7 +22,8 @@ import torch
 from tformer.checkpoint import Checkpoint, write_text_atomic
 from tformer.data import BatchPlan, TextPair, encode_pairs
 from tformer.decoding import DecodingConfig, decode_texts
-from tformer.train import EVAL_BATCH_TOKENS, sequence_loss
+from tformer.loss import sequence_loss
+from tformer.validation import EVAL_BATCH_TOKENS
 from tformer.version import __version__
 
 

@@ -1,0 +1,79 @@
+"""What training measures on held-out data: loss, BLEU / chrF of translations, exact match."""
+
+from __future__ import annotations
+
+import torch
+
+from tformer import checkpoint as ckpt
+from tformer.data import BatchPlan, EncodedSplit
+from tformer.decoding import DecodingConfig, decode_texts
+from tformer.loss import sequence_loss
+from tformer.model import Transformer
+from tformer.precision import Precision
+
+# Padded tokens per evaluation batch: larger than training batches (no activations are kept).
+EVAL_BATCH_TOKENS = 8192
+
+
+@torch.no_grad()
+def evaluate_loss(
+    model: Transformer,
+    split: EncodedSplit,
+    device: torch.device,
+    precision: Precision | None = None,
+) -> float:
+    """Mean per-token cross-entropy (no label smoothing) over a split."""
+    model.eval()
+    plan = BatchPlan(split.pairs, EVAL_BATCH_TOKENS, seed=0)
+    total, tokens = 0.0, 0
+    for batch in plan.batches(0):
+        batch = batch.to(device)
+        if precision is None:
+            logits = model(batch.src, batch.tgt_in).logits
+        else:
+            with precision.autocast():
+                logits = model(batch.src, batch.tgt_in).logits
+        total += float(sequence_loss(logits, batch.tgt_out))
+        tokens += batch.n_target_tokens
+    model.train()
+    return total / max(tokens, 1)
+
+
+@torch.no_grad()
+def translation_scores(
+    model: Transformer, split: EncodedSplit, tokenizers: ckpt.Tokenizers, limit: int
+) -> dict[str, float]:
+    """sacreBLEU BLEU and chrF of greedy translations of the split's first ``limit`` pairs."""
+    from tformer.evaluate import corpus_scores  # local: evaluate builds on this module
+
+    pairs = split.pairs[:limit]
+    references = [t for _, t in split.texts[: len(pairs)]]
+    max_new = max(8, model.config.max_len)
+    hyps = decode_texts(model, [s for s, _ in pairs], DecodingConfig(max_new_tokens=max_new))
+    outputs = tokenizers.target.decode_batch([h[0].ids for h in hyps])
+    model.train()
+    scores = corpus_scores(outputs, references)
+    return {"bleu": scores.bleu, "chrf": scores.chrf}
+
+
+def exact_match(
+    model: Transformer,
+    split: EncodedSplit,
+    tokenizers: ckpt.Tokenizers,
+    *,
+    limit: int | None = None,
+) -> tuple[float, list[dict[str, str]]]:
+    """Share of greedy outputs equal to the reference target, with a few samples."""
+    pairs = split.pairs[:limit] if limit else split.pairs
+    texts = split.texts[: len(pairs)]
+    hyps = decode_texts(model, [s for s, _ in pairs], DecodingConfig(max_new_tokens=256))
+    outputs = tokenizers.target.decode_batch([h[0].ids for h in hyps])
+    # Compare in the tokenizer's normal form so NFKC-equivalent strings count as equal.
+    references = tokenizers.target.decode_batch([t for _, t in pairs])
+    hits = sum(o.strip() == r.strip() for o, r in zip(outputs, references, strict=True))
+    samples = [
+        {"source": s, "reference": t, "output": o}
+        for (s, t), o in zip(texts[:5], outputs[:5], strict=True)
+    ]
+    model.train()
+    return hits / max(len(pairs), 1), samples
