@@ -7,7 +7,10 @@ Prints one JSON line per measurement, then a Markdown table. Measures new tokens
 - tformer with its key/value cache (``use_cache=True``) and without it (``use_cache=False``:
   every step re-runs the decoder over the whole prefix),
 - next to Hugging Face ``MarianMTModel`` of the same shape with the same weights copied in
-  (``generate`` with ``use_cache`` on and off), when ``transformers`` is importable.
+  (``generate`` with ``use_cache`` on and off), when ``transformers`` is importable,
+- and next to CTranslate2 with the same weights converted (``translate_batch``, float32 and
+  int8 weights, one row each; it always caches, so it has no cache-free row), when
+  ``ctranslate2`` is importable, with as many threads (``intra_threads``) as torch.
 
 Workload: a random-weight model of the "small" preset shape (d_model 256, 4 heads, 3+3
 layers, d_ff 1024, vocabulary 8000), sources of 32 random tokens, exactly 64 new tokens per
@@ -24,9 +27,10 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +41,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from tformer.config import ModelConfig  # noqa: E402
 from tformer.decoding import DecodingConfig, decode  # noqa: E402
 from tformer.model import Transformer  # noqa: E402
-from tformer.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
+from tformer.tokenizer import (  # noqa: E402
+    BOS,
+    BOS_ID,
+    EOS,
+    EOS_ID,
+    PAD,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    UNK,
+)
 
 SHAPES: dict[str, dict[str, int]] = {
     "small": dict(d_model=256, n_heads=4, layers=3, d_ff=1024, vocab=8000),
@@ -53,6 +66,19 @@ class Case:
     @property
     def beam_size(self) -> int:
         return 4 if self.strategy == "beam4" else 1
+
+
+# Builds the timed function of one implementation for a case's sources and a cache mode.
+MakeRun = Callable[[torch.Tensor, Case, bool], Callable[[], int]]
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation under test."""
+
+    make: MakeRun
+    caches: tuple[bool, ...] = (True, False)  # the cache modes it has
+    extra: dict[str, Any] = field(default_factory=dict)  # added to each of its JSON rows
 
 
 def make_model(shape: dict[str, int], max_len: int) -> Transformer:
@@ -228,6 +254,187 @@ def marian_runner(
     return run
 
 
+# -- CTranslate2 with the same weights ---------------------------------------------------------
+
+CT2_COMPUTE_TYPES = ("float32", "int8")
+# tformer never predicts these (tformer.logits.mask_special_tokens); HF is told the same.
+CT2_SUPPRESSED = [[PAD], [BOS]]
+
+
+def ct2_token(i: int) -> str:
+    """CTranslate2 reads and writes token strings, not ids, so every id needs a unique name:
+    tformer's special tokens (ids 0..3) by name, every other id as its decimal string."""
+    return SPECIAL_TOKENS[i] if i < len(SPECIAL_TOKENS) else str(i)
+
+
+def ct2_tokens(ids: torch.Tensor) -> list[list[str]]:
+    return [[ct2_token(i) for i in row] for row in ids.tolist()]
+
+
+def ct2_vocabulary(size: int) -> list[str]:
+    return [ct2_token(i) for i in range(size)]
+
+
+def to_ctranslate2(model: Transformer, output_dir: str) -> None:
+    """Write ``model`` to ``output_dir`` as a CTranslate2 model with float32 weights.
+
+    The spec is filled from tformer's weights directly. Going through ``to_marian`` and
+    CTranslate2's Transformers converter would not work: its Marian loader starts the decoder
+    from a zero vector (Marian starts from <pad>, whose embedding is zero; tformer starts from
+    <bos>) and cuts the last row off the embeddings (where Marian keeps an extra <pad>), so
+    the weights would no longer match the vocabulary. The plain spec needs no permutation
+    either: it takes tformer's own (interleaved) sinusoidal table, and its attention layers
+    take fused projections laid out as tformer's q_proj / kv_proj.
+    """
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    c = model.config
+    ours = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    spec = transformer_spec.TransformerSpec.from_config(
+        (c.n_encoder_layers, c.n_decoder_layers),
+        c.n_heads,
+        pre_norm=c.norm == "pre",  # post-norm: each layer norm follows its residual sum
+        activation=(
+            common_spec.Activation.RELU if c.activation == "relu" else common_spec.Activation.GELU
+        ),
+    )
+
+    def linear(layer: Any, prefix: str) -> None:
+        layer.weight, layer.bias = ours[f"{prefix}.weight"], ours[f"{prefix}.bias"]
+
+    def norm(layer: Any, prefix: str) -> None:
+        layer.gamma, layer.beta = ours[f"{prefix}.weight"], ours[f"{prefix}.bias"]
+
+    def attention(layer: Any, prefix: str, *, self_attention: bool) -> None:
+        # Self-attention: one fused [q; k; v] projection. Cross-attention: q, then [k; v].
+        if self_attention:
+            for part in ("weight", "bias"):
+                fused = torch.cat(
+                    [ours[f"{prefix}.q_proj.{part}"], ours[f"{prefix}.kv_proj.{part}"]]
+                )
+                setattr(layer.linear[0], part, fused)
+        else:
+            linear(layer.linear[0], f"{prefix}.q_proj")
+            linear(layer.linear[1], f"{prefix}.kv_proj")
+        linear(layer.linear[-1], f"{prefix}.out_proj")
+
+    table = model.encoder.positions.table  # not in the state dict: a function of the config
+    for stack, name in ((spec.encoder, "encoder"), (spec.decoder, "decoder")):
+        stack.scale_embeddings = True  # x sqrt(d_model), as tformer's TokenEmbedding
+        stack.position_encodings.encodings = table
+        if c.norm == "pre":
+            norm(stack.layer_norm, f"{name}.final_norm")
+    spec.encoder.embeddings[0].weight = ours["encoder.embedding.embedding.weight"]
+    spec.decoder.embeddings.weight = ours["decoder.embedding.embedding.weight"]
+    spec.decoder.projection.weight = ours[
+        "decoder.embedding.embedding.weight" if c.tie_embeddings else "output_projection.weight"
+    ]
+    for i, layer in enumerate(spec.encoder.layer):
+        prefix = f"encoder.layers.{i}"
+        attention(layer.self_attention, f"{prefix}.self_attn", self_attention=True)
+        norm(layer.self_attention.layer_norm, f"{prefix}.norm1")
+        linear(layer.ffn.linear_0, f"{prefix}.feed_forward.w1")
+        linear(layer.ffn.linear_1, f"{prefix}.feed_forward.w2")
+        norm(layer.ffn.layer_norm, f"{prefix}.norm2")
+    for i, layer in enumerate(spec.decoder.layer):
+        prefix = f"decoder.layers.{i}"
+        attention(layer.self_attention, f"{prefix}.self_attn", self_attention=True)
+        norm(layer.self_attention.layer_norm, f"{prefix}.norm1")
+        attention(layer.attention, f"{prefix}.cross_attn", self_attention=False)
+        norm(layer.attention.layer_norm, f"{prefix}.norm2")
+        linear(layer.ffn.linear_0, f"{prefix}.feed_forward.w1")
+        linear(layer.ffn.linear_1, f"{prefix}.feed_forward.w2")
+        norm(layer.ffn.layer_norm, f"{prefix}.norm3")
+
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = UNK, BOS, EOS
+    spec.config.decoder_start_token = BOS
+    spec.config.layer_norm_epsilon = 1e-5  # torch's LayerNorm default, not CTranslate2's
+    spec.register_source_vocabulary(ct2_vocabulary(c.src_vocab_size))
+    spec.register_target_vocabulary(ct2_vocabulary(c.tgt_vocab_size))
+    spec.validate()
+    spec.optimize(quantization="float32")  # int8 is applied when a translator loads it
+    spec.save(output_dir)
+
+
+def ct2_translators(model: Transformer, threads: int) -> dict[str, Any]:
+    """One CTranslate2 translator per compute type, all loaded from one conversion."""
+    import ctranslate2
+
+    with tempfile.TemporaryDirectory(prefix="tformer-ct2-") as folder:
+        to_ctranslate2(model, folder)
+        # The translators read the files now and keep the weights in memory.
+        return {
+            compute_type: ctranslate2.Translator(
+                folder,
+                device="cpu",
+                compute_type=compute_type,
+                inter_threads=1,
+                intra_threads=threads,
+            )
+            for compute_type in CT2_COMPUTE_TYPES
+        }
+
+
+def ct2_translate(
+    translator: Any, tokens: list[list[str]], beam_size: int, new_tokens: int
+) -> list[list[str]]:
+    """Exactly ``new_tokens`` output tokens per source (min = max: <eos> cannot end one early)."""
+    results = translator.translate_batch(
+        tokens,
+        beam_size=beam_size,  # set always: translate_batch defaults to 2 beams
+        num_hypotheses=1,
+        min_decoding_length=new_tokens,
+        max_decoding_length=new_tokens,
+        suppress_sequences=CT2_SUPPRESSED,
+    )
+    return [result.hypotheses[0] for result in results]
+
+
+def ct2_runner(
+    translator: Any, src: torch.Tensor, case: Case, new_tokens: int
+) -> Callable[[], int]:
+    tokens = ct2_tokens(src)  # outside the timed function, as tformer's and HF's id tensors
+
+    def run() -> int:
+        return sum(map(len, ct2_translate(translator, tokens, case.beam_size, new_tokens)))
+
+    return run
+
+
+def ct2_impl(translator: Any, compute_type: str, new_tokens: int) -> Impl:
+    import ctranslate2
+
+    return Impl(
+        lambda src, case, _cache: ct2_runner(translator, src, case, new_tokens),
+        caches=(True,),  # CTranslate2 has no cache-free decoding
+        extra={"compute_type": compute_type, "ctranslate2": ctranslate2.__version__},
+    )
+
+
+def ct2_max_logprob_difference(model: Transformer, translator: Any, src: torch.Tensor) -> float:
+    """Teacher-forced log-probabilities of both models on the same input (``score_batch``
+    scores each target token and the <eos> CTranslate2 appends): should agree to ~1e-5."""
+    tgt = src[:, :7]
+    with torch.no_grad():
+        tgt_in = torch.cat([torch.full((src.size(0), 1), BOS_ID), tgt], dim=1)
+        logprobs = model(src, tgt_in).logits.log_softmax(-1)
+    gold = torch.cat([tgt, torch.full((src.size(0), 1), EOS_ID)], dim=1)
+    ours = logprobs.gather(-1, gold[..., None])[..., 0]
+    results = translator.score_batch(ct2_tokens(src), ct2_tokens(tgt))
+    theirs = torch.tensor([result.log_probs for result in results])
+    return float((ours - theirs).abs().max())
+
+
+def ct2_same_greedy_share(
+    model: Transformer, translator: Any, src: torch.Tensor, new_tokens: int
+) -> float:
+    """Share of sources whose greedy output, as timed, is token for token tformer's."""
+    config = DecodingConfig(min_new_tokens=new_tokens, max_new_tokens=new_tokens)
+    ours = [[ct2_token(i) for i in h[0].ids] for h in decode(model, src, config)]
+    theirs = ct2_translate(translator, ct2_tokens(src), 1, new_tokens)
+    return sum(a == b for a, b in zip(ours, theirs, strict=True)) / len(ours)
+
+
 # -- measuring --------------------------------------------------------------------------------
 
 
@@ -254,20 +461,28 @@ def measure(runs: dict[Any, Callable[[], int]], repeats: int) -> dict[Any, dict[
     }
 
 
-def markdown(rows: list[dict[str, Any]], impls: list[str]) -> str:
+def markdown(rows: list[dict[str, Any]], impls: dict[str, Impl]) -> str:
+    """Per implementation: its speed with and without the cache and the cache's speed-up, or
+    one column when it only runs with a cache (CTranslate2)."""
     head = ["strategy", "batch"]
-    for impl in impls:
-        head += [f"{impl} cache", f"{impl} no cache", f"{impl} speed-up"]
+    for name, impl in impls.items():
+        if False in impl.caches:
+            head += [f"{name} cache", f"{name} no cache", f"{name} speed-up"]
+        else:
+            head.append(name)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     cases = list(dict.fromkeys((r["strategy"], r["batch"]) for r in rows))
     for strategy, batch in cases:
         cells = [strategy, str(batch)]
-        for impl in impls:
+        for name, impl in impls.items():
             speed = {
                 r["cache"]: r["tokens_per_s"]
                 for r in rows
-                if (r["impl"], r["strategy"], r["batch"]) == (impl, strategy, batch)
+                if (r["impl"], r["strategy"], r["batch"]) == (name, strategy, batch)
             }
+            if False not in impl.caches:
+                cells.append(f"{speed[True]:.0f}" if True in speed else "-")
+                continue
             if len(speed) < 2:
                 cells += ["-", "-", "-"]
                 continue
@@ -295,8 +510,10 @@ def main() -> None:
     cases = [Case("greedy", 1), Case("greedy", big_batch), Case("beam4", 1)]
 
     model = make_model(shape, max_len=max(length, new_tokens) + 1)
-    runners: dict[str, Callable[[torch.Tensor, Case, bool], Callable[[], int]]] = {
-        "tformer": lambda src, case, cache: tformer_runner(model, src, case, new_tokens, cache)
+    impls: dict[str, Impl] = {
+        "tformer": Impl(
+            lambda src, case, cache: tformer_runner(model, src, case, new_tokens, cache)
+        )
     }
     try:
         marian = to_marian(model)
@@ -321,9 +538,31 @@ def main() -> None:
             "same_greedy_output": same,
         }
         print(json.dumps(note))
-        runners["hf-marian"] = lambda src, case, cache: marian_runner(
-            marian, src, case, new_tokens, cache
+        impls["hf-marian"] = Impl(
+            lambda src, case, cache: marian_runner(marian, src, case, new_tokens, cache)
         )
+    try:
+        import ctranslate2
+    except ImportError:
+        print(json.dumps({"note": "ctranslate2 is not installed: CTranslate2 skipped"}))
+    else:
+        translators = ct2_translators(model, torch.get_num_threads())
+        check = sources(big_batch, length, shape["vocab"])  # the greedy big batch's sources
+        # float32 must agree with tformer; int8 is reported to show what quantisation changes.
+        note: dict[str, Any] = {
+            "note": "CTranslate2 with tformer's weights",
+            "ctranslate2": ctranslate2.__version__,
+        }
+        for compute_type, translator in translators.items():
+            note[f"max_logprob_diff_{compute_type}"] = ct2_max_logprob_difference(
+                model, translator, check
+            )
+            note[f"same_greedy_share_{compute_type}"] = ct2_same_greedy_share(
+                model, translator, check, new_tokens
+            )
+        print(json.dumps(note))
+        for compute_type, translator in translators.items():
+            impls[f"ctranslate2-{compute_type}"] = ct2_impl(translator, compute_type, new_tokens)
 
     meta = {
         "shape": shape_name,
@@ -336,17 +575,18 @@ def main() -> None:
     for case in cases:
         src = sources(case.batch, length, shape["vocab"])
         variants = {
-            (impl, cache): make(src, case, cache)
-            for impl, make in runners.items()
-            for cache in (True, False)
+            (name, cache): impl.make(src, case, cache)
+            for name, impl in impls.items()
+            for cache in impl.caches
         }
-        for (impl, cache), speed in measure(variants, repeats).items():
+        for (name, cache), speed in measure(variants, repeats).items():
             row = {
-                "impl": impl,
+                "impl": name,
                 "strategy": case.strategy,
                 "batch": case.batch,
                 "cache": cache,
                 **speed,
+                **impls[name].extra,
                 **meta,
             }
             print(json.dumps(row), flush=True)
@@ -356,7 +596,7 @@ def main() -> None:
         f"New tokens/s ({shape_name} shape, {new_tokens} new tokens from {length}-token "
         f"sources, {torch.get_num_threads()} threads, best of {repeats}):\n"
     )
-    print(markdown(rows, list(runners)))
+    print(markdown(rows, impls))
 
 
 if __name__ == "__main__":
