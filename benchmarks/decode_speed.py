@@ -53,7 +53,9 @@ from tformer.tokenizer import (  # noqa: E402
 )
 
 SHAPES: dict[str, dict[str, int]] = {
+    # The performance issue's shapes: S (tformer's "small" preset) and B (the paper's base).
     "small": dict(d_model=256, n_heads=4, layers=3, d_ff=1024, vocab=8000),
+    "base": dict(d_model=512, n_heads=8, layers=6, d_ff=2048, vocab=32000),
     "smoke": dict(d_model=32, n_heads=2, layers=1, d_ff=64, vocab=200),
 }
 
@@ -500,10 +502,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, a few tokens")
+    parser.add_argument("--shape", default="small", choices=["small", "base"])
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    shape_name = "smoke" if args.smoke else "small"
+    shape_name = "smoke" if args.smoke else args.shape
     shape = SHAPES[shape_name]
     length, new_tokens, big_batch = (8, 8, 4) if args.smoke else (32, 64, 32)
     repeats = 1 if args.smoke else args.repeats
