@@ -182,3 +182,22 @@ def test_a_killed_rank_stops_the_job_and_is_named(data: Path, tmp_path: Path) ->
     text = stderr.read_text()
     assert "rank 1" in text and "SIGKILL" in text, text[-3000:]
     assert "Traceback" not in text.split("error:")[-1]
+
+
+def test_a_single_process_run_resumes_under_ddp_with_accumulation(
+    data: Path, tmp_path: Path
+) -> None:
+    """4 batches a step either way: 1 process x 4 accumulated, then 2 ranks x 2 (no_sync on
+    the first micro-batch of each rank). The resumed run follows the single-process one."""
+    reference = train(model_config(), train_config(str(data), STEPS, accumulate=4),
+                      out=tmp_path / "reference", vocab_size=60)  # fmt: skip
+    assert reference.step == STEPS
+    out = tmp_path / "run"
+    train(model_config(), train_config(str(data), STEPS // 2, accumulate=4), out=out,
+          vocab_size=60)  # fmt: skip
+    resumed = tformer("train", "--nproc", "2", "--resume", str(out), "--accumulate", "2",
+                      "--max-steps", str(STEPS))  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "changed since" in resumed.stderr and "accumulate" in resumed.stderr
+    assert "global batch 2 rank(s) x 2 accumulated" in resumed.stderr
+    assert losses(out) == pytest.approx(losses(tmp_path / "reference"), rel=1e-5, abs=1e-6)
