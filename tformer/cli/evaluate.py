@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import click
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -28,9 +29,9 @@ from tformer.cli.options import (
     TEMPERATURE,
     TOP_K,
     TOP_P,
+    decoding_config,
 )
 from tformer.data import load_text_pairs
-from tformer.decoding import DecodingConfig
 from tformer.device import resolve_device
 from tformer.errors import ConfigError, DataError
 from tformer.evaluate import evaluate, result_card, write_results
@@ -75,19 +76,7 @@ def evaluate_command(
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit {limit} must be >= 1")
     # The same decoding flags as `tformer generate`; one output per input is scored.
-    decoding = DecodingConfig(
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        no_repeat_ngram_size=no_repeat_ngram_size,
-        beam_size=beam_size,
-        length_penalty=length_penalty,
-        min_new_tokens=min_new_tokens,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-    )
+    decoding = decoding_config(click.get_current_context().params)
     splits = load_text_pairs(data, source_field=source_field, target_field=target_field)
     if split not in splits:
         raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")

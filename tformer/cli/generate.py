@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import click
 import typer
 
 from tformer.checkpoint import Checkpoint, load_checkpoint
@@ -31,6 +32,7 @@ from tformer.cli.options import (
     TEMPERATURE,
     TOP_K,
     TOP_P,
+    decoding_config,
     default,
     existing_file,
 )
@@ -132,21 +134,7 @@ def generate_command(
 
       tformer generate checkpoints/dates --interactive
     """
-    config = DecodingConfig(
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        no_repeat_ngram_size=no_repeat_ngram_size,
-        beam_size=beam_size,
-        length_penalty=length_penalty,
-        n_best=n_best,
-        min_new_tokens=min_new_tokens,
-        max_new_tokens=max_new_tokens,
-        num_samples=num_samples,
-        seed=seed,
-    )
+    config = decoding_config(click.get_current_context().params)
     _check_modes(config, batch_size, as_json, stream, interactive, explain_steps, compare)
     if interactive:
         if texts or input_file is not None:

@@ -107,3 +107,10 @@ MIN_NEW_TOKENS = typer.Option(
     "--min-new-tokens",
     help="Forbid <eos> until this many tokens are generated.",
 )
+
+
+def decoding_config(params: dict[str, Any]) -> DecodingConfig:
+    """The ``DecodingConfig`` of a command's decoding flags (its parameters named like the
+    config's fields), so every command that decodes takes the same flags the same way."""
+    names = {f.name for f in dataclasses.fields(DecodingConfig)}
+    return DecodingConfig(**{k: v for k, v in params.items() if k in names})
