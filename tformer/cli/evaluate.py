@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import click
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -39,6 +38,7 @@ from tformer.evaluate import evaluate, result_card, write_results
 
 @app.command("evaluate")
 def evaluate_command(
+    ctx: typer.Context,
     checkpoint: Path = CHECKPOINT,
     data: str | None = DATA,
     source_field: str = SOURCE_FIELD,
@@ -76,7 +76,7 @@ def evaluate_command(
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit {limit} must be >= 1")
     # The same decoding flags as `tformer generate`; one output per input is scored.
-    decoding = decoding_config(click.get_current_context().params)
+    decoding = decoding_config(ctx.params)
     splits = load_text_pairs(data, source_field=source_field, target_field=target_field)
     if split not in splits:
         raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")

@@ -9,7 +9,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 
 from tformer.checkpoint import Checkpoint, load_checkpoint
@@ -69,6 +68,7 @@ def read_inputs(texts: list[str] | None, input_file: Path | None) -> list[str]:
 
 @app.command("generate")
 def generate_command(
+    ctx: typer.Context,
     checkpoint: Path = CHECKPOINT,
     texts: list[str] | None = typer.Argument(
         None, help="Inputs (default: --input-file or stdin, one a line).", show_default=False
@@ -134,7 +134,7 @@ def generate_command(
 
       tformer generate checkpoints/dates --interactive
     """
-    config = decoding_config(click.get_current_context().params)
+    config = decoding_config(ctx.params)
     _check_modes(config, batch_size, as_json, stream, interactive, explain_steps, compare)
     if interactive:
         if texts or input_file is not None:
