@@ -115,25 +115,39 @@ def test_multi_head_matches_torch_multihead_attention(mode: str) -> None:
     torch.testing.assert_close(fused, ref_out, atol=1e-5, rtol=1e-5)
 
 
-def test_incremental_self_attention_with_cache_equals_full() -> None:
-    d_model, heads, length = 16, 2, 5
-    attn = MultiHeadAttention(d_model, heads).eval()
-    x = torch.randn(3, length, d_model)
-    full, _ = attn(x, x, causal=True)
-    cache = KVCache()
-    steps = [
-        attn(x[:, t : t + 1], x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(length)
-    ]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
-    assert cache.k is not None and cache.k.shape == (3, heads, length, d_model // heads)
-
-
 def test_static_cache_projects_memory_once() -> None:
     attn = MultiHeadAttention(8, 2).eval()
     memory = torch.randn(1, 4, 8)
     cache = KVCache()
     attn(torch.randn(1, 1, 8), memory, cache=cache, static_kv=True)
     first_k = cache.k
+    assert first_k is not None
     # A different memory is ignored once cached: the projection is reused, not recomputed.
     attn(torch.randn(1, 1, 8), torch.randn(1, 4, 8), cache=cache, static_kv=True)
-    assert cache.k is first_k
+    assert cache.k is not None and cache.k.data_ptr() == first_k.data_ptr()
+    torch.testing.assert_close(cache.k, attn.project_kv(memory)[0], rtol=0, atol=0)
+
+
+def test_incremental_self_attention_with_cache_equals_full_past_capacity_and_reorder() -> None:
+    # 40 steps cross the buffer's doublings (16 -> 32 -> 64); every step must still equal
+    # the full causal pass, and reordering rows must carry the cached past along.
+    d_model, heads, length = 16, 4, 40
+    attn = MultiHeadAttention(d_model, heads).eval()
+    x = torch.randn(3, length, d_model)
+    full, _ = attn(x, x, causal=True)
+    cache = KVCache()
+    half = length // 2 + 3
+    steps = [
+        attn(x[:, t : t + 1], x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(half)
+    ]
+    index = torch.tensor([2, 0])
+    cache.reorder(index)
+    x, full = x[index], full[index]
+    steps = [s[index] for s in steps]
+    steps += [
+        attn(x[:, t : t + 1], x[:, t : t + 1], causal=True, cache=cache)[0]
+        for t in range(half, length)
+    ]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert cache.length == length and cache.k is not None
+    assert cache.k.shape == (2, heads, length, d_model // heads)

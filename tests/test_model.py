@@ -120,3 +120,26 @@ def test_position_limit_is_enforced() -> None:
     model = Transformer(tiny(max_len=4)).eval()
     with pytest.raises(ValueError, match="max_len"):
         model(torch.tensor([[5, 6, 7, 8, 9]]), torch.tensor([[BOS_ID]]))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_inference_projection_layout_matches_training_and_follows_weight_updates(
+    tied: bool,
+) -> None:
+    # CPU inference multiplies by a cached (D, V) copy of the output matrix; it must give the
+    # training path's logits, stay out of the state dict, and be remade when weights change.
+    model = Transformer(tiny(tie_embeddings=tied)).eval()
+    hidden = torch.randn(3, 5, 32)
+    reference = model.project(hidden)  # autograd on: the plain F.linear path
+    with torch.no_grad():
+        fast = model.project(hidden)
+        torch.testing.assert_close(fast, reference.detach(), rtol=1e-5, atol=1e-5)
+        assert not any("transposed" in key for key in model.state_dict())
+        weight = (
+            model.decoder.embedding.weight if tied else model.output_projection.weight  # type: ignore[union-attr]
+        )
+        weight.mul_(2.0)  # an in-place update, as an optimizer step or load_state_dict makes
+        torch.testing.assert_close(model.project(hidden), 2 * fast, rtol=1e-5, atol=1e-5)
+        model.load_state_dict(Transformer(tiny(tie_embeddings=tied)).state_dict())
+        expected = torch.nn.functional.linear(hidden, weight)
+        torch.testing.assert_close(model.project(hidden), expected, rtol=1e-5, atol=1e-5)

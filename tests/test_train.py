@@ -63,6 +63,53 @@ def test_cosine_schedule_warms_up_then_decays_to_the_floor() -> None:
     assert cosine_lr(1000, 1.0, 100, 1000, floor=0.1) == pytest.approx(0.1)
 
 
+def test_linear_and_cosine_decay_by_steps_or_by_the_time_budget() -> None:
+    model = ModelConfig(d_model=64)
+    linear = TrainConfig(lr=1.0, warmup_steps=100, schedule="linear", min_lr=0.1)
+    assert lr_at(50, model, linear, total_steps=1000) == pytest.approx(0.5)  # warm-up
+    assert lr_at(550, model, linear, total_steps=1000) == pytest.approx(0.55)  # half-way down
+    assert lr_at(1000, model, linear, total_steps=1000) == pytest.approx(0.1)
+    # Time: at step 200 with half the budget used, warm-up ended a quarter of the way in, so
+    # the decay is (0.5 - 0.25) / (1 - 0.25) = 1/3 done.
+    assert lr_at(200, model, linear, time_fraction=0.5) == pytest.approx(1.0 - 0.9 / 3)
+    assert lr_at(200, model, linear, time_fraction=1.0) == pytest.approx(0.1)
+    assert lr_at(100, model, linear, time_fraction=0.9) == pytest.approx(1.0)  # still warming
+    # With both limits the one nearer its end sets the pace.
+    assert lr_at(550, model, linear, 1000, time_fraction=0.2) == pytest.approx(0.55)
+    assert lr_at(200, model, linear, 10**6, time_fraction=0.5) == pytest.approx(1.0 - 0.9 / 3)
+    cosine = TrainConfig(lr=1.0, warmup_steps=100, schedule="cosine")
+    assert lr_at(200, model, cosine, time_fraction=0.5) == pytest.approx(
+        0.5 * (1 + math.cos(math.pi / 3))
+    )
+    with pytest.raises(ValueError, match="step or time limit"):
+        lr_at(200, model, cosine)
+
+
+def test_a_linear_decay_reaches_its_floor_when_the_time_budget_ends(
+    toy_data: Path, tmp_path: Path
+) -> None:
+    config = TrainConfig(data=str(toy_data), max_tokens=512, lr=2e-3, warmup_steps=5,
+                         schedule="linear", time_budget=4.0, log_every=1, eval_every=10_000,
+                         save_every=10_000)
+    train(tiny_model(), config, out=tmp_path / "decay", vocab_size=64)
+    records = [json.loads(line) for line in (tmp_path / "decay" / "metrics.jsonl").read_text()
+               .splitlines()]
+    logged = [r for r in records if "lr" in r]
+    assert logged[-1]["elapsed"] >= 4.0
+    lrs = [r["lr"] for r in logged if r["step"] > 5]
+    assert len(lrs) >= 3 and lrs[-1] < lrs[0]
+    assert all(b <= a for a, b in zip(lrs, lrs[1:], strict=False))  # only ever down
+    # Step s starts with the time used by step s - 1 (logged, rounded to 10 ms) and takes
+    # the rate of that share of the budget: peak * (1 - progress).
+    for before, record in zip(logged, logged[1:], strict=False):
+        if record["step"] <= 5:
+            continue
+        fraction = before["elapsed"] / 4.0
+        warmup_fraction = fraction * 5 / record["step"]
+        progress = (fraction - warmup_fraction) / (1 - warmup_fraction)
+        assert record["lr"] == pytest.approx(2e-3 * (1 - progress), abs=2e-3 * 0.01)
+
+
 def test_a_tiny_model_learns_a_simple_mapping(trained: TrainResult) -> None:
     """Held-out digit strings -> words: the seeded run must reach >= 95% exact match."""
     assert trained.exact_match is not None and trained.exact_match >= 0.95

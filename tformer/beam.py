@@ -79,7 +79,7 @@ class _Beams:
     sums: Tensor  # (R,) running sum of the constrained log-probabilities (the search score)
 
 
-@torch.no_grad()
+@torch.inference_mode()  # lighter than no_grad: no version counters
 def beam_search(model: Transformer, src: Tensor, config: DecodingConfig) -> list[list[Hypothesis]]:
     """Beam search for a padded (B, S) batch; the ``n_best`` hypotheses per source, best first."""
     model.eval()

@@ -17,7 +17,7 @@ from tformer.errors import ConfigError
 
 Norm = Literal["post", "pre"]
 Activation = Literal["relu", "gelu"]
-Schedule = Literal["inverse-sqrt", "cosine", "constant"]
+Schedule = Literal["inverse-sqrt", "cosine", "linear", "constant"]
 PrecisionName = Literal["auto", "fp32", "bf16", "fp16"]
 BestMetric = Literal["val_loss", "bleu", "chrf"]
 
@@ -208,8 +208,8 @@ class TrainConfig:
         _require(self.lr is None or self.lr > 0, f"--lr {self.lr} must be > 0")
         _require(self.min_lr >= 0, f"--min-lr {self.min_lr} must be >= 0")
         _require(
-            self.schedule in ("inverse-sqrt", "cosine", "constant"),
-            f"--schedule {self.schedule!r} must be one of inverse-sqrt, cosine, constant",
+            self.schedule in ("inverse-sqrt", "cosine", "linear", "constant"),
+            f"--schedule {self.schedule!r} must be one of inverse-sqrt, cosine, linear, constant",
         )
         for name in ("beta1", "beta2", "label_smoothing"):
             value = getattr(self, name)

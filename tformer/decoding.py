@@ -363,7 +363,7 @@ def _source_rows(src: Tensor) -> list[list[int]]:
     return [[t for t in row if t != PAD_ID] for row in src.tolist()]
 
 
-@torch.no_grad()
+@torch.inference_mode()  # lighter than no_grad: no version counters
 def sample_steps(
     model: Transformer, src: Tensor, config: DecodingConfig, samples: Sequence[int] | None = None
 ) -> StepEvents:

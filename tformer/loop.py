@@ -231,6 +231,7 @@ class TrainingLoop:
         self.best_value: float | None = None
         self.evals_without_gain = 0
         self.stopped_early = False
+        self.time_used = 0.0  # seconds of the time budget used, agreed by every rank
         self.saved_step: int | None = None
         self.skipped = 0
         self.skipped_in_a_row = 0
@@ -310,6 +311,7 @@ class TrainingLoop:
         cfg, world = self.cfg, self.world
         stream = batch_stream(plan, pos)
         started = time.perf_counter() - pos.elapsed
+        self.time_used = pos.elapsed
         window_start, window_tokens_seen = time.perf_counter(), 0
         stop = self._should_stop(pos, total_steps)
         while not stop:
@@ -326,7 +328,7 @@ class TrainingLoop:
             self.window_tokens += n_tokens
             window_tokens_seen += n_tokens
             pos.elapsed = time.perf_counter() - started
-            stop, signalled = self._agree(self._should_stop(pos, total_steps), signals)
+            stop, signalled = self._agree(self._should_stop(pos, total_steps), signals, pos)
             on_cadence = pos.step % cfg.log_every == 0
             if on_cadence or stop:
                 now = time.perf_counter()
@@ -346,16 +348,24 @@ class TrainingLoop:
             if signalled is not None and not stop:
                 self._stop_on_signal(pos, signalled)
 
-    def _agree(self, stop: bool, signals: StopOnSignal | None) -> tuple[bool, int | None]:
+    def _agree(
+        self, stop: bool, signals: StopOnSignal | None, pos: Position | None = None
+    ) -> tuple[bool, int | None]:
         """Whether to stop (and on which signal), the same on every rank.
 
         The time budget is read from each rank's clock and a signal may reach ranks one step
         apart; one small all-reduce (max) per step makes them all stop after the same step.
+        The same all-reduce agrees on the time used (``self.time_used``), from which a
+        schedule that decays within the time budget sets the next step's learning rate: every
+        rank must take the same one.
         """
         signum = signals.received if signals is not None else None
+        elapsed = pos.elapsed if pos is not None else self.time_used
         if not self.world.distributed:
+            self.time_used = elapsed
             return stop, signum
-        flags = dist_.all_reduce_max([float(stop), float(signum or 0)], self.device)
+        flags = dist_.all_reduce_max([float(stop), float(signum or 0), elapsed], self.device)
+        self.time_used = flags[2]
         return bool(flags[0]), (int(flags[1]) or None)
 
     def _stop_on_signal(self, pos: Position, signum: int) -> None:
@@ -383,7 +393,9 @@ class TrainingLoop:
         n_tokens = sum(plan.lengths[i][1] + 1 for _, _, indices in micro for i in indices)
         mine = micro[world.rank :: world.world_size]
         batches = [collate([plan.pairs[i] for i in indices]) for _, _, indices in mine]
-        lr = lr_at(step, self.model_config, self.cfg, total_steps)
+        budget = self.cfg.time_budget
+        fraction = min(self.time_used / budget, 1.0) if budget else None
+        lr = lr_at(step, self.model_config, self.cfg, total_steps, fraction)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=self.device)

@@ -1,6 +1,7 @@
 """Optimiser and learning-rate schedules (section 5.3).
 
-The schedules are pure functions of the step, so a resumed run needs only the step count.
+The schedules are pure functions of the step (and, for a decay within a time budget, of the
+share of the budget used), so a resumed run needs only its saved position.
 """
 
 from __future__ import annotations
@@ -34,25 +35,69 @@ def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
 
 def cosine_lr(step: int, peak: float, warmup: int, total: int, floor: float = 0.0) -> float:
     """Linear warm-up to ``peak``, then half a cosine down to ``floor`` at step ``total``."""
+    return decayed_lr(step, peak, warmup, step_progress(step, warmup, total), floor, "cosine")
+
+
+def step_progress(step: int, warmup: int, total: int) -> float:
+    """How far the decay after warm-up has gone by ``step``, out of ``total`` steps: 0 to 1."""
+    return min(max(step - warmup, 0) / max(total - warmup, 1), 1.0)
+
+
+def time_progress(step: int, warmup: int, time_fraction: float) -> float:
+    """How far the decay after warm-up has gone, ``time_fraction`` of the time budget in.
+
+    The decay spans the time after warm-up. When warm-up ended is estimated from the steady
+    step rate so far (it ended ``time_fraction * warmup / step`` of the way in), which needs
+    no extra state and makes a resumed run compute the same rate.
+    """
+    step = max(step, 1)
+    if step <= warmup:
+        return 0.0
+    warmup_fraction = time_fraction * warmup / step
+    return min(max((time_fraction - warmup_fraction) / max(1.0 - warmup_fraction, 1e-9), 0.0), 1.0)
+
+
+def decayed_lr(
+    step: int, peak: float, warmup: int, progress: float, floor: float, shape: str
+) -> float:
+    """Linear warm-up to ``peak`` over ``warmup`` steps, then a decay to ``floor``: half a
+    cosine or a straight line, ``progress`` (0 to 1) of the way down."""
     step = max(step, 1)
     if warmup > 0 and step <= warmup:
         return peak * step / warmup
-    span = max(total - warmup, 1)
-    progress = min((step - warmup) / span, 1.0)
-    return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
+    if shape == "cosine":
+        return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
+    return floor + (peak - floor) * (1.0 - progress)
 
 
 def lr_at(
-    step: int, model: ModelConfig, train: TrainConfig, total_steps: int | None = None
+    step: int,
+    model: ModelConfig,
+    train: TrainConfig,
+    total_steps: int | None = None,
+    time_fraction: float | None = None,
 ) -> float:
-    """The learning rate of optimiser step ``step`` (counted from 1)."""
+    """The learning rate of optimiser step ``step`` (counted from 1).
+
+    ``cosine`` and ``linear`` decay to ``--min-lr`` by the end of training: by ``total_steps``
+    (from --max-steps / --epochs) or, under --time-budget, by the end of the budget
+    (``time_fraction`` of it used so far), whichever comes first. A time budget is where
+    decaying pays most: a run that stops at full learning rate leaves quality unclaimed.
+    """
     peak = peak_lr(model, train)
     if train.schedule == "inverse-sqrt":
         return inverse_sqrt_lr(step, peak, train.warmup_steps)
-    if train.schedule == "cosine":
-        if total_steps is None:
-            raise ValueError("the cosine schedule needs the total number of steps")
-        return cosine_lr(step, peak, train.warmup_steps, total_steps, train.min_lr)
+    if train.schedule in ("cosine", "linear"):
+        progress = []
+        if total_steps is not None:
+            progress.append(step_progress(step, train.warmup_steps, total_steps))
+        if time_fraction is not None:
+            progress.append(time_progress(step, train.warmup_steps, time_fraction))
+        if not progress:
+            raise ValueError(f"the {train.schedule} schedule needs a step or time limit")
+        return decayed_lr(
+            step, peak, train.warmup_steps, max(progress), train.min_lr, train.schedule
+        )
     warm = min(step / train.warmup_steps, 1.0) if train.warmup_steps > 0 else 1.0
     return peak * warm
 

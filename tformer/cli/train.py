@@ -148,7 +148,10 @@ def train_command(
     ),
     warmup_steps: int = typer.Option(default(T, "warmup_steps"), "--warmup-steps"),
     schedule: str = typer.Option(
-        default(T, "schedule"), "--schedule", help="inverse-sqrt (paper) | cosine | constant"
+        default(T, "schedule"),
+        "--schedule",
+        help="inverse-sqrt (paper) | cosine | linear | constant. cosine and linear decay to "
+        "--min-lr by the end of --max-steps / --epochs / --time-budget.",
     ),
     min_lr: float = typer.Option(default(T, "min_lr"), "--min-lr"),
     label_smoothing: float = typer.Option(default(T, "label_smoothing"), "--label-smoothing"),

@@ -12,7 +12,6 @@ convention as ``torch.nn.functional.scaled_dot_product_attention``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -83,21 +82,53 @@ def scaled_dot_product_attention(
     return dropped @ v, weights
 
 
-@dataclass
 class KVCache:
     """Keys and values already projected for one attention layer, (B, H, L, d_k) each.
 
     Self-attention appends one step at a time; cross-attention fills it once per source.
+    Appended steps are written into a preallocated buffer whose capacity doubles when full:
+    concatenating a new tensor at every step would copy the whole past each time, which
+    dominated small-model decoding.
     """
 
-    k: Tensor | None = None
-    v: Tensor | None = None
+    def __init__(self) -> None:
+        self._k: Tensor | None = None  # (B, H, capacity, d_k); steps [0, length) are filled
+        self._v: Tensor | None = None
+        self.length = 0
+
+    @property
+    def k(self) -> Tensor | None:
+        return None if self._k is None else self._k[:, :, : self.length]
+
+    @property
+    def v(self) -> Tensor | None:
+        return None if self._v is None else self._v[:, :, : self.length]
+
+    def set(self, k: Tensor, v: Tensor) -> None:
+        """Hold ``k`` and ``v`` as they are (the projected source of cross-attention)."""
+        self._k, self._v, self.length = k, v, k.size(2)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new steps (B, H, n, d_k); returns every cached step so far."""
+        start, end = self.length, self.length + k.size(2)
+        if self._k is None or self._v is None or end > self._k.size(2):
+            capacity = max(end, 2 * start, 16)
+            b, h, _, d = k.shape
+            grown_k, grown_v = k.new_empty(b, h, capacity, d), v.new_empty(b, h, capacity, d)
+            if self._k is not None and self._v is not None:
+                grown_k[:, :, :start] = self._k[:, :, :start]
+                grown_v[:, :, :start] = self._v[:, :, :start]
+            self._k, self._v = grown_k, grown_v
+        self._k[:, :, start:end] = k
+        self._v[:, :, start:end] = v
+        self.length = end
+        return self._k[:, :, :end], self._v[:, :, :end]
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (beam reordering, dropping finished sequences)."""
-        if self.k is not None and self.v is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        if self._k is not None and self._v is not None:
+            self._k = self._k.index_select(0, index)
+            self._v = self._v.index_select(0, index)
 
 
 class MultiHeadAttention(nn.Module):
@@ -150,15 +181,15 @@ class MultiHeadAttention(nn.Module):
             (output (B, Q, D), weights (B, H, Q, K) or None).
         """
         q = self._split_heads(self.q_proj(query))  # (B, H, Q, d_k)
-        if cache is not None and static_kv and cache.k is not None:
+        if cache is not None and static_kv and cache.length:
             k, v = cache.k, cache.v
         else:
             k, v = self.project_kv(key_value)  # (B, H, K, d_k)
             if cache is not None:
-                if not static_kv and cache.k is not None:
-                    k = torch.cat([cache.k, k], dim=2)
-                    v = torch.cat([cache.v, v], dim=2)
-                cache.k, cache.v = k, v
+                if static_kv:
+                    cache.set(k, v)
+                else:
+                    k, v = cache.append(k, v)
         assert k is not None and v is not None
         out, weights = scaled_dot_product_attention(
             q,
