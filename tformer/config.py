@@ -139,7 +139,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
         "model": dict(PRESETS["small"], dropout=0.3, max_len=128),
         "train": dict(
             lr=1e-3,
-            warmup_steps=400,
+            warmup_steps=200,
             schedule="linear",
             max_tokens=6144,
             label_smoothing=0.1,
