@@ -131,7 +131,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
         ),
     },
     # Multi30k (29k caption pairs): a small model with strong regularisation, sized so a 2-core
-    # CPU with bf16 (auto precision) sees ~20 epochs in the hour (benchmarks/multi30k.py). The
+    # CPU with bf16 (auto precision) sees 17-20 epochs in the hour (benchmarks/multi30k.py). The
     # learning rate falls linearly to 0 at the end of the time budget: with inverse-sqrt it was
     # still at 80% of its peak after the hour, and the model still improving fast. The last 4
     # checkpoints are kept for averaging (tformer average); validation BLEU picks the best.
