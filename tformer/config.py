@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from tformer.errors import ConfigError
 
@@ -30,6 +30,12 @@ def flag(name: str) -> str:
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+def _one_of(option: str, value: object, choices: Any) -> None:
+    """Refuse ``value`` unless it is one of the ``Literal`` type ``choices``."""
+    allowed = get_args(choices)
+    _require(value in allowed, f"{option} {value!r} must be one of {', '.join(allowed)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,10 +216,7 @@ class TrainConfig:
         _require(self.keep_last >= 1, f"--keep-last {self.keep_last} must be >= 1")
         _require(self.lr is None or self.lr > 0, f"--lr {self.lr} must be > 0")
         _require(self.min_lr >= 0, f"--min-lr {self.min_lr} must be >= 0")
-        _require(
-            self.schedule in ("inverse-sqrt", "cosine", "linear", "constant"),
-            f"--schedule {self.schedule!r} must be one of inverse-sqrt, cosine, linear, constant",
-        )
+        _one_of("--schedule", self.schedule, Schedule)
         for name in ("beta1", "beta2", "label_smoothing"):
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"{flag(name)} {value} must be in [0, 1)")
@@ -229,15 +232,9 @@ class TrainConfig:
             self.time_budget is None or self.time_budget > 0,
             f"--time-budget {self.time_budget} must be > 0",
         )
-        _require(
-            self.precision in ("auto", "fp32", "bf16", "fp16"),
-            f"--precision {self.precision!r} must be one of auto, fp32, bf16, fp16",
-        )
+        _one_of("--precision", self.precision, PrecisionName)
         _require(self.val_bleu >= 0, f"--val-bleu {self.val_bleu} must be >= 0 (0 = off)")
-        _require(
-            self.best_metric in ("val_loss", "bleu", "chrf"),
-            f"--best-metric {self.best_metric!r} must be one of val_loss, bleu, chrf",
-        )
+        _one_of("--best-metric", self.best_metric, BestMetric)
         _require(
             self.best_metric == "val_loss" or self.val_bleu > 0,
             f"--best-metric {self.best_metric} needs --val-bleu N (validation pairs to translate)",

@@ -328,7 +328,9 @@ class TrainingLoop:
             self.window_tokens += n_tokens
             window_tokens_seen += n_tokens
             pos.elapsed = time.perf_counter() - started
-            stop, signalled = self._agree(self._should_stop(pos, total_steps), signals, pos)
+            stop, signalled = self._agree(
+                self._should_stop(pos, total_steps), signals, elapsed=pos.elapsed
+            )
             on_cadence = pos.step % cfg.log_every == 0
             if on_cadence or stop:
                 now = time.perf_counter()
@@ -349,7 +351,7 @@ class TrainingLoop:
                 self._stop_on_signal(pos, signalled)
 
     def _agree(
-        self, stop: bool, signals: StopOnSignal | None, pos: Position | None = None
+        self, stop: bool, signals: StopOnSignal | None, *, elapsed: float | None = None
     ) -> tuple[bool, int | None]:
         """Whether to stop (and on which signal), the same on every rank.
 
@@ -360,7 +362,8 @@ class TrainingLoop:
         rank must take the same one.
         """
         signum = signals.received if signals is not None else None
-        elapsed = pos.elapsed if pos is not None else self.time_used
+        if elapsed is None:
+            elapsed = self.time_used
         if not self.world.distributed:
             self.time_used = elapsed
             return stop, signum

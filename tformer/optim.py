@@ -50,11 +50,11 @@ def time_progress(step: int, warmup: int, time_fraction: float) -> float:
     step rate so far (it ended ``time_fraction * warmup / step`` of the way in), which needs
     no extra state and makes a resumed run compute the same rate.
     """
-    step = max(step, 1)
     if step <= warmup:
         return 0.0
+    # warmup / step < 1 here, so warmup_fraction < time_fraction <= 1: the result is in [0, 1].
     warmup_fraction = time_fraction * warmup / step
-    return min(max((time_fraction - warmup_fraction) / max(1.0 - warmup_fraction, 1e-9), 0.0), 1.0)
+    return (time_fraction - warmup_fraction) / (1.0 - warmup_fraction)
 
 
 def decayed_lr(
