@@ -13,6 +13,7 @@ from tformer.model.attention import (
     KVCache,
     MultiHeadAttention,
     causal_mask,
+    fused_backward_is_slow,
     padding_mask,
     scaled_dot_product_attention,
 )
@@ -60,6 +61,41 @@ def test_matches_torch_sdpa(need_weights: bool, masking: str) -> None:
             assert float(weights.masked_select(~mask.expand_as(weights)).abs().max()) == 0.0
         if causal:  # no weight on future keys
             assert float(weights.triu(diagonal=1).abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("masking", ["padding", "causal"])
+def test_bf16_training_path_matches_torch_sdpa_in_fp32(masking: str) -> None:
+    # bf16 training on a CPU takes the explicit path (the fused backward is slow there):
+    # its output and gradients must still be torch's attention, within bf16 rounding.
+    b, h, length, d = 4, 2, 9, 16
+    leaves = [torch.randn(b, h, length, d, requires_grad=True) for _ in range(3)]
+    ids = torch.tensor([[5] * 9, [5] * 4 + [0] * 5, [5] * 8 + [0], [5] * 2 + [0] * 7])
+    mask = padding_mask(ids, 0) if masking == "padding" else None
+    causal = masking == "causal"
+    low = [x.to(torch.bfloat16) for x in leaves]
+    assert fused_backward_is_slow(low[0])
+    ours, weights = scaled_dot_product_attention(*low, mask, causal=causal)
+    assert weights is None and ours.dtype == torch.bfloat16
+    upstream = torch.randn(b, h, length, d)
+    ours.backward(upstream.to(torch.bfloat16))
+    our_grads = [x.grad.clone() for x in leaves if x.grad is not None]
+    for x in leaves:
+        x.grad = None
+    reference = F.scaled_dot_product_attention(*leaves, attn_mask=mask, is_causal=causal)
+    reference.backward(upstream)
+    torch.testing.assert_close(ours.float(), reference, atol=3e-2, rtol=3e-2)
+    for mine, theirs in zip(our_grads, [x.grad for x in leaves], strict=True):
+        torch.testing.assert_close(mine, theirs, atol=5e-2, rtol=5e-2)
+
+
+def test_only_reduced_precision_cpu_training_leaves_the_fused_kernel() -> None:
+    x = torch.randn(1, 1, 2, 4, requires_grad=True)
+    assert not fused_backward_is_slow(x)  # fp32
+    assert fused_backward_is_slow(x.to(torch.bfloat16))
+    assert fused_backward_is_slow(x.to(torch.float16))
+    with torch.no_grad():
+        assert not fused_backward_is_slow(x.to(torch.bfloat16))  # inference
+    assert not fused_backward_is_slow(x.detach().to(torch.bfloat16))
 
 
 def test_causal_mask_with_offset() -> None:

@@ -19,10 +19,11 @@ import torch
 
 from tformer.config import ModelConfig, TrainConfig
 from tformer.device import resolve_device, seed_everything
+from tformer.loss import sequence_loss
 from tformer.model import Transformer
 from tformer.optim import build_optimizer
 from tformer.precision import resolve_precision
-from tformer.tokenizer import PAD_ID, Tokenizer
+from tformer.tokenizer import Tokenizer
 
 # Keep a tenth of the free memory as headroom: allocators fragment and batches vary.
 HEADROOM = 0.9
@@ -80,11 +81,8 @@ def measure_batch_limits(
     def step() -> None:
         with precision.autocast():
             logits = forward(src, tgt[:, :-1]).logits
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.size(-1)).float(),
-                tgt[:, 1:].reshape(-1),
-                ignore_index=PAD_ID,
-            )
+            labels = tgt[:, 1:]
+            loss = sequence_loss(logits, labels, train_config.label_smoothing) / labels.numel()
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from tformer.config import ModelConfig
 from tformer.model.attention import KVCache, MultiHeadAttention
+from tformer.model.dropout import Dropout
 
 
 class TokenEmbedding(nn.Module):
@@ -57,7 +58,7 @@ class PositionalEncoding(nn.Module):
         # Not persistent: the table is a pure function of the config, so it stays out of the
         # checkpoint and cannot disagree with it.
         self.register_buffer("table", sinusoidal_positions(max_len, d_model), persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
         length = x.size(1)
@@ -96,7 +97,7 @@ class EncoderLayer(nn.Module):
         self.feed_forward = FeedForward(d, config.d_ff, config.activation)
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(
         self, x: Tensor, mask: Tensor, need_weights: bool = False
@@ -139,7 +140,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
         self.norm3 = nn.LayerNorm(d)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(
         self,

@@ -1,0 +1,101 @@
+"""The fused label-smoothed cross-entropy against torch's own ``F.cross_entropy``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tformer import loss as loss_module
+from tformer.loss import sequence_loss
+from tformer.tokenizer import PAD_ID
+
+
+def reference(logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> torch.Tensor:
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.size(-1)),
+        labels.reshape(-1),
+        ignore_index=PAD_ID,
+        label_smoothing=smoothing,
+        reduction="sum",
+    )
+
+
+def loss_and_grad(fn, logits: torch.Tensor, labels: torch.Tensor, smoothing: float, scale: float):
+    leaf = logits.detach().clone().requires_grad_()
+    value = fn(leaf, labels, smoothing)
+    (value * scale).backward()
+    assert leaf.grad is not None
+    return value.detach(), leaf.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+def test_loss_and_gradient_match_torch(dtype: torch.dtype, smoothing: float) -> None:
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 17, 901) * 4).to(dtype)
+    labels = torch.randint(1, 901, (3, 17))
+    labels[0, 9:] = PAD_ID  # a padded row contributes nothing
+    labels[2, :3] = PAD_ID
+    ours, our_grad = loss_and_grad(sequence_loss, logits, labels, smoothing, 1 / 40)
+    ref, ref_grad = loss_and_grad(reference, logits, labels, smoothing, 1 / 40)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-3)
+    assert our_grad.dtype == dtype
+    tol = {torch.float32: 1e-6, torch.bfloat16: 1e-4, torch.float16: 1e-5}[dtype]
+    torch.testing.assert_close(our_grad.float(), ref_grad.float(), rtol=1e-2, atol=tol)
+    # Padded positions get no gradient at all.
+    assert our_grad[0, 9:].abs().sum() == 0
+
+
+def test_blocks_cover_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Force blocks of 4 rows over 10 rows: the last block is short.
+    monkeypatch.setattr(loss_module, "_BLOCK_ELEMENTS", 4 * 50)
+    torch.manual_seed(1)
+    logits = torch.randn(1, 10, 50)
+    labels = torch.randint(1, 50, (1, 10))
+    ours, our_grad = loss_and_grad(sequence_loss, logits, labels, 0.1, 1.0)
+    ref, ref_grad = loss_and_grad(reference, logits, labels, 0.1, 1.0)
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(our_grad, ref_grad)
+
+
+def test_hand_computed_smoothed_loss() -> None:
+    # Two classes. Row 1: logits (0, 0), p = (1/2, 1/2), so -log p is log 2 for both classes and
+    # any smoothing gives log 2. Row 2: logits (0, log 3), p = (1/4, 3/4), label 1. Row 3: padding.
+    eps = 0.2
+    log = math.log
+    logits = torch.tensor([[[0.0, 0.0], [0.0, log(3)], [5.0, -5.0]]], requires_grad=True)
+    labels = torch.tensor([[1, 1, PAD_ID]])
+    row2 = (1 - eps) * -log(0.75) + eps / 2 * (-log(0.25) - log(0.75))
+    value = sequence_loss(logits, labels, eps)
+    torch.testing.assert_close(value, torch.tensor(log(2) + row2))
+    value.backward()
+    assert logits.grad is not None
+    # d/dx = softmax - (1 - eps) onehot - eps / V
+    torch.testing.assert_close(logits.grad[0, 0], torch.tensor([0.5 - 0.1, 0.5 - 0.8 - 0.1]))
+    torch.testing.assert_close(logits.grad[0, 1], torch.tensor([0.25 - 0.1, 0.75 - 0.8 - 0.1]))
+    torch.testing.assert_close(logits.grad[0, 2], torch.zeros(2))
+
+
+def test_bf16_autocast_training_step_matches_the_reference_loss() -> None:
+    # Under autocast the loss still works in fp32 and its gradient reaches the weights.
+    torch.manual_seed(2)
+    weight = torch.randn(300, 32, requires_grad=True)
+    hidden = torch.randn(2, 7, 32)
+    labels = torch.randint(1, 300, (2, 7))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = F.linear(hidden, weight)
+        ours = sequence_loss(logits, labels, 0.1)
+    ours.backward()
+    assert weight.grad is not None
+    ours_grad = weight.grad.clone()
+    weight.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = F.linear(hidden, weight)
+    ref = reference(logits, labels, 0.1)
+    ref.backward()
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(ours_grad, weight.grad, rtol=2e-2, atol=2e-2)
