@@ -7,6 +7,9 @@ Prints one JSON line per measurement, then a Markdown table. Measures:
   ``MarianMTModel``, all of the same shape, in fp32 and bf16 autocast;
 - peak resident memory of a training step (each configuration in its own process).
 
+Every configuration runs with ``THP_MEM_ALLOC_ENABLE=1`` (large tensors on transparent huge
+pages), the setting tformer makes for itself, unless the caller's environment says otherwise.
+
 Shapes (the performance issue): S = d_model 256, 4 heads, 3+3 layers, d_ff 1024, vocab 8000;
 B = the paper's base, 512, 8 heads, 6+6, 2048, vocab 32000; batches of 64 pairs of length 32.
 
@@ -15,7 +18,7 @@ FLOP formula (matmuls only, multiply-add = 2 FLOPs, training = 3x forward):
     per target token:  L_dec * (8 d^2 + 4 T d  +  4 d^2 + 4 S d  +  4 d d_ff) + 2 d V
     plus cross-attention K/V projections, 4 d^2 per source token per decoder layer.
 
-Usage: python benchmarks/train_speed.py [--shapes S,B] [--repeats 3] [--smoke]
+Usage: python benchmarks/train_speed.py [--shapes S,B] [--repeats 5] [--smoke]
 """
 
 from __future__ import annotations
@@ -196,7 +199,10 @@ def measure(impl: str, work: Workload, precision: str, repeats: int) -> dict[str
 def run_isolated(impl: str, shape: str, precision: str, repeats: int) -> dict[str, Any] | None:
     """One measurement in a fresh process, so peak memory belongs to that configuration."""
     cmd = [sys.executable, __file__, "--one", impl, shape, precision, str(repeats)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
+    # Every implementation gets the allocator setting tformer makes for itself (huge pages for
+    # large tensors, see tformer/_hugepages.py), so the comparison is of the code, not of it.
+    env = {**os.environ, "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
         return {"impl": impl, "shape": shape, "precision": precision, "skipped": tail}
@@ -206,7 +212,7 @@ def run_isolated(impl: str, shape: str, precision: str, repeats: int) -> dict[st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="S,B")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="tiny shape, one repeat (CI)")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()

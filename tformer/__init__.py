@@ -11,6 +11,7 @@ The command line is a thin layer over this API::
 
 from __future__ import annotations
 
+from tformer import _hugepages  # noqa: F401  (sets torch's allocator switch before torch loads)
 from tformer.averaging import average_checkpoints
 from tformer.checkpoint import (
     Checkpoint,

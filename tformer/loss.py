@@ -41,9 +41,14 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         grad = torch.empty_like(logits, dtype=keep_dtype) if want_grad else None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         rows = max(1, _BLOCK_ELEMENTS // vocab)
+        # One fp32 workspace for every block: a fresh multi-megabyte tensor per block would be
+        # handed out by the system afresh each time and cost page faults on first touch.
+        work = torch.empty(min(rows, n), vocab, dtype=torch.float32, device=logits.device)
         with torch.autocast(logits.device.type, enabled=False):  # the blocks work in fp32
             for start in range(0, n, rows):
-                x = logits[start : start + rows].to(torch.float32, copy=True)  # changed in place
+                block = logits[start : start + rows]
+                x = work[: block.size(0)]
+                x.copy_(block)
                 y = labels[start : start + rows]
                 keep = y != PAD_ID
                 safe_y = y.masked_fill(~keep, 0)[:, None]
@@ -71,7 +76,9 @@ class SmoothedCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, None, None]:
         (grad,) = ctx.saved_tensors
         # The 0-dim fp32 factor is applied in fp32 arithmetic, so the result is rounded once.
-        return grad.mul(grad_output).to(ctx.logits_dtype), None, None
+        # In place: the saved gradient is used once (a second backward would be refused by
+        # autograd's version check instead of reading a scaled tensor).
+        return grad.mul_(grad_output).to(ctx.logits_dtype), None, None
 
 
 def sequence_loss(
