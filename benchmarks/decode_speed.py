@@ -16,7 +16,9 @@ Workload: a random-weight model of the "small" preset shape (d_model 256, 4 head
 layers, d_ff 1024, vocabulary 8000), sources of 32 random tokens, exactly 64 new tokens per
 output (min = max new tokens, so <eos> cannot end a row early). Speeds are the best of
 ``--repeats`` runs after one warm-up, the variants of a case taking turns; compare them
-only within one run.
+only within one run. CTranslate2's variants take their turns in a second phase, after the
+torch ones: while its translators are alive, torch code in the same process runs about 3x
+slower on a 2-core machine.
 
 Usage: python benchmarks/decode_speed.py [--repeats 3] [--threads N] [--smoke]
 """
@@ -463,6 +465,38 @@ def measure(runs: dict[Any, Callable[[], int]], repeats: int) -> dict[Any, dict[
     }
 
 
+def run_cases(
+    impls: dict[str, Impl],
+    cases: list[Case],
+    length: int,
+    vocab: int,
+    repeats: int,
+    meta: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Measure every variant of ``impls`` on every case; print and return one row each."""
+    rows = []
+    for case in cases:
+        src = sources(case.batch, length, vocab)
+        variants = {
+            (name, cache): impl.make(src, case, cache)
+            for name, impl in impls.items()
+            for cache in impl.caches
+        }
+        for (name, cache), speed in measure(variants, repeats).items():
+            row = {
+                "impl": name,
+                "strategy": case.strategy,
+                "batch": case.batch,
+                "cache": cache,
+                **speed,
+                **impls[name].extra,
+                **meta,
+            }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def markdown(rows: list[dict[str, Any]], impls: dict[str, Impl]) -> str:
     """Per implementation: its speed with and without the cache and the cache's speed-up, or
     one column when it only runs with a cache (CTranslate2)."""
@@ -544,6 +578,18 @@ def main() -> None:
         impls["hf-marian"] = Impl(
             lambda src, case, cache: marian_runner(marian, src, case, new_tokens, cache)
         )
+    meta = {
+        "shape": shape_name,
+        **shape,
+        "source_len": length,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    rows = run_cases(impls, cases, length, shape["vocab"], repeats, meta)
+
+    # CTranslate2 runs in a second phase, once the torch implementations are measured: while
+    # its translators are alive, torch code in the same process ran about 3x slower (two
+    # OpenMP runtimes sharing 2 cores), which would have hidden the comparison.
     try:
         import ctranslate2
     except ImportError:
@@ -564,36 +610,13 @@ def main() -> None:
                 model, translator, check, new_tokens
             )
         print(json.dumps(note))
-        for compute_type, translator in translators.items():
-            impls[f"ctranslate2-{compute_type}"] = ct2_impl(translator, compute_type, new_tokens)
-
-    meta = {
-        "shape": shape_name,
-        **shape,
-        "source_len": length,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-    }
-    rows = []
-    for case in cases:
-        src = sources(case.batch, length, shape["vocab"])
-        variants = {
-            (name, cache): impl.make(src, case, cache)
-            for name, impl in impls.items()
-            for cache in impl.caches
+        ct2_impls = {
+            f"ctranslate2-{compute_type}": ct2_impl(translator, compute_type, new_tokens)
+            for compute_type, translator in translators.items()
         }
-        for (name, cache), speed in measure(variants, repeats).items():
-            row = {
-                "impl": name,
-                "strategy": case.strategy,
-                "batch": case.batch,
-                "cache": cache,
-                **speed,
-                **impls[name].extra,
-                **meta,
-            }
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+        rows += run_cases(ct2_impls, cases, length, shape["vocab"], repeats, meta)
+        impls.update(ct2_impls)
+        del translators, ct2_impls
     print()
     print(
         f"New tokens/s ({shape_name} shape, {new_tokens} new tokens from {length}-token "

@@ -267,6 +267,35 @@ def test_cached_step_logits_equal_recomputation_through_reorders(ckpt: Checkpoin
             tokens = torch.multinomial(a.softmax(-1), 1, generator=generator)[:, 0]
 
 
+def test_unpadded_sources_decode_without_a_mask_and_agree(ckpt: Checkpoint) -> None:
+    # Sources of one length have no padding: steps attend without a mask, and must give the
+    # logits of the masked, cache-free reference.
+    model = ckpt.model.eval()
+    tok = ckpt.tokenizers.source
+    src = pad([tok.encode(t) for t in ["3 1 4", "2 7 1", "9 9 9"]])
+    assert bool((src != PAD_ID).all())
+    encoded = model.encode(src)
+    assert encoded.step_mask() is None
+    padded = model.encode(pad([tok.encode(t) for t in TEXTS]))
+    assert padded.step_mask() is padded.mask
+    cached, full = CachedStepper(model, encoded), RecomputeStepper(model, encoded)
+    tokens = torch.full((src.size(0),), BOS_ID)
+    with torch.no_grad():
+        for _ in range(6):
+            a, b = cached.step(tokens), full.step(tokens)
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+            tokens = a.max(dim=-1).indices
+
+
+def test_special_token_mask_in_place_equals_the_copy() -> None:
+    logits = torch.randn(3, 9)
+    copy = mask_special_tokens(logits)
+    assert torch.isfinite(logits).all()  # the default leaves its input alone
+    same = mask_special_tokens(logits, inplace=True)
+    assert same is logits and torch.equal(logits, copy)
+    assert torch.isinf(logits[:, [PAD_ID, BOS_ID]]).all()
+
+
 def test_min_and_max_new_tokens_bound_the_length(ckpt: Checkpoint) -> None:
     ids = [ckpt.tokenizers.source.encode(t) for t in TEXTS]
     exact = decode_texts(ckpt.model, ids, DecodingConfig(min_new_tokens=9, max_new_tokens=9))

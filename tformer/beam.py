@@ -100,7 +100,7 @@ def beam_search(model: Transformer, src: Tensor, config: DecodingConfig) -> list
     limit = step_limit(model, config)
 
     for step in range(limit):
-        logits = mask_special_tokens(stepper.step(last))  # (R, V)
+        logits = mask_special_tokens(stepper.step(last), inplace=True)  # (R, V)
         model_logp = logits.log_softmax(dim=-1)
         search_logp = (
             run_stages(logits, beams.tokens, constraints).log_softmax(dim=-1)

@@ -40,9 +40,13 @@ Processor = Callable[[Tensor, Tensor], Tensor]
 # -- the pure functions -----------------------------------------------------------------------
 
 
-def mask_special_tokens(logits: Tensor) -> Tensor:
-    """Remove <pad> and <bos>: neither is ever a prediction."""
-    logits = logits.clone()
+def mask_special_tokens(logits: Tensor, *, inplace: bool = False) -> Tensor:
+    """Remove <pad> and <bos>: neither is ever a prediction.
+
+    ``inplace``: write into ``logits`` (a decoding loop's own fresh tensor) instead of a copy.
+    """
+    if not inplace:
+        logits = logits.clone()
     logits[:, PAD_ID] = NEG_INF
     logits[:, BOS_ID] = NEG_INF
     return logits

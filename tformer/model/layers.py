@@ -146,7 +146,7 @@ class DecoderLayer(nn.Module):
         self,
         x: Tensor,
         memory: Tensor,
-        memory_mask: Tensor,
+        memory_mask: Tensor | None,
         *,
         cache: LayerCache | None = None,
         need_weights: bool = False,

@@ -42,6 +42,17 @@ class EncoderOutput:
     memory: Tensor  # (B, S, D)
     mask: Tensor  # (B, 1, 1, S): True where the source is not padding
     attentions: list[Tensor] | None = None
+    _hides_nothing: bool | None = field(default=None, init=False, repr=False, compare=False)
+
+    def step_mask(self) -> Tensor | None:
+        """``mask`` for step-by-step decoding, or None when no source position is padding.
+
+        Checked once per source batch (it reads the mask back from the device): attention
+        without a mask skips converting it at every layer of every step.
+        """
+        if self._hides_nothing is None:
+            self._hides_nothing = bool(self.mask.all())
+        return None if self._hides_nothing else self.mask
 
 
 @dataclass
@@ -108,7 +119,7 @@ class Decoder(nn.Module):
         self,
         tgt: Tensor,
         memory: Tensor,
-        memory_mask: Tensor,
+        memory_mask: Tensor | None,
         *,
         cache: DecoderCache | None = None,
         need_weights: bool = False,
@@ -184,8 +195,10 @@ class Transformer(nn.Module):
 
         With a ``cache``, ``tgt_in`` holds only the new positions (usually one).
         """
+        # A cache means incremental decoding; training calls never read the mask back.
+        memory_mask = encoded.step_mask() if cache is not None else encoded.mask
         hidden, self_maps, cross_maps = self.decoder(
-            tgt_in, encoded.memory, encoded.mask, cache=cache, need_weights=need_weights
+            tgt_in, encoded.memory, memory_mask, cache=cache, need_weights=need_weights
         )
         logits = self.project(hidden)
         if not need_weights:
