@@ -7,9 +7,10 @@ steps agree to a few percent. Compiled fp32 agrees with eager fp32 to float roun
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,12 +163,29 @@ def test_dry_run_reports_speed_memory_and_the_largest_batch(tmp_path: Path) -> N
     assert not out.exists()  # a dry run writes nothing
 
 
-def test_dry_run_measures_memory_that_grows_with_the_batch() -> None:
-    from tformer.dryrun import measure_batch_limits
+# Each measurement runs in a fresh process: resident memory in a long-lived one depends on
+# what earlier work left mapped, which can hide a batch's growth.
+DRY_RUN_PROBE = """
+import json, sys
+from tformer.config import TrainConfig, preset
+from tformer.dryrun import measure_batch_limits
+model = preset("tiny", d_model=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=1,
+               d_ff=128, dropout=0.0, max_len=64)
+r = measure_batch_limits(model, TrainConfig(max_tokens=int(sys.argv[1])), vocab_size=200, steps=2)
+print(json.dumps({"rows": r.rows, "grown": r.peak_bytes - r.baseline_bytes,
+                  "tokens_per_s": r.tokens_per_s, "fit": r.max_tokens_fit}))
+"""
 
-    model = dataclasses.replace(tiny_model(), max_len=64)
-    small = measure_batch_limits(model, TrainConfig(max_tokens=256), vocab_size=200, steps=2)
-    large = measure_batch_limits(model, TrainConfig(max_tokens=8192), vocab_size=200, steps=2)
-    assert (small.rows, large.rows) == (4, 128)
-    assert large.peak_bytes - large.baseline_bytes > small.peak_bytes - small.baseline_bytes
-    assert large.tokens_per_s > 0 and large.max_tokens_fit is not None
+
+def test_dry_run_measures_memory_that_grows_with_the_batch() -> None:
+    def measure(max_tokens: int) -> dict:
+        out = subprocess.run(
+            [sys.executable, "-c", DRY_RUN_PROBE, str(max_tokens)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        return json.loads(out.strip().splitlines()[-1])
+
+    small, large = measure(256), measure(8192)
+    assert (small["rows"], large["rows"]) == (4, 128)
+    assert large["grown"] > small["grown"]
+    assert large["tokens_per_s"] > 0 and large["fit"] is not None

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.model.dropout import dropout
+from tformer.model.linear import Linear
 
 
 def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
@@ -167,9 +168,9 @@ class MultiHeadAttention(nn.Module):
         self.n_heads = n_heads
         self.d_k = d_model // n_heads
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.kv_proj = nn.Linear(d_model, 2 * d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = Linear(d_model, d_model)
+        self.kv_proj = Linear(d_model, 2 * d_model)
+        self.out_proj = Linear(d_model, d_model)
 
     def _split_heads(self, x: Tensor) -> Tensor:
         b, length, _ = x.shape

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from tformer.config import ModelConfig
 from tformer.model.attention import KVCache, MultiHeadAttention
 from tformer.model.dropout import Dropout
+from tformer.model.linear import Linear
 
 
 class TokenEmbedding(nn.Module):
@@ -74,8 +75,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str) -> None:
         super().__init__()
-        self.w1 = nn.Linear(d_model, d_ff)
-        self.w2 = nn.Linear(d_ff, d_model)
+        self.w1 = Linear(d_model, d_ff)
+        self.w2 = Linear(d_ff, d_model)
         self.activation = F.relu if activation == "relu" else F.gelu
 
     def forward(self, x: Tensor) -> Tensor:

@@ -25,6 +25,8 @@ from tformer.model.layers import (
     PositionalEncoding,
     TokenEmbedding,
 )
+from tformer.model.linear import linear as packed_linear
+from tformer.model.linear import packing_applies
 from tformer.tokenizer import PAD_ID
 
 
@@ -233,6 +235,8 @@ class Transformer(nn.Module):
             or torch.is_autocast_enabled("cpu")
         ):
             return F.linear(hidden, weight)
+        if packing_applies(hidden, weight):  # a decoding step of a batch or a beam
+            return packed_linear(self, hidden, weight, None)
         # CPU inference: with W stored (V, D), x Wᵀ for a few rows runs as a matrix-vector
         # product on one thread; a (D, V) copy lets the BLAS split the vocabulary over every
         # thread: about twice as fast for this, the widest matrix of the model, at batch 1.

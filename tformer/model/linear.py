@@ -1,0 +1,60 @@
+"""Linear layers, y = x Wᵀ + b, with pre-packed weights for small-batch CPU inference.
+
+A BLAS matrix product first re-packs the weight matrix into its own blocked layout, on every
+call. With few rows (a decoding step of a batch or a beam) that packing costs as much as the
+product itself: measured on a 2-core Xeon, a packed (2048 x 512) weight multiplies 4-96 rows
+1.5-3x faster. So on a CPU, in inference, in fp32, with 4-96 rows, the weight is packed once
+(through MKL, which torch's CPU builds for x86 bundle) and reused until the row count or the
+weight changes. At one row (a matrix-vector product) and in every other case nothing changes.
+The packed copy is a plain attribute, never part of the state dict.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+PACKED_ROWS = range(4, 97)  # where packing measured faster (1 row: equal; 128 and up: equal)
+
+
+def _mkl_packing() -> bool:
+    return torch.backends.mkl.is_available() and hasattr(
+        torch.ops.mkl, "_mkl_reorder_linear_weight"
+    )
+
+
+_PACKING = _mkl_packing()
+
+
+def packing_applies(x: Tensor, weight: Tensor) -> bool:
+    """Whether :func:`linear` would use a packed weight for this input."""
+    return (
+        _PACKING
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and not torch.is_grad_enabled()
+        and not torch.is_autocast_enabled("cpu")
+        and x.numel() // x.size(-1) in PACKED_ROWS
+    )
+
+
+def linear(owner: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear(x, weight, bias)``, through a packed copy of ``weight`` held by ``owner``."""
+    if not packing_applies(x, weight):
+        return F.linear(x, weight, bias)
+    rows = x.numel() // x.size(-1)
+    key = (rows, weight.data_ptr(), weight._version, weight.shape)
+    cached = owner.__dict__.get("_packed_weight")
+    if cached is None or cached[0] != key:
+        cached = (key, torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows))
+        owner.__dict__["_packed_weight"] = cached  # a plain attribute: not in state_dict
+    return torch.ops.mkl._mkl_linear(x, cached[1], weight.detach(), bias, rows)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same state dict) with :func:`linear`'s packed path."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(self, x, self.weight, self.bias)
