@@ -22,9 +22,13 @@ def test_packed_path_equals_f_linear(shape: tuple[int, ...], bias: bool) -> None
     x = torch.randn(*shape)
     with torch.no_grad():
         assert packing_applies(x, layer.weight)
-        out = layer(x)
-        assert "_packed_weight" in layer.__dict__
-        torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
+        first = layer(x)  # a row count seen once: plain product, nothing packed yet
+        assert layer.__dict__["_packed_weight"][1] is None
+        out = layer(x)  # the same row count again: packed
+        assert layer.__dict__["_packed_weight"][1] is not None
+        reference = F.linear(x, layer.weight, layer.bias)
+        torch.testing.assert_close(first, reference)
+        torch.testing.assert_close(out, reference)
     assert set(layer.state_dict()) == ({"weight", "bias"} if bias else {"weight"})
 
 
@@ -34,10 +38,22 @@ def test_packing_follows_row_count_and_weight_updates() -> None:
     with torch.no_grad():
         for rows in (32, 31, 5):  # a batch shrinking as rows finish
             x = torch.randn(rows, 16)
-            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
-            assert layer.__dict__["_packed_weight"][0][0] == rows
+            for _ in range(3):
+                torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+            key, packed = layer.__dict__["_packed_weight"]
+            assert key[0] == rows and packed is not None
         layer.weight.mul_(2.0)  # an in-place update: the packed copy must be remade
-        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+        for _ in range(2):
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_a_row_count_that_changes_every_call_is_never_packed() -> None:
+    layer = Linear(16, 16)
+    with torch.no_grad():
+        for rows in range(4, 20):  # a prefix re-run in full at every step
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+            assert layer.__dict__["_packed_weight"][1] is None
 
 
 def test_training_one_row_and_reduced_precision_keep_f_linear() -> None:

@@ -4,9 +4,10 @@ A BLAS matrix product first re-packs the weight matrix into its own blocked layo
 call. With few rows (a decoding step of a batch or a beam) that packing costs as much as the
 product itself: measured on a 2-core Xeon, a packed (2048 x 512) weight multiplies 4-96 rows
 1.5-3x faster. So on a CPU, in inference, in fp32, with 4-96 rows, the weight is packed once
-(through MKL, which torch's CPU builds for x86 bundle) and reused until the row count or the
-weight changes. At one row (a matrix-vector product) and in every other case nothing changes.
-The packed copy is a plain attribute, never part of the state dict.
+(through MKL, which torch's CPU builds for x86 bundle) when a second call brings the same row
+count, and reused until the row count or the weight changes. At one row (a matrix-vector
+product) and in every other case nothing changes. The packed copy is a plain attribute,
+never part of the state dict.
 """
 
 from __future__ import annotations
@@ -46,10 +47,15 @@ def linear(owner: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None) -> 
         return F.linear(x, weight, bias)
     rows = x.numel() // x.size(-1)
     key = (rows, weight.data_ptr(), weight._version, weight.shape)
-    cached = owner.__dict__.get("_packed_weight")
+    cached = owner.__dict__.get("_packed_weight")  # a plain attribute: not in state_dict
     if cached is None or cached[0] != key:
+        # Pack only when the next call repeats this row count (decoding steps do; a one-off
+        # encoder pass or a prefix that grows every step would pay for packing each time).
+        owner.__dict__["_packed_weight"] = (key, None)
+        return F.linear(x, weight, bias)
+    if cached[1] is None:
         cached = (key, torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows))
-        owner.__dict__["_packed_weight"] = cached  # a plain attribute: not in state_dict
+        owner.__dict__["_packed_weight"] = cached
     return torch.ops.mkl._mkl_linear(x, cached[1], weight.detach(), bias, rows)
 
 
