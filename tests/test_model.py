@@ -9,7 +9,7 @@ import torch
 
 from tformer.config import ModelConfig, preset
 from tformer.model import Transformer
-from tformer.model.layers import sinusoidal_positions
+from tformer.model.layers import DecoderLayer, sinusoidal_positions
 from tformer.tokenizer import BOS_ID, PAD_ID
 
 
@@ -92,8 +92,18 @@ def test_decoder_never_sees_the_future() -> None:
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_cached_decoding_matches_full_forward(norm: str) -> None:
-    model = Transformer(tiny(norm=norm)).eval()
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_cached_decoding_matches_full_forward(
+    norm: str, activation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Cached inference steps take DecoderLayer.step, the lean copy of forward's maths: count
+    # its calls, so this comparison is known to hold that path against the full forward.
+    calls = []
+    lean_step = DecoderLayer.step
+    monkeypatch.setattr(
+        DecoderLayer, "step", lambda self, *a, **k: calls.append(1) or lean_step(self, *a, **k)
+    )
+    model = Transformer(tiny(norm=norm, activation=activation)).eval()
     src = torch.tensor([[5, 6, 7, 8], [9, 10, PAD_ID, PAD_ID]])
     tgt = torch.tensor([[BOS_ID, 11, 12, 13, 14], [BOS_ID, 15, 16, 17, 18]])
     full = model(src, tgt).logits
@@ -104,6 +114,20 @@ def test_cached_decoding_matches_full_forward(norm: str) -> None:
     ]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     assert cache.length == tgt.size(1)
+    assert len(calls) == tgt.size(1) * model.config.n_decoder_layers
+
+
+def test_cached_steps_in_training_mode_keep_dropout() -> None:
+    # The lean step has no dropout, so a model in training mode must not take it: with
+    # dropout on, two identical cached steps then differ, as the full forward's would.
+    model = Transformer(tiny(dropout=0.5)).train()
+    src = torch.tensor([[5, 6, 7, 8]])
+    encoded = model.encode(src)
+    first, second = (
+        model.decode(torch.tensor([[BOS_ID]]), encoded, cache=model.new_cache()).logits
+        for _ in range(2)
+    )
+    assert not torch.allclose(first, second)
 
 
 def test_base_preset_has_the_papers_parameter_count() -> None:

@@ -126,6 +126,8 @@ class Decoder(nn.Module):
         cache: DecoderCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        if cache is not None and tgt.size(1) == 1 and not need_weights and not self.training:
+            return self._step(tgt, memory, memory_mask, cache), [], []
         start = cache.length if cache is not None else 0
         x = self.positions(self.embedding(tgt), start)  # (B, T, D)
         self_maps: list[Tensor] = []
@@ -144,6 +146,16 @@ class Decoder(nn.Module):
         if cache is not None:
             cache.length += tgt.size(1)
         return self.final_norm(x), self_maps, cross_maps
+
+    def _step(
+        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecoderCache
+    ) -> Tensor:
+        """One new position per row at inference: ``forward`` through each layer's ``step``."""
+        x = self.positions(self.embedding(tgt), cache.length)  # (B, 1, D)
+        for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
+            x = layer.step(x, memory, memory_mask, layer_cache)
+        cache.length += 1
+        return self.final_norm(x)
 
 
 class Transformer(nn.Module):
