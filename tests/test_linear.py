@@ -69,3 +69,15 @@ def test_training_one_row_and_reduced_precision_keep_f_linear() -> None:
     out = layer(x)
     out.sum().backward()  # the training path is differentiable as ever
     assert layer.weight.grad is not None and "_packed_weight" not in layer.__dict__
+
+
+def test_compiled_inference_with_changing_row_counts_equals_eager() -> None:
+    # Under torch.compile the row count is symbolic; the packing test must step aside
+    # before reading it, and the traced product must still be F.linear's.
+    torch.manual_seed(0)
+    layer = Linear(16, 24).eval()
+    compiled = torch.compile(layer, dynamic=True)
+    with torch.no_grad():
+        for rows in (5, 7, 9):
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(compiled(x), F.linear(x, layer.weight, layer.bias))

@@ -30,12 +30,14 @@ _PACKING = _mkl_packing()
 
 def packing_applies(x: Tensor, weight: Tensor) -> bool:
     """Whether :func:`linear` would use a packed weight for this input."""
-    # Cheapest test first: this runs for every projection of every decoding step, and at
-    # batch 1 the row count alone settles it.
+    # Cheap tests first: this runs for every projection of every decoding step. Training
+    # stops at the first; traced code (torch.compile) at the second, before the row count,
+    # which is symbolic there.
     return (
         _PACKING
-        and x.numel() // x.size(-1) in PACKED_ROWS
         and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+        and x.numel() // x.size(-1) in PACKED_ROWS
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and x.device.type == "cpu"
