@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from tformer.config import ModelConfig  # noqa: E402
 from tformer.decoding import DecodingConfig, decode  # noqa: E402
+from tformer.evaluate import cpu_description  # noqa: E402
 from tformer.model import Transformer  # noqa: E402
 from tformer.tokenizer import (  # noqa: E402
     BOS,
@@ -584,6 +585,7 @@ def main() -> None:
         "source_len": length,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        **cpu_description(),
     }
     rows = run_cases(impls, cases, length, shape["vocab"], repeats, meta)
 

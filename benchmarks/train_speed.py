@@ -228,9 +228,11 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     peaks = {"fp32": matmul_peak(torch.float32, 256 if args.smoke else 2048),
              "bf16": matmul_peak(torch.bfloat16, 256 if args.smoke else 2048)}
+    from tformer.evaluate import cpu_description
+
     record = {"reference": "dense matmul", "fp32_gflops": round(peaks["fp32"], 1),
               "bf16_gflops": round(peaks["bf16"], 1), "threads": torch.get_num_threads(),
-              "torch": torch.__version__}
+              "torch": torch.__version__, **cpu_description()}
     print(json.dumps(record), flush=True)
     try:
         import transformers  # type: ignore[import-not-found]  # noqa: F401

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,9 @@ def test_evaluate_cli_writes_a_complete_card(trained: TrainResult, toy_data: Pat
                 "model", "train", "decoding", "hardware", "wall_time_s", "new_tokens_per_s"):
         assert key in card, key
     assert card["metrics"]["bleu"] > 80  # the toy model is ~98% exact
+    if platform.machine() == "x86_64" and Path("/proc/cpuinfo").exists():
+        assert card["hardware"]["cpu"] not in ("", "x86_64")  # the model, not the architecture
+    assert set(card["hardware"]["cpu_features"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
     assert "nrefs:1" in card["metrics"]["bleu_signature"]
     hyps = (out / "hypotheses.txt").read_text().splitlines()
     assert len(hyps) == card["pairs"] == 200

@@ -138,10 +138,31 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+# CPU features that decide which precision and kernels are fast, worth naming in a result.
+_CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_description() -> dict[str, Any]:
+    """The CPU's model name and its speed-relevant features (from /proc/cpuinfo on Linux)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    return {"cpu": name, "cpu_features": [f for f in _CPU_FEATURES if f in flags]}
+
+
 def hardware() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        **cpu_description(),
         "cpu_count": torch.get_num_threads(),
         "torch": torch.__version__,
     }
