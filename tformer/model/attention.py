@@ -119,15 +119,17 @@ class KVCache:
 
     @property
     def k(self) -> Tensor | None:
-        if self._k is None or self._k.size(2) == self.length:  # full (always so after set())
-            return self._k
-        return self._k[:, :, : self.length]
+        return self._filled(self._k)
 
     @property
     def v(self) -> Tensor | None:
-        if self._v is None or self._v.size(2) == self.length:
-            return self._v
-        return self._v[:, :, : self.length]
+        return self._filled(self._v)
+
+    def _filled(self, buffer: Tensor | None) -> Tensor | None:
+        """Steps [0, length) of ``buffer``; the buffer itself when full (always after set())."""
+        if buffer is None or buffer.size(2) == self.length:
+            return buffer
+        return buffer[:, :, : self.length]
 
     def set(self, k: Tensor, v: Tensor) -> None:
         """Hold ``k`` and ``v`` as they are (the projected source of cross-attention)."""

@@ -28,28 +28,41 @@ def _mkl_packing() -> bool:
 _PACKING = _mkl_packing()
 
 
-def packing_applies(x: Tensor, weight: Tensor) -> bool:
-    """Whether :func:`linear` would use a packed weight for this input."""
+def packed_rows(x: Tensor, weight: Tensor) -> int:
+    """The row count :func:`linear` would pack ``weight`` for, or 0 where it would not pack."""
     # Cheap tests first: this runs for every projection of every decoding step. Training
     # stops at the first; traced code (torch.compile) at the second, before the row count,
     # which is symbolic there.
-    return (
-        _PACKING
-        and not torch.is_grad_enabled()
-        and not torch.compiler.is_compiling()
-        and x.numel() // x.size(-1) in PACKED_ROWS
+    if not _PACKING or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return 0
+    rows = x.numel() // x.size(-1)
+    applies = (
+        rows in PACKED_ROWS
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and x.device.type == "cpu"
         and not torch.is_autocast_enabled("cpu")
     )
+    return rows if applies else 0
+
+
+def packing_applies(x: Tensor, weight: Tensor) -> bool:
+    """Whether :func:`linear` would use a packed weight for this input."""
+    return packed_rows(x, weight) > 0
 
 
 def linear(owner: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``F.linear(x, weight, bias)``, through a packed copy of ``weight`` held by ``owner``."""
-    if not packing_applies(x, weight):
+    rows = packed_rows(x, weight)
+    if not rows:
         return F.linear(x, weight, bias)
-    rows = x.numel() // x.size(-1)
+    return packed_linear(owner, x, weight, bias, rows)
+
+
+def packed_linear(
+    owner: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None, rows: int
+) -> Tensor:
+    """:func:`linear` once :func:`packed_rows` has said yes with ``rows``."""
     key = (rows, weight.data_ptr(), weight._version, weight.shape)
     cached = owner.__dict__.get("_packed_weight")  # a plain attribute: not in state_dict
     if cached is None or cached[0] != key:

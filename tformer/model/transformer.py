@@ -25,8 +25,7 @@ from tformer.model.layers import (
     PositionalEncoding,
     TokenEmbedding,
 )
-from tformer.model.linear import linear as packed_linear
-from tformer.model.linear import packing_applies
+from tformer.model.linear import packed_linear, packed_rows
 from tformer.tokenizer import PAD_ID
 
 
@@ -247,8 +246,9 @@ class Transformer(nn.Module):
             or torch.is_autocast_enabled("cpu")
         ):
             return F.linear(hidden, weight)
-        if packing_applies(hidden, weight):  # a decoding step of a batch or a beam
-            return packed_linear(self, hidden, weight, None)
+        rows = packed_rows(hidden, weight)
+        if rows:  # a decoding step of a batch or a beam
+            return packed_linear(self, hidden, weight, None, rows)
         # CPU inference: with W stored (V, D), x Wᵀ for a few rows runs as a matrix-vector
         # product on one thread; a (D, V) copy lets the BLAS split the vocabulary over every
         # thread: about twice as fast for this, the widest matrix of the model, at batch 1.
