@@ -125,15 +125,20 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
 # The CLI applies a recipe's values in place of the defaults; flags given still win.
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     # The bundled date-normalisation task: >= 95% exact match in under 3 minutes on 2 CPU cores.
+    # Small batches: the task is limited by updates, not by data, so a 512-token batch learns
+    # about as much per step as a 4096-token one at an eighth of the cost. On a 2-core AMD
+    # EPYC, 50 s (~790 steps) already reached 96.6% exact match and 75 s 97.8%, where 4096-token
+    # batches reached 74.8% in 75 s; the 150 s budget leaves room for a machine 3x slower.
     "dates": {
         "model": dict(PRESETS["tiny"], d_model=128, d_ff=512),
         "train": dict(
             lr=2e-3,
             warmup_steps=200,
+            max_tokens=512,
             time_budget=150.0,
-            eval_every=200,
-            save_every=500,
-            log_every=50,
+            eval_every=500,
+            save_every=1000,
+            log_every=100,
         ),
     },
     # Multi30k (29k caption pairs): a small model with strong regularisation; a 2-core Xeon
