@@ -81,3 +81,102 @@ def test_compiled_inference_with_changing_row_counts_equals_eager() -> None:
         for rows in (5, 7, 9):
             x = torch.randn(rows, 16)
             torch.testing.assert_close(compiled(x), F.linear(x, layer.weight, layer.bias))
+
+
+# -- oneDNN packing of large weights -----------------------------------------------------------
+
+needs_onednn = pytest.mark.skipif(
+    not linear_module._ONEDNN, reason="this torch build has no oneDNN weight packing"
+)
+
+
+@pytest.fixture
+def prefer_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The choice made on non-Intel CPUs, whatever CPU runs the test."""
+    monkeypatch.setattr(linear_module, "ONEDNN_LARGE_WEIGHTS", True)
+
+
+def close_to_f_linear(out: torch.Tensor, x: torch.Tensor, layer: torch.nn.Linear) -> None:
+    # A different blocking sums the 512 products in a different order: fp32 rounding only.
+    reference = F.linear(x.double(), layer.weight.double(),
+                         None if layer.bias is None else layer.bias.double())
+    torch.testing.assert_close(out.double(), reference, rtol=1e-4, atol=1e-4)
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [2, 3, 32, 96])
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_packs_large_weights_and_equals_f_linear(
+    prefer_onednn: None, rows: int, bias: bool
+) -> None:
+    torch.manual_seed(0)
+    layer = Linear(512, 2048, bias=bias)  # 1M entries: a base-size feed-forward matrix
+    x = torch.randn(rows, 1, 512)  # a decoding step's (B, 1, D)
+    with torch.no_grad():
+        assert linear_module.packed_rows(x, layer.weight) == rows
+        first = layer(x)
+        assert layer.__dict__["_packed_weight"][1] is None  # seen once: not packed yet
+        out = layer(x)
+        packed = layer.__dict__["_packed_weight"][1]
+        assert packed is not None and packed.is_mkldnn  # oneDNN's blocked layout
+        assert out.shape == (rows, 1, 2048)
+        close_to_f_linear(first, x, layer)
+        close_to_f_linear(out, x, layer)
+        layer.weight.mul_(-0.5)  # an in-place update: the packed copy must be remade
+        close_to_f_linear(layer(x), x, layer)
+        close_to_f_linear(layer(x), x, layer)
+    assert set(layer.state_dict()) == ({"weight", "bias"} if bias else {"weight"})
+
+
+@needs_onednn
+def test_onednn_takes_only_large_weights_and_few_rows(prefer_onednn: None) -> None:
+    large, wide = torch.empty(2048, 512), torch.empty(1024, 256)  # 1M; 256K with 1024 outputs
+    small, narrow = torch.empty(256, 256), torch.empty(256, 1024)  # 64K; 256K, 256 outputs
+    with torch.no_grad():
+        for weight in (large, wide):
+            assert linear_module._uses_onednn(32, weight)
+            assert linear_module.packed_rows(torch.empty(2, weight.size(1)), weight) == 2
+            assert not linear_module._uses_onednn(1, weight)  # a matrix-vector product
+            assert not linear_module._uses_onednn(97, weight)
+        for weight in (small, narrow):
+            assert not linear_module._uses_onednn(32, weight)
+            # MKL keeps them where it packs, and 2-3 rows are not packed at all.
+            assert linear_module.packed_rows(torch.empty(2, weight.size(1)), weight) == 0
+
+
+@needs_onednn
+def test_greedy_decoding_with_onednn_packing_equals_unpacked(
+    prefer_onednn: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A vocabulary of 4096 x 256 (1M entries) and 1024-wide feed-forward layers take the
+    # oneDNN path at batch 3 and, with 4 beams, at 4 rows; everything is held against F.linear.
+    from tformer.config import ModelConfig
+    from tformer.decoding import DecodingConfig, decode
+    from tformer.model import Transformer
+
+    torch.manual_seed(0)
+    config = ModelConfig(src_vocab_size=4096, tgt_vocab_size=4096, d_model=256, n_heads=4,
+                         n_encoder_layers=1, n_decoder_layers=2, d_ff=1024, dropout=0.0)
+    model = Transformer(config).eval()
+    src = torch.randint(4, 4096, (3, 9))
+    greedy = DecodingConfig(min_new_tokens=12, max_new_tokens=12)
+    beam = DecodingConfig(beam_size=4, min_new_tokens=12, max_new_tokens=12)
+    calls = 0
+    onednn_linear = torch.ops.mkldnn._linear_pointwise
+
+    def counted(*args: object) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        return onednn_linear(*args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counted)
+    packed = [decode(model, src, greedy), decode(model, src[:1], beam)]
+    assert calls > 0  # the path under test ran
+    monkeypatch.setattr(linear_module, "_PACKING", False)
+    monkeypatch.setattr(linear_module, "_ONEDNN", False)
+    plain = [decode(model, src, greedy), decode(model, src[:1], beam)]
+    for got, want in zip(packed, plain, strict=True):
+        for got_row, want_row in zip(got, want, strict=True):
+            for g, w in zip(got_row, want_row, strict=True):
+                assert g.ids == w.ids
+                assert g.token_logprobs == pytest.approx(w.token_logprobs, abs=1e-4)
