@@ -20,7 +20,8 @@ only within one run. CTranslate2's variants take their turns in a second phase, 
 torch ones: while its translators are alive, torch code in the same process runs about 3x
 slower on a 2-core machine.
 
-Usage: python benchmarks/decode_speed.py [--repeats 3] [--threads N] [--smoke]
+Usage: python benchmarks/decode_speed.py [--shape small|base] [--repeats 3] [--threads N]
+       [--cache-only] [--smoke]
 """
 
 from __future__ import annotations
@@ -538,6 +539,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, a few tokens")
     parser.add_argument("--shape", default="small", choices=["small", "base"])
+    parser.add_argument(
+        "--cache-only",
+        action="store_true",
+        help="skip the cache-free variants (at shape B they take most of the run's time)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -548,9 +554,11 @@ def main() -> None:
     cases = [Case("greedy", 1), Case("greedy", big_batch), Case("beam4", 1)]
 
     model = make_model(shape, max_len=max(length, new_tokens) + 1)
+    caches = (True,) if args.cache_only else (True, False)
     impls: dict[str, Impl] = {
         "tformer": Impl(
-            lambda src, case, cache: tformer_runner(model, src, case, new_tokens, cache)
+            lambda src, case, cache: tformer_runner(model, src, case, new_tokens, cache),
+            caches=caches,
         )
     }
     try:
@@ -577,7 +585,8 @@ def main() -> None:
         }
         print(json.dumps(note))
         impls["hf-marian"] = Impl(
-            lambda src, case, cache: marian_runner(marian, src, case, new_tokens, cache)
+            lambda src, case, cache: marian_runner(marian, src, case, new_tokens, cache),
+            caches=caches,
         )
     meta = {
         "shape": shape_name,

@@ -36,3 +36,16 @@ def test_multi30k_pipeline_smoke(tmp_path: Path) -> None:
     card = records[-1]
     assert card["split"] == "test" and card["pairs"] == 20
     assert "bleu_signature" in card["metrics"]
+
+
+@pytest.mark.parametrize("cache_only", [False, True])
+def test_decode_speed_smoke(cache_only: bool) -> None:
+    records = run_script("decode_speed.py", "--smoke", *(["--cache-only"] if cache_only else []))
+    ours = [r for r in records if r.get("impl") == "tformer"]
+    cases = {(r["strategy"], r["batch"]) for r in ours}
+    assert cases == {("greedy", 1), ("greedy", 4), ("beam4", 1)}
+    assert {r["cache"] for r in ours} == ({True} if cache_only else {True, False})
+    assert all(r["tokens_per_s"] > 0 and r["new_tokens"] > 0 for r in ours)
+    hf = [r for r in records if r.get("note") == "HF Marian with tformer's weights"]
+    if hf:  # transformers installed: the same weights must give the same greedy output
+        assert hf[0]["same_greedy_output"] and hf[0]["max_logit_diff"] < 1e-3
