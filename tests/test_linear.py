@@ -6,6 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tformer.config import ModelConfig
+from tformer.decoding import DecodingConfig, decode
+from tformer.model import Transformer
 from tformer.model import linear as linear_module
 from tformer.model.linear import Linear, packing_applies
 
@@ -150,10 +153,6 @@ def test_greedy_decoding_with_onednn_packing_equals_unpacked(
 ) -> None:
     # A vocabulary of 4096 x 256 (1M entries) and 1024-wide feed-forward layers take the
     # oneDNN path at batch 3 and, with 4 beams, at 4 rows; everything is held against F.linear.
-    from tformer.config import ModelConfig
-    from tformer.decoding import DecodingConfig, decode
-    from tformer.model import Transformer
-
     torch.manual_seed(0)
     config = ModelConfig(src_vocab_size=4096, tgt_vocab_size=4096, d_model=256, n_heads=4,
                          n_encoder_layers=1, n_decoder_layers=2, d_ff=1024, dropout=0.0)

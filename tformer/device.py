@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -66,3 +68,22 @@ def set_threads(threads: int) -> None:
     if threads < 1:
         raise ConfigError(f"--threads {threads} must be >= 1")
     torch.set_num_threads(threads)
+
+
+@functools.cache
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ("vendor_id", "model name", "flags", ...).
+
+    Empty where the file does not exist (macOS, Windows) or cannot be read.
+    """
+    fields: dict[str, str] = {}
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return fields
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the end of the first processor's block
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields

@@ -22,6 +22,7 @@ import torch
 from tformer.checkpoint import Checkpoint, write_text_atomic
 from tformer.data import BatchPlan, TextPair, encode_pairs
 from tformer.decoding import DecodingConfig, decode_texts
+from tformer.device import cpuinfo
 from tformer.loss import sequence_loss
 from tformer.validation import EVAL_BATCH_TOKENS
 from tformer.version import __version__
@@ -144,17 +145,9 @@ _CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 def cpu_description() -> dict[str, Any]:
     """The CPU's model name and its speed-relevant features (from /proc/cpuinfo on Linux)."""
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-                break
-    except OSError:
-        pass
+    info = cpuinfo()
+    name = info.get("model name") or platform.processor() or platform.machine()
+    flags = set(info.get("flags", "").split())
     return {"cpu": name, "cpu_features": [f for f in _CPU_FEATURES if f in flags]}
 
 

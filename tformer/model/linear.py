@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tformer.device import cpuinfo
+
 PACKED_ROWS = range(4, 97)  # where MKL packing measured faster (1 row: equal; 128 and up: equal)
 ONEDNN_ROWS = range(2, 97)  # where oneDNN packing measured faster, for large weights
 ONEDNN_MIN_WEIGHT = 1 << 20  # entries; below, oneDNN's fixed cost per call mostly outweighs it
@@ -51,14 +53,8 @@ def _onednn_packing() -> bool:
 
 
 def _intel_cpu() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("vendor_id"):
-                    return "GenuineIntel" in line
-    except OSError:
-        pass
-    return "intel" in platform.processor().lower()
+    vendor = cpuinfo().get("vendor_id") or platform.processor()
+    return "intel" in vendor.lower()
 
 
 _PACKING = _mkl_packing()
