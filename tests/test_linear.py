@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tformer.config import ModelConfig
-from tformer.decoding import DecodingConfig, decode
+from tformer.decoding import DecodingConfig, Hypothesis, decode
 from tformer.model import Transformer
 from tformer.model import linear as linear_module
 from tformer.model.linear import Linear, packing_applies
@@ -15,6 +15,14 @@ from tformer.model.linear import Linear, packing_applies
 pytestmark = pytest.mark.skipif(
     not linear_module._PACKING, reason="this torch build has no MKL weight packing"
 )
+
+
+def close_to_f_linear(out: torch.Tensor, x: torch.Tensor, layer: torch.nn.Linear) -> None:
+    # A different blocking sums the products in a different order: fp32 rounding only.
+    reference = F.linear(
+        x.double(), layer.weight.double(), None if layer.bias is None else layer.bias.double()
+    )
+    torch.testing.assert_close(out.double(), reference, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("shape", [(4, 24), (32, 24), (96, 24), (8, 1, 24), (3, 5, 24)])
@@ -33,6 +41,31 @@ def test_packed_path_equals_f_linear(shape: tuple[int, ...], bias: bool) -> None
         torch.testing.assert_close(first, reference)
         torch.testing.assert_close(out, reference)
     assert set(layer.state_dict()) == ({"weight", "bias"} if bias else {"weight"})
+
+
+@pytest.mark.parametrize("shape", [(1, 24), (1, 1, 24)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_one_row_packs_tall_weights_only_and_equals_f_linear(
+    shape: tuple[int, ...], bias: bool
+) -> None:
+    # A matrix-vector product (batch-1 greedy decoding) packs weights at least twice as
+    # tall as wide; square and wide ones keep F.linear.
+    torch.manual_seed(0)
+    tall, square, wide = Linear(24, 48, bias=bias), Linear(24, 24), Linear(24, 12)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        assert linear_module.packed_rows(x, tall.weight) == 1
+        assert not packing_applies(x, square.weight)
+        assert not packing_applies(x, wide.weight)
+        assert not packing_applies(torch.randn(*shape[:-1], 48), Linear(48, 95).weight)
+        outputs = [tall(x) for _ in range(3)]  # packed from the second call on
+        assert tall.__dict__["_packed_weight"][1] is not None
+        for out in outputs:
+            assert out.shape == (*shape[:-1], 48)
+            close_to_f_linear(out, x, tall)
+        tall.weight.add_(1.0)  # an in-place update: the packed copy must be remade
+        close_to_f_linear(tall(x), x, tall)
+        close_to_f_linear(tall(x), x, tall)
 
 
 def test_packing_follows_row_count_and_weight_updates() -> None:
@@ -64,7 +97,7 @@ def test_training_one_row_and_reduced_precision_keep_f_linear() -> None:
     x = torch.randn(16, 8)
     assert not packing_applies(x, layer.weight)  # gradients enabled
     with torch.no_grad():
-        assert not packing_applies(torch.randn(1, 8), layer.weight)  # a matrix-vector product
+        assert not packing_applies(torch.randn(1, 8), layer.weight)  # one row, square weight
         assert not packing_applies(torch.randn(200, 8), layer.weight)  # BLAS packs well itself
         assert not packing_applies(x.to(torch.bfloat16), layer.weight)
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -86,6 +119,52 @@ def test_compiled_inference_with_changing_row_counts_equals_eager() -> None:
             torch.testing.assert_close(compiled(x), F.linear(x, layer.weight, layer.bias))
 
 
+def decoding_model(vocab: int, d_model: int, d_ff: int) -> Transformer:
+    """A 1+2-layer model whose decoding steps reach the packed paths under test."""
+    torch.manual_seed(0)
+    config = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=d_model,
+                         n_heads=4, n_encoder_layers=1, n_decoder_layers=2, d_ff=d_ff,
+                         dropout=0.0)
+    return Transformer(config).eval()
+
+
+def same_hypotheses(got: list[list[Hypothesis]], want: list[list[Hypothesis]]) -> None:
+    for got_row, want_row in zip(got, want, strict=True):
+        for g, w in zip(got_row, want_row, strict=True):
+            assert g.ids == w.ids
+            assert g.token_logprobs == pytest.approx(w.token_logprobs, abs=1e-4)
+
+
+def unpacked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linear_module, "_PACKING", False)
+    monkeypatch.setattr(linear_module, "_ONEDNN", False)
+
+
+def test_batch_one_greedy_decoding_with_packed_tall_weights_equals_unpacked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # At batch 1 every step is a matrix-vector product: the vocabulary, the stacked
+    # query/key/value and the first feed-forward weights are packed; the tokens and their
+    # log-probabilities must be those of plain F.linear.
+    model = decoding_model(vocab=300, d_model=32, d_ff=128)
+    src = torch.randint(4, 300, (1, 7))
+    greedy = DecodingConfig(min_new_tokens=10, max_new_tokens=10)
+    shapes: list[tuple[int, ...]] = []
+    mkl_linear = torch.ops.mkl._mkl_linear
+
+    def recorded(
+        x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, *rest: object
+    ) -> torch.Tensor:
+        shapes.append(tuple(weight.shape))
+        return mkl_linear(x, packed, weight, *rest)
+
+    monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", recorded)
+    packed = decode(model, src, greedy)
+    assert {(300, 32), (96, 32), (128, 32)} <= set(shapes)  # the paths under test ran
+    unpacked(monkeypatch)
+    same_hypotheses(packed, decode(model, src, greedy))
+
+
 # -- oneDNN packing of large weights -----------------------------------------------------------
 
 needs_onednn = pytest.mark.skipif(
@@ -97,13 +176,6 @@ needs_onednn = pytest.mark.skipif(
 def prefer_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
     """The choice made on non-Intel CPUs, whatever CPU runs the test."""
     monkeypatch.setattr(linear_module, "ONEDNN_LARGE_WEIGHTS", True)
-
-
-def close_to_f_linear(out: torch.Tensor, x: torch.Tensor, layer: torch.nn.Linear) -> None:
-    # A different blocking sums the 512 products in a different order: fp32 rounding only.
-    reference = F.linear(x.double(), layer.weight.double(),
-                         None if layer.bias is None else layer.bias.double())
-    torch.testing.assert_close(out.double(), reference, rtol=1e-4, atol=1e-4)
 
 
 @needs_onednn
@@ -153,10 +225,7 @@ def test_greedy_decoding_with_onednn_packing_equals_unpacked(
 ) -> None:
     # A vocabulary of 4096 x 256 (1M entries) and 1024-wide feed-forward layers take the
     # oneDNN path at batch 3 and, with 4 beams, at 4 rows; everything is held against F.linear.
-    torch.manual_seed(0)
-    config = ModelConfig(src_vocab_size=4096, tgt_vocab_size=4096, d_model=256, n_heads=4,
-                         n_encoder_layers=1, n_decoder_layers=2, d_ff=1024, dropout=0.0)
-    model = Transformer(config).eval()
+    model = decoding_model(vocab=4096, d_model=256, d_ff=1024)
     src = torch.randint(4, 4096, (3, 9))
     greedy = DecodingConfig(min_new_tokens=12, max_new_tokens=12)
     beam = DecodingConfig(beam_size=4, min_new_tokens=12, max_new_tokens=12)
@@ -171,11 +240,7 @@ def test_greedy_decoding_with_onednn_packing_equals_unpacked(
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counted)
     packed = [decode(model, src, greedy), decode(model, src[:1], beam)]
     assert calls > 0  # the path under test ran
-    monkeypatch.setattr(linear_module, "_PACKING", False)
-    monkeypatch.setattr(linear_module, "_ONEDNN", False)
+    unpacked(monkeypatch)
     plain = [decode(model, src, greedy), decode(model, src[:1], beam)]
     for got, want in zip(packed, plain, strict=True):
-        for got_row, want_row in zip(got, want, strict=True):
-            for g, w in zip(got_row, want_row, strict=True):
-                assert g.ids == w.ids
-                assert g.token_logprobs == pytest.approx(w.token_logprobs, abs=1e-4)
+        same_hypotheses(got, want)

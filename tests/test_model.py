@@ -117,6 +117,38 @@ def test_cached_decoding_matches_full_forward(
     assert len(calls) == tgt.size(1) * model.config.n_decoder_layers
 
 
+def cached_logits(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+    encoded = model.encode(src)
+    cache = model.new_cache()
+    steps = [
+        model.decode(tgt[:, t : t + 1], encoded, cache=cache).logits for t in range(tgt.size(1))
+    ]
+    return torch.cat(steps, dim=1)
+
+
+def test_fused_step_projection_follows_weight_updates_and_stays_out_of_the_state_dict() -> None:
+    # The cached step projects queries, keys and values with one stacked copy of W^Q and the
+    # key/value weight: an in-place update of either must reach it, and the checkpoint
+    # keeps the separate projections.
+    torch.manual_seed(0)
+    model = Transformer(tiny()).eval()
+    keys = set(model.state_dict())
+    src = torch.tensor([[5, 6, 7, 8]])
+    tgt = torch.tensor([[BOS_ID, 11, 12, 13]])
+    with torch.inference_mode():
+        torch.testing.assert_close(cached_logits(model, src, tgt), model(src, tgt).logits)
+        before = cached_logits(model, src, tgt)
+    attention = model.decoder.layers[0].self_attn
+    with torch.no_grad():
+        attention.q_proj.weight.mul_(1.5)
+        attention.kv_proj.bias.add_(0.25)
+    with torch.inference_mode():
+        after = cached_logits(model, src, tgt)
+        torch.testing.assert_close(after, model(src, tgt).logits)
+    assert not torch.allclose(before, after)
+    assert set(model.state_dict()) == keys
+
+
 def test_cached_steps_in_training_mode_keep_dropout() -> None:
     # The lean step has no dropout, so a model in training mode must not take it: with
     # dropout on, two identical cached steps then differ, as the full forward's would.

@@ -247,11 +247,11 @@ class Transformer(nn.Module):
         ):
             return F.linear(hidden, weight)
         rows = packed_rows(hidden, weight)
-        if rows:  # a decoding step of a batch or a beam
+        if rows:  # a decoding step
             return packed_linear(self, hidden, weight, None, rows)
-        # CPU inference: with W stored (V, D), x Wᵀ for a few rows runs as a matrix-vector
-        # product on one thread; a (D, V) copy lets the BLAS split the vocabulary over every
-        # thread: about twice as fast for this, the widest matrix of the model, at batch 1.
+        # CPU inference without a packed weight (no MKL, or many rows): with W stored (V, D),
+        # x Wᵀ for one row runs as a matrix-vector product on one thread; a (D, V) copy lets
+        # the BLAS split the vocabulary over every thread: about twice as fast at batch 1.
         return hidden @ self._transposed(weight)
 
     def _transposed(self, weight: Tensor) -> Tensor:
