@@ -149,6 +149,51 @@ def test_fused_step_projection_follows_weight_updates_and_stays_out_of_the_state
     assert set(model.state_dict()) == keys
 
 
+@pytest.mark.parametrize("norm", ["post", "pre"])
+@pytest.mark.parametrize(
+    ("src_ids", "folded"),
+    [
+        ([5, 6, 7, 8], True),
+        ([5, 6, 7, PAD_ID, PAD_ID], True),  # a padded source: the folded scores are masked
+        (list(range(5, 15)), True),  # 10 tokens: 10 x (4 - 1) < 32 = D
+        (list(range(5, 16)), False),  # 11 tokens: folding would read more than it saves
+    ],
+)
+def test_folded_cross_attention_equals_the_full_forward(
+    norm: str, src_ids: list[int], folded: bool
+) -> None:
+    # At batch 1, cross-attention steps fold W^Q into the source's keys and W^O into its
+    # values; the logits must be the full forward's, padding included.
+    torch.manual_seed(0)
+    model = Transformer(tiny(norm=norm)).eval()
+    with torch.no_grad():  # biases start at zero: make them count
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(std=0.5)
+    src = torch.tensor([src_ids])
+    tgt = torch.tensor([[BOS_ID, 11, 12, 13, 14]])
+    with torch.inference_mode():
+        encoded = model.encode(src)
+        cache = model.new_cache()
+        steps = [
+            model.decode(tgt[:, t : t + 1], encoded, cache=cache).logits
+            for t in range(tgt.size(1))
+        ]
+        torch.testing.assert_close(torch.cat(steps, 1), model(src, tgt).logits)
+    assert all((layer.cross_attn.folded is not None) == folded for layer in cache.layers)
+
+
+def test_cross_attention_is_not_folded_for_several_rows_or_with_gradients() -> None:
+    model = Transformer(tiny()).eval()
+    src = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    tgt = torch.tensor([[BOS_ID], [BOS_ID]])
+    for rows, grad in ((2, False), (1, True)):
+        cache = model.new_cache()
+        with torch.set_grad_enabled(grad):
+            model.decode(tgt[:rows], model.encode(src[:rows]), cache=cache)
+        assert all(layer.cross_attn.folded is None for layer in cache.layers)
+
+
 def test_cached_steps_in_training_mode_keep_dropout() -> None:
     # The lean step has no dropout, so a model in training mode must not take it: with
     # dropout on, two identical cached steps then differ, as the full forward's would.

@@ -12,6 +12,7 @@ convention as ``torch.nn.functional.scaled_dot_product_attention``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -116,6 +117,9 @@ class KVCache:
         self._k: Tensor | None = None  # (B, H, capacity, d_k); steps [0, length) are filled
         self._v: Tensor | None = None
         self.length = 0
+        # Cross-attention at batch 1: the projections folded into the source's keys and
+        # values (see MultiHeadAttention.folded_cross_step), made on first use.
+        self.folded: FoldedSource | None = None
 
     @property
     def k(self) -> Tensor | None:
@@ -134,6 +138,7 @@ class KVCache:
     def set(self, k: Tensor, v: Tensor) -> None:
         """Hold ``k`` and ``v`` as they are (the projected source of cross-attention)."""
         self._k, self._v, self.length = k, v, k.size(2)
+        self.folded = None
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add new steps (B, H, n, d_k); returns every cached step so far."""
@@ -153,9 +158,33 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (beam reordering, dropping finished sequences)."""
+        self.folded = None
         if self._k is not None and self._v is not None:
             self._k = self._k.index_select(0, index)
             self._v = self._v.index_select(0, index)
+
+
+@dataclass(frozen=True)
+class FoldedSource:
+    """One source's cross-attention with W^Q folded into its keys and W^O into its values.
+
+    For head h with query projection W_h (d_k x D) and bias b_h, source keys k_hs, values
+    v_hs and output projection block O_h (D x d_k):
+
+        score_hs = (x W_hᵀ + b_h) · k_hs / √d_k = x · (W_hᵀ k_hs / √d_k) + b_h · k_hs / √d_k
+        output   = Σ_h Σ_s p_hs (O_h v_hs) + b_O
+
+    so with ``keys`` (D x H·S) = the W_hᵀ k_hs / √d_k side by side, ``key_bias`` (H·S) and
+    ``values`` (H·S x D) = the O_h v_hs stacked, one step of cross-attention is
+    softmax(x keys + key_bias) per head, then p values + b_O: two matrix-vector products over
+    2·D·H·S numbers instead of W^Q, W^O and the cached keys and values (2·D·D + 2·S·D).
+    """
+
+    keys: Tensor  # (D, H * S)
+    key_bias: Tensor  # (H * S,)
+    values: Tensor  # (H * S, D)
+    heads: int
+    length: int  # S
 
 
 class MultiHeadAttention(nn.Module):
@@ -259,15 +288,66 @@ class MultiHeadAttention(nn.Module):
             q = qkv[:, 0]
             k, v = cache.append(qkv[:, 1], qkv[:, 2])  # (B, H, t, d_k) each
         else:
-            q = direct(self.q_proj, query).view(b, self.n_heads, 1, self.d_k)
             if not cache.length:
                 cache.set(*self.project_kv(memory))
+            if self.folding_pays(query, cache):
+                return self.folded_cross_step(query, cache, memory_mask)
+            q = direct(self.q_proj, query).view(b, self.n_heads, 1, self.d_k)
             k, v = cache.k, cache.v
         assert k is not None and v is not None
         # No causal mask: the one new query may see every cached key.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=memory_mask)  # (B, H, 1, d_k)
         # With one query position the heads already lie side by side: no transpose needed.
         return direct(self.out_proj, out.reshape(b, 1, self.n_heads * self.d_k))
+
+    def folding_pays(self, query: Tensor, cache: KVCache) -> bool:
+        """Whether :meth:`folded_cross_step` applies: one row, CPU inference, a short source.
+
+        Folded, a step reads 2·D·H·S numbers; unfolded, W^Q and W^O (2·D·D) and the cached
+        keys and values (2·S·D): fewer whenever S·(H - 1) < D (up to 73 source tokens for
+        the base model). A batch-1 decoding step is bound by the bytes it reads, and this
+        also runs 5 operations instead of the attention kernel's dozen. With more rows every
+        source has its own folded matrices, so the shared W^Q and W^O read less.
+        """
+        return (
+            query.size(0) == 1
+            and cache.length * (self.n_heads - 1) < self.n_heads * self.d_k
+            and query.device.type == "cpu"
+            and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
+        )
+
+    def folded_cross_step(
+        self, query: Tensor, cache: KVCache, memory_mask: Tensor | None
+    ) -> Tensor:
+        """Cross-attention for one query row (1, 1, D) through :class:`FoldedSource`."""
+        folded = cache.folded or self._fold(cache)
+        scores = torch.addmm(folded.key_bias, query.view(1, -1), folded.keys)
+        scores = scores.view(folded.heads, folded.length)
+        if memory_mask is not None:  # (1, 1, 1, S): padding of the one source
+            scores = scores.masked_fill(~memory_mask.view(1, folded.length), float("-inf"))
+        weights = scores.softmax(dim=-1).view(1, -1)  # (1, H·S)
+        return torch.addmm(self.out_proj.bias, weights, folded.values).view(1, 1, -1)
+
+    def _fold(self, cache: KVCache) -> FoldedSource:
+        assert cache.k is not None and cache.v is not None
+        h, d_k = self.n_heads, self.d_k
+        k, v = cache.k[0], cache.v[0]  # (H, S, d_k)
+        length = k.size(1)
+        scale = 1.0 / math.sqrt(d_k)
+        w_q = self.q_proj.weight.view(h, d_k, -1)  # (H, d_k, D): W_h
+        keys = (w_q.transpose(1, 2) @ k.transpose(1, 2)) * scale  # (H, D, S)
+        key_bias = (k @ self.q_proj.bias.view(h, d_k, 1)).view(h * length) * scale
+        w_o = self.out_proj.weight.view(-1, h, d_k).permute(1, 2, 0)  # (H, d_k, D): O_hᵀ
+        values = (v @ w_o).reshape(h * length, -1)  # (H·S, D)
+        cache.folded = FoldedSource(
+            keys.permute(1, 0, 2).reshape(-1, h * length).contiguous(),
+            key_bias,
+            values.contiguous(),
+            h,
+            length,
+        )
+        return cache.folded
 
     def _fused_qkv(self) -> tuple[Tensor, Tensor]:
         """W^Q stacked on the key/value weight (3D x D) and their biases, remade on change.

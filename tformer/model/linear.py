@@ -93,7 +93,8 @@ def packed_rows(x: Tensor, weight: Tensor) -> int:
     rows = x.numel() // x.size(-1)
     applies = (
         (
-            _PACKING and (rows in PACKED_ROWS or rows == 1 and _tall(weight))
+            _PACKING
+            and (rows in PACKED_ROWS or rows == 1 and _tall(weight))
             or _uses_onednn(rows, weight)
         )
         and x.dtype == torch.float32
