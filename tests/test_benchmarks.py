@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
 
-def run_script(name: str, *args: str) -> list[dict]:
+def run_script(name: str, *args: str, env: dict[str, str] | None = None) -> list[dict]:
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
@@ -40,8 +41,16 @@ def test_multi30k_pipeline_smoke(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("cache_only", [False, True])
 def test_decode_speed_smoke(cache_only: bool) -> None:
-    records = run_script("decode_speed.py", "--smoke", *(["--cache-only"] if cache_only else []))
+    # Huge pages for large tensors by default, as tformer sets for itself; the caller's
+    # setting wins.
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if cache_only:
+        env["THP_MEM_ALLOC_ENABLE"] = "0"
+    records = run_script(
+        "decode_speed.py", "--smoke", *(["--cache-only"] if cache_only else []), env=env
+    )
     ours = [r for r in records if r.get("impl") == "tformer"]
+    assert {r["thp_mem_alloc"] for r in ours} == {"0" if cache_only else "1"}
     cases = {(r["strategy"], r["batch"]) for r in ours}
     assert cases == {("greedy", 1), ("greedy", 4), ("beam4", 1)}
     assert {r["cache"] for r in ours} == ({True} if cache_only else {True, False})
