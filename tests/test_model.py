@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from tformer.config import ModelConfig, preset
+from tformer.decoding import DecodingConfig, decode
 from tformer.model import Transformer
+from tformer.model.attention import FoldedSource, KVCache, MultiHeadAttention
 from tformer.model.layers import DecoderLayer, sinusoidal_positions
 from tformer.tokenizer import BOS_ID, PAD_ID
 
@@ -181,6 +183,57 @@ def test_folded_cross_attention_equals_the_full_forward(
         ]
         torch.testing.assert_close(torch.cat(steps, 1), model(src, tgt).logits)
     assert all((layer.cross_attn.folded is not None) == folded for layer in cache.layers)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        DecodingConfig(beam_size=4, n_best=4, max_new_tokens=8),
+        DecodingConfig(temperature=1.0, num_samples=3, seed=7, max_new_tokens=8),
+    ],
+    ids=["beam", "samples"],
+)
+def test_beams_and_samples_of_one_source_decode_through_folded_cross_attention(
+    config: DecodingConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rows of a single source's beams or samples are copies of one source: they share
+    # its folded matrices, and decode exactly as with unfolded cross-attention.
+    model = Transformer(tiny())
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(std=0.5)
+    src = torch.tensor([[5, 6, 7, 8, 9]])
+    rows_folded: list[int] = []
+    folded_step = MultiHeadAttention.folded_cross_step
+
+    def counted(self: MultiHeadAttention, query: torch.Tensor, *args: object) -> torch.Tensor:
+        rows_folded.append(query.size(0))
+        return folded_step(self, query, *args)
+
+    monkeypatch.setattr(MultiHeadAttention, "folded_cross_step", counted)
+    folded = decode(model, src, config)[0]
+    assert max(rows_folded) > 1  # several rows went through the folded path
+    monkeypatch.setattr(MultiHeadAttention, "folding_pays", lambda *args: False)
+    unfolded = decode(model, src, config)[0]
+    assert [h.ids for h in folded] == [h.ids for h in unfolded]
+    for f, u in zip(folded, unfolded, strict=True):
+        assert f.token_logprobs == pytest.approx(u.token_logprobs, abs=1e-5)
+
+
+def test_a_cross_attention_cache_knows_when_its_rows_hold_one_source() -> None:
+    k = torch.randn(2, 4, 5, 8)
+    cache = KVCache()
+    cache.set(k, k)
+    assert not cache.one_source  # two sources
+    cache.reorder(torch.tensor([1, 1, 1]))  # one of them, expanded to three beams
+    assert cache.one_source
+    torch.testing.assert_close(cache.k, k[[1, 1, 1]])
+    cache.set(k[:1], k[:1])
+    assert cache.one_source
+    cache.folded = FoldedSource(k, k, k, heads=4, length=5)
+    cache.reorder(torch.tensor([0, 0, 0, 0]))  # still one source: its folded matrices hold
+    assert cache.one_source and cache.folded is not None
 
 
 def test_cross_attention_is_not_folded_for_several_rows_or_with_gradients() -> None:

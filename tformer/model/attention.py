@@ -117,8 +117,10 @@ class KVCache:
         self._k: Tensor | None = None  # (B, H, capacity, d_k); steps [0, length) are filled
         self._v: Tensor | None = None
         self.length = 0
-        # Cross-attention at batch 1: the projections folded into the source's keys and
-        # values (see MultiHeadAttention.folded_cross_step), made on first use.
+        # Cross-attention: whether every row holds the same source (batch 1, its beams or
+        # samples), and that source's projections folded into its keys and values (see
+        # MultiHeadAttention.folded_cross_step), made on first use.
+        self.one_source = False
         self.folded: FoldedSource | None = None
 
     @property
@@ -138,7 +140,7 @@ class KVCache:
     def set(self, k: Tensor, v: Tensor) -> None:
         """Hold ``k`` and ``v`` as they are (the projected source of cross-attention)."""
         self._k, self._v, self.length = k, v, k.size(2)
-        self.folded = None
+        self.one_source, self.folded = k.size(0) == 1, None
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add new steps (B, H, n, d_k); returns every cached step so far."""
@@ -158,7 +160,10 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (beam reordering, dropping finished sequences)."""
-        self.folded = None
+        if not self.one_source:
+            # Copies of one row (a source expanded to its beams or samples) are one source.
+            self.one_source = index.device.type == "cpu" and bool((index == index[0]).all())
+            self.folded = None
         if self._k is not None and self._v is not None:
             self._k = self._k.index_select(0, index)
             self._v = self._v.index_select(0, index)
@@ -301,17 +306,18 @@ class MultiHeadAttention(nn.Module):
         return direct(self.out_proj, out.reshape(b, 1, self.n_heads * self.d_k))
 
     def folding_pays(self, query: Tensor, cache: KVCache) -> bool:
-        """Whether :meth:`folded_cross_step` applies: one row, CPU inference, a short source.
+        """Whether :meth:`folded_cross_step` applies: one source, CPU inference, short.
 
-        Folded, a step reads 2·D·H·S numbers; unfolded, W^Q and W^O (2·D·D) and the cached
-        keys and values (2·S·D): fewer whenever S·(H - 1) < D (up to 73 source tokens for
-        the base model). A batch-1 decoding step is bound by the bytes it reads, and this
-        also runs 5 operations instead of the attention kernel's dozen. With more rows every
-        source has its own folded matrices, so the shared W^Q and W^O read less.
+        Folded, a step reads 2·D·H·S numbers however many rows (beams, samples) decode the
+        one source; unfolded, W^Q and W^O (2·D·D) and each row's cached keys and values
+        (R·2·S·D): fewer whenever S·(H - R) < D (for one row of the base model: up to 73
+        source tokens). A batch-1 decoding step is bound by the bytes it reads, and this also
+        runs 5 operations instead of the attention kernel's dozen. Rows of different sources
+        would each need their own folded matrices: the shared W^Q and W^O read less.
         """
         return (
-            query.size(0) == 1
-            and cache.length * (self.n_heads - 1) < self.n_heads * self.d_k
+            cache.one_source
+            and cache.length * (self.n_heads - query.size(0)) < self.n_heads * self.d_k
             and query.device.type == "cpu"
             and not torch.is_grad_enabled()
             and not torch.compiler.is_compiling()
@@ -320,19 +326,20 @@ class MultiHeadAttention(nn.Module):
     def folded_cross_step(
         self, query: Tensor, cache: KVCache, memory_mask: Tensor | None
     ) -> Tensor:
-        """Cross-attention for one query row (1, 1, D) through :class:`FoldedSource`."""
+        """Cross-attention for (R, 1, D) queries of one source through :class:`FoldedSource`."""
         folded = cache.folded or self._fold(cache)
-        scores = torch.addmm(folded.key_bias, query.view(1, -1), folded.keys)
-        scores = scores.view(folded.heads, folded.length)
-        if memory_mask is not None:  # (1, 1, 1, S): padding of the one source
-            scores = scores.masked_fill(~memory_mask.view(1, folded.length), float("-inf"))
-        weights = scores.softmax(dim=-1).view(1, -1)  # (1, H·S)
-        return torch.addmm(self.out_proj.bias, weights, folded.values).view(1, 1, -1)
+        rows = query.size(0)
+        scores = torch.addmm(folded.key_bias, query.view(rows, -1), folded.keys)
+        scores = scores.view(rows, folded.heads, folded.length)
+        if memory_mask is not None:  # (R, 1, 1, S), every row the one source's padding
+            scores = scores.masked_fill(~memory_mask[:1].view(1, 1, -1), float("-inf"))
+        weights = scores.softmax(dim=-1).view(rows, -1)  # (R, H·S)
+        return torch.addmm(self.out_proj.bias, weights, folded.values).view(rows, 1, -1)
 
     def _fold(self, cache: KVCache) -> FoldedSource:
         assert cache.k is not None and cache.v is not None
         h, d_k = self.n_heads, self.d_k
-        k, v = cache.k[0], cache.v[0]  # (H, S, d_k)
+        k, v = cache.k[0], cache.v[0]  # (H, S, d_k): every row holds the same source
         length = k.size(1)
         scale = 1.0 / math.sqrt(d_k)
         w_q = self.q_proj.weight.view(h, d_k, -1)  # (H, d_k, D): W_h
