@@ -225,15 +225,16 @@ def test_a_cross_attention_cache_knows_when_its_rows_hold_one_source() -> None:
     k = torch.randn(2, 4, 5, 8)
     cache = KVCache()
     cache.set(k, k)
-    assert not cache.one_source  # two sources
-    cache.reorder(torch.tensor([1, 1, 1]))  # one of them, expanded to three beams
-    assert cache.one_source
-    torch.testing.assert_close(cache.k, k[[1, 1, 1]])
+    cache.reorder(torch.tensor([1, 0, 1]))
+    assert not cache.one_source  # two sources, reordered
     cache.set(k[:1], k[:1])
     assert cache.one_source
     cache.folded = FoldedSource(k, k, k, heads=4, length=5)
-    cache.reorder(torch.tensor([0, 0, 0, 0]))  # still one source: its folded matrices hold
+    cache.reorder(torch.tensor([0, 0, 0, 0]))  # expanded to four beams: its folded matrices hold
     assert cache.one_source and cache.folded is not None
+    torch.testing.assert_close(cache.k, k[[0, 0, 0, 0]])
+    cache.set(k, k)  # a new batch
+    assert not cache.one_source and cache.folded is None
 
 
 def test_cross_attention_is_not_folded_for_several_rows_or_with_gradients() -> None:

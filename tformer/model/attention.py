@@ -117,9 +117,9 @@ class KVCache:
         self._k: Tensor | None = None  # (B, H, capacity, d_k); steps [0, length) are filled
         self._v: Tensor | None = None
         self.length = 0
-        # Cross-attention: whether every row holds the same source (batch 1, its beams or
-        # samples), and that source's projections folded into its keys and values (see
-        # MultiHeadAttention.folded_cross_step), made on first use.
+        # Cross-attention: whether every row holds the same source (set from one row, then
+        # expanded to its beams or samples), and that source's projections folded into its
+        # keys and values (see MultiHeadAttention.folded_cross_step), made on first use.
         self.one_source = False
         self.folded: FoldedSource | None = None
 
@@ -159,11 +159,11 @@ class KVCache:
         return self._k[:, :, :end], self._v[:, :, :end]
 
     def reorder(self, index: Tensor) -> None:
-        """Keep rows ``index`` (beam reordering, dropping finished sequences)."""
-        if not self.one_source:
-            # Copies of one row (a source expanded to its beams or samples) are one source.
-            self.one_source = index.device.type == "cpu" and bool((index == index[0]).all())
-            self.folded = None
+        """Keep rows ``index`` (beam reordering, dropping finished sequences).
+
+        Rows of one source stay rows of that source (its beams or samples), and keep its
+        folded matrices.
+        """
         if self._k is not None and self._v is not None:
             self._k = self._k.index_select(0, index)
             self._v = self._v.index_select(0, index)
