@@ -11,7 +11,7 @@ matrix-vector kernel for a weight stored (out x in) with out much larger than in
 weight at half the memory bandwidth of the packed product: on a 2-core AMD EPYC, with weights
 too large for the caches, (32000 x 512) took 5.7 ms against 2.9 ms packed, (2048 x 512) 410
 against 265 us, at one thread or two. Weights at least twice as tall as wide are packed for
-one row; square and wide ones (out <= in) measured as fast or faster unpacked.
+one row; square and wide ones measured as fast or faster unpacked.
 
 Two packers come with torch's x86 CPU builds, and which one is faster depends on the CPU:
 
