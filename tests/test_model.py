@@ -12,6 +12,7 @@ from tformer.decoding import DecodingConfig, decode
 from tformer.model import Transformer
 from tformer.model.attention import FoldedSource, KVCache, MultiHeadAttention
 from tformer.model.layers import DecoderLayer, sinusoidal_positions
+from tformer.model.transformer import DecoderCache
 from tformer.tokenizer import BOS_ID, PAD_ID
 
 
@@ -109,23 +110,32 @@ def test_cached_decoding_matches_full_forward(
     src = torch.tensor([[5, 6, 7, 8], [9, 10, PAD_ID, PAD_ID]])
     tgt = torch.tensor([[BOS_ID, 11, 12, 13, 14], [BOS_ID, 15, 16, 17, 18]])
     full = model(src, tgt).logits
-    encoded = model.encode(src)
     cache = model.new_cache()
-    steps = [
-        model.decode(tgt[:, t : t + 1], encoded, cache=cache).logits for t in range(tgt.size(1))
-    ]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    stepped = cached_logits(model, src, tgt, cache)
+    torch.testing.assert_close(stepped, full, atol=1e-5, rtol=1e-5)
     assert cache.length == tgt.size(1)
     assert len(calls) == tgt.size(1) * model.config.n_decoder_layers
 
 
-def cached_logits(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+def cached_logits(
+    model: Transformer, src: torch.Tensor, tgt: torch.Tensor, cache: DecoderCache | None = None
+) -> torch.Tensor:
+    """Logits of ``tgt`` decoded one cached step at a time (into ``cache`` when given)."""
     encoded = model.encode(src)
-    cache = model.new_cache()
+    cache = model.new_cache() if cache is None else cache
     steps = [
         model.decode(tgt[:, t : t + 1], encoded, cache=cache).logits for t in range(tgt.size(1))
     ]
     return torch.cat(steps, dim=1)
+
+
+def randomise_biases(model: Transformer) -> Transformer:
+    """Biases start at zero; folded cross-attention must get them right too."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(std=0.5)
+    return model
 
 
 def test_fused_step_projection_follows_weight_updates_and_stays_out_of_the_state_dict() -> None:
@@ -167,21 +177,13 @@ def test_folded_cross_attention_equals_the_full_forward(
     # At batch 1, cross-attention steps fold W^Q into the source's keys and W^O into its
     # values; the logits must be the full forward's, padding included.
     torch.manual_seed(0)
-    model = Transformer(tiny(norm=norm)).eval()
-    with torch.no_grad():  # biases start at zero: make them count
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
-                parameter.normal_(std=0.5)
+    model = randomise_biases(Transformer(tiny(norm=norm)).eval())
     src = torch.tensor([src_ids])
     tgt = torch.tensor([[BOS_ID, 11, 12, 13, 14]])
+    cache = model.new_cache()
     with torch.inference_mode():
-        encoded = model.encode(src)
-        cache = model.new_cache()
-        steps = [
-            model.decode(tgt[:, t : t + 1], encoded, cache=cache).logits
-            for t in range(tgt.size(1))
-        ]
-        torch.testing.assert_close(torch.cat(steps, 1), model(src, tgt).logits)
+        stepped = cached_logits(model, src, tgt, cache)
+        torch.testing.assert_close(stepped, model(src, tgt).logits)
     assert all((layer.cross_attn.folded is not None) == folded for layer in cache.layers)
 
 
@@ -198,11 +200,7 @@ def test_beams_and_samples_of_one_source_decode_through_folded_cross_attention(
 ) -> None:
     # The rows of a single source's beams or samples are copies of one source: they share
     # its folded matrices, and decode exactly as with unfolded cross-attention.
-    model = Transformer(tiny())
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
-                parameter.normal_(std=0.5)
+    model = randomise_biases(Transformer(tiny()))
     src = torch.tensor([[5, 6, 7, 8, 9]])
     rows_folded: list[int] = []
     folded_step = MultiHeadAttention.folded_cross_step

@@ -361,29 +361,22 @@ class MultiHeadAttention(nn.Module):
 
         A plain attribute, not a parameter: the state dict keeps the paper's projections.
         """
-        q, kv = self.q_proj, self.kv_proj
+        parts = (self.q_proj.weight, self.kv_proj.weight, self.q_proj.bias, self.kv_proj.bias)
+
+        def stacked() -> tuple[Tensor, Tensor]:
+            return torch.cat(parts[:2]), torch.cat(parts[2:])
+
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             # Never a detached copy where autograd or a tracer is watching: stack the
             # parameters themselves, every call.
-            return torch.cat([q.weight, kv.weight]), torch.cat([q.bias, kv.bias])
-        key = (
-            q.weight.data_ptr(),
-            q.weight._version,
-            q.bias.data_ptr(),
-            q.bias._version,
-            kv.weight.data_ptr(),
-            kv.weight._version,
-            kv.bias.data_ptr(),
-            kv.bias._version,
-        )
+            return stacked()
+        key = tuple((p.data_ptr(), p._version) for p in parts)
         cached = self.__dict__.get("_qkv")
         if cached is None or cached[0] != key:
             # Outside inference mode: linear() keys its packed copy on the weight's version
             # counter, which inference-mode tensors do not have.
             with torch.inference_mode(False), torch.no_grad():
-                weight = torch.cat([q.weight, kv.weight])
-                bias = torch.cat([q.bias, kv.bias])
-            cached = (key, weight, bias)
+                cached = (key, *stacked())
             self.__dict__["_qkv"] = cached
             # A new tensor may reuse the old one's address and version: drop its packed copy.
             self.__dict__.pop("_packed_weight", None)
