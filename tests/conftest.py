@@ -7,8 +7,11 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from tformer.config import ModelConfig, TrainConfig, preset
+from tformer.decoding import Hypothesis
+from tformer.model import Transformer
 from tformer.train import TrainResult, train
 
 DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -36,6 +39,31 @@ def write_jsonl(path: Path, records: list[dict[str, str]]) -> Path:
         for record in records:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
     return path
+
+
+def decoding_model(vocab: int, d_model: int, d_ff: int) -> Transformer:
+    """A 1+2-layer model whose decoding steps reach the fast linear paths under test."""
+    torch.manual_seed(0)
+    config = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=d_model,
+                         n_heads=4, n_encoder_layers=1, n_decoder_layers=2, d_ff=d_ff,
+                         dropout=0.0)
+    return Transformer(config).eval()
+
+
+def same_hypotheses(got: list[list[Hypothesis]], want: list[list[Hypothesis]]) -> None:
+    for got_row, want_row in zip(got, want, strict=True):
+        for g, w in zip(got_row, want_row, strict=True):
+            assert g.ids == w.ids
+            assert g.token_logprobs == pytest.approx(w.token_logprobs, abs=1e-4)
+
+
+def plain_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every linear layer as plain F.linear: no packed weights, no split over threads."""
+    from tformer.model import linear as linear_module
+
+    monkeypatch.setattr(linear_module, "_PACKING", False)
+    monkeypatch.setattr(linear_module, "_ONEDNN", False)
+    monkeypatch.setattr(linear_module, "SPLIT_ROWS", range(0))
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tformer.config import ModelConfig
-from tformer.decoding import DecodingConfig, Hypothesis, decode
-from tformer.model import Transformer
+from tests.conftest import decoding_model, plain_linear, same_hypotheses
+from tformer.decoding import DecodingConfig, decode
 from tformer.model import linear as linear_module
 from tformer.model.linear import Linear, packing_applies
 
@@ -119,27 +118,6 @@ def test_compiled_inference_with_changing_row_counts_equals_eager() -> None:
             torch.testing.assert_close(compiled(x), F.linear(x, layer.weight, layer.bias))
 
 
-def decoding_model(vocab: int, d_model: int, d_ff: int) -> Transformer:
-    """A 1+2-layer model whose decoding steps reach the packed paths under test."""
-    torch.manual_seed(0)
-    config = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=d_model,
-                         n_heads=4, n_encoder_layers=1, n_decoder_layers=2, d_ff=d_ff,
-                         dropout=0.0)
-    return Transformer(config).eval()
-
-
-def same_hypotheses(got: list[list[Hypothesis]], want: list[list[Hypothesis]]) -> None:
-    for got_row, want_row in zip(got, want, strict=True):
-        for g, w in zip(got_row, want_row, strict=True):
-            assert g.ids == w.ids
-            assert g.token_logprobs == pytest.approx(w.token_logprobs, abs=1e-4)
-
-
-def unpacked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(linear_module, "_PACKING", False)
-    monkeypatch.setattr(linear_module, "_ONEDNN", False)
-
-
 def test_batch_one_greedy_decoding_with_packed_tall_weights_equals_unpacked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -161,7 +139,7 @@ def test_batch_one_greedy_decoding_with_packed_tall_weights_equals_unpacked(
     monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", recorded)
     packed = decode(model, src, greedy)
     assert {(300, 32), (96, 32), (128, 32)} <= set(shapes)  # the paths under test ran
-    unpacked(monkeypatch)
+    plain_linear(monkeypatch)
     same_hypotheses(packed, decode(model, src, greedy))
 
 
@@ -240,7 +218,7 @@ def test_greedy_decoding_with_onednn_packing_equals_unpacked(
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counted)
     packed = [decode(model, src, greedy), decode(model, src[:1], beam)]
     assert calls > 0  # the path under test ran
-    unpacked(monkeypatch)
+    plain_linear(monkeypatch)
     plain = [decode(model, src, greedy), decode(model, src[:1], beam)]
     for got, want in zip(packed, plain, strict=True):
         same_hypotheses(got, want)

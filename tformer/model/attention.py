@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.model.dropout import dropout
-from tformer.model.linear import Linear, direct, linear
+from tformer.model.linear import Linear, direct, linear, unpacked_linear
 
 
 def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
@@ -179,15 +179,17 @@ class FoldedSource:
         score_hs = (x W_hᵀ + b_h) · k_hs / √d_k = x · (W_hᵀ k_hs / √d_k) + b_h · k_hs / √d_k
         output   = Σ_h Σ_s p_hs (O_h v_hs) + b_O
 
-    so with ``keys`` (D x H·S) = the W_hᵀ k_hs / √d_k side by side, ``key_bias`` (H·S) and
-    ``values`` (H·S x D) = the O_h v_hs stacked, one step of cross-attention is
-    softmax(x keys + key_bias) per head, then p values + b_O: two matrix-vector products over
-    2·D·H·S numbers instead of W^Q, W^O and the cached keys and values (2·D·D + 2·S·D).
+    so with ``keys`` (H·S x D) = the k_hsᵀ W_h / √d_k stacked, ``key_bias`` (H·S) and
+    ``values`` (D x H·S) = the O_h v_hs side by side, one step of cross-attention is
+    softmax(x keysᵀ + key_bias) per head, then p valuesᵀ + b_O: two matrix-vector products
+    over 2·D·H·S numbers instead of W^Q, W^O and the cached keys and values (2·D·D + 2·S·D).
+    Both are stored as linear-layer weights (out x in), so they take the same fast paths as
+    one (see tformer.model.linear).
     """
 
-    keys: Tensor  # (D, H * S)
+    keys: Tensor  # (H * S, D)
     key_bias: Tensor  # (H * S,)
-    values: Tensor  # (H * S, D)
+    values: Tensor  # (D, H * S)
     heads: int
     length: int  # S
 
@@ -329,12 +331,12 @@ class MultiHeadAttention(nn.Module):
         """Cross-attention for (R, 1, D) queries of one source through :class:`FoldedSource`."""
         folded = cache.folded or self._fold(cache)
         rows = query.size(0)
-        scores = torch.addmm(folded.key_bias, query.view(rows, -1), folded.keys)
+        scores = unpacked_linear(query.view(rows, -1), folded.keys, folded.key_bias)
         scores = scores.view(rows, folded.heads, folded.length)
         if memory_mask is not None:  # (R, 1, 1, S), every row the one source's padding
             scores = scores.masked_fill(~memory_mask[:1].view(1, 1, -1), float("-inf"))
         weights = scores.softmax(dim=-1).view(rows, -1)  # (R, H·S)
-        return torch.addmm(self.out_proj.bias, weights, folded.values).view(rows, 1, -1)
+        return unpacked_linear(weights, folded.values, self.out_proj.bias).view(rows, 1, -1)
 
     def _fold(self, cache: KVCache) -> FoldedSource:
         assert cache.k is not None and cache.v is not None
@@ -343,16 +345,12 @@ class MultiHeadAttention(nn.Module):
         length = k.size(1)
         scale = 1.0 / math.sqrt(d_k)
         w_q = self.q_proj.weight.view(h, d_k, -1)  # (H, d_k, D): W_h
-        keys = (w_q.transpose(1, 2) @ k.transpose(1, 2)) * scale  # (H, D, S)
+        keys = (k @ w_q) * scale  # (H, S, D)
         key_bias = (k @ self.q_proj.bias.view(h, d_k, 1)).view(h * length) * scale
         w_o = self.out_proj.weight.view(-1, h, d_k).permute(1, 2, 0)  # (H, d_k, D): O_hᵀ
         values = (v @ w_o).reshape(h * length, -1)  # (H·S, D)
         cache.folded = FoldedSource(
-            keys.permute(1, 0, 2).reshape(-1, h * length).contiguous(),
-            key_bias,
-            values.contiguous(),
-            h,
-            length,
+            keys.reshape(h * length, -1), key_bias, values.t().contiguous(), h, length
         )
         return cache.folded
 

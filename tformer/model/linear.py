@@ -1,19 +1,29 @@
-"""Linear layers, y = x Wᵀ + b, with pre-packed weights for small-batch CPU inference.
+"""Linear layers, y = x Wᵀ + b, made faster for small-batch CPU inference.
 
-A BLAS matrix product first re-packs the weight matrix into its own blocked layout, on every
-call. With few rows (a decoding step of a batch or a beam) that packing costs as much as the
-product itself. So on a CPU, in inference, in fp32, with a few rows, the weight is packed once
-when a second call brings the same row count, and reused until the row count or the weight
-changes. The packed copy is a plain attribute, never part of the state dict.
+Two remedies, for two ways a BLAS library wastes a decoding step's few rows:
 
-At one row (a matrix-vector product, batch-1 greedy decoding) BLAS does not pack, but its
-matrix-vector kernel for a weight stored (out x in) with out much larger than in streams the
-weight at half the memory bandwidth of the packed product: on a 2-core AMD EPYC, with weights
-too large for the caches, (32000 x 512) took 5.7 ms against 2.9 ms packed, (2048 x 512) 410
-against 265 us, at one thread or two. Weights at least twice as tall as wide are packed for
-one row; square and wide ones measured as fast or faster unpacked.
+**Split over threads (1-4 rows).** BLAS runs a product with one row (a matrix-vector product,
+batch-1 greedy decoding) or a few on ONE thread, and such a product is bound by how fast the
+weight streams from memory: one core streams it at half what two do. Cut into one block of
+outputs per thread (a free view of the weight, (T, out/T, in)), the product becomes a batched
+one, ``baddbmm``, which torch runs one block per thread. On a 2-core AMD EPYC, with weights
+too large for the caches, at one row: (512 x 512) 59 against 103 us for ``F.linear``,
+(1536 x 512) 157 against 298 us (214 MKL-packed), (512 x 2048) 196 against 258 us, (32000 x
+512) 2.9 against 6.2 ms (3.1 MKL-packed); at 4 rows (512 x 512) 92 against 178 us (215
+MKL-packed, 123 oneDNN-packed). In whole decoding runs on that machine it gained 1.1-1.2x
+at batch 1 and with 4 beams. With 8 rows and more, or for the large weights oneDNN packs from
+2 rows on, packing measured faster; below 64K entries starting the second thread costs more
+than it saves; with one thread there is nothing to split.
 
-Two packers come with torch's x86 CPU builds, and which one is faster depends on the CPU:
+**Pre-packing (1-96 rows).** A BLAS matrix product first re-packs the weight matrix into its
+own blocked layout, on every call. With few rows that packing costs as much as the product
+itself. So the weight is packed once when a second call brings the same row count, and
+reused until the row count or the weight changes. The packed copy is a plain attribute, never
+part of the state dict. Where a one-row product is not split (one thread, a small weight),
+BLAS's matrix-vector kernel streams a weight stored (out x in) with out much larger than in
+at half the speed of the packed product ((2048 x 512): 410 against 265 us on the EPYC), so
+weights at least twice as tall as wide are packed for one row too. Two packers come with
+torch's x86 CPU builds, and which one is faster depends on the CPU:
 
 - MKL (``_mkl_reorder_linear_weight``): on a 2-core Xeon a packed (2048 x 512) weight
   multiplied 4-96 rows 1.5-3x faster than ``F.linear``. MKL chooses its kernels by CPU vendor,
@@ -24,7 +34,8 @@ Two packers come with torch's x86 CPU builds, and which one is faster depends on
   smaller weights its fixed cost per call made it slower.
 
 So on Intel CPUs MKL packs every eligible weight (as measured there); elsewhere oneDNN packs
-the large ones and MKL the rest. ``ONEDNN_LARGE_WEIGHTS`` switches that choice.
+the large ones and MKL the rest. ``ONEDNN_LARGE_WEIGHTS`` switches that choice. Both remedies
+run only on x86 CPUs, in fp32 inference: where they were measured.
 """
 
 from __future__ import annotations
@@ -37,9 +48,15 @@ from torch import Tensor, nn
 
 from tformer.device import cpuinfo
 
+SPLIT_ROWS = range(1, 5)  # where splitting over threads measured faster than packing
+SPLIT_MIN_WEIGHT = 1 << 16  # entries; below, starting the threads costs more than it saves
 PACKED_ROWS = range(4, 97)  # where MKL packing measured faster (128 rows and up: equal)
 ONEDNN_ROWS = range(2, 97)  # where oneDNN packing measured faster, for large weights
 ONEDNN_MIN_WEIGHT = 1 << 20  # entries; below, oneDNN's fixed cost per call mostly outweighs it
+
+
+def _x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def _mkl_packing() -> bool:
@@ -51,7 +68,7 @@ def _mkl_packing() -> bool:
 def _onednn_packing() -> bool:
     # x86 only: that is where it was measured, and where torch's builds bundle it with MKL.
     return (
-        platform.machine().lower() in ("x86_64", "amd64")
+        _x86()
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -63,6 +80,7 @@ def _intel_cpu() -> bool:
     return "intel" in vendor.lower()
 
 
+_X86 = _x86()
 _PACKING = _mkl_packing()
 _ONEDNN = _onednn_packing()
 # Whether weights of ONEDNN_MIN_WEIGHT entries and more are packed by oneDNN rather than MKL.
@@ -83,26 +101,60 @@ def _uses_onednn(rows: int, weight: Tensor) -> bool:
     return size >= ONEDNN_MIN_WEIGHT or size >= ONEDNN_MIN_WEIGHT // 4 and weight.size(0) >= 1024
 
 
-def packed_rows(x: Tensor, weight: Tensor) -> int:
-    """The row count :func:`linear` would pack ``weight`` for, or 0 where it would not pack."""
+def inference_rows(x: Tensor, weight: Tensor) -> int:
+    """The row count of ``x`` where :func:`linear` may speed the product up, else 0.
+
+    That is an fp32 CPU product on x86 outside autograd, autocast and tracing.
+    """
     # Cheap tests first: this runs for every projection of every decoding step. Training
     # stops at the first; traced code (torch.compile) at the second, before the row count,
     # which is symbolic there.
-    if not (_PACKING or _ONEDNN) or torch.is_grad_enabled() or torch.compiler.is_compiling():
+    if not _X86 or torch.is_grad_enabled() or torch.compiler.is_compiling():
         return 0
-    rows = x.numel() // x.size(-1)
-    applies = (
-        (
-            _PACKING
-            and (rows in PACKED_ROWS or rows == 1 and _tall(weight))
-            or _uses_onednn(rows, weight)
-        )
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and x.device.type == "cpu"
-        and not torch.is_autocast_enabled("cpu")
+    if (
+        x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or x.device.type != "cpu"
+        or torch.is_autocast_enabled("cpu")
+    ):
+        return 0
+    return x.numel() // x.size(-1)
+
+
+def split_parts(rows: int, weight: Tensor) -> int:
+    """How many blocks of outputs :func:`linear` splits ``weight`` into for ``rows``, or 0.
+
+    One per thread, or as many as divide the outputs evenly, never fewer than two.
+    """
+    if rows not in SPLIT_ROWS or weight.numel() < SPLIT_MIN_WEIGHT:
+        return 0
+    if rows > 1 and (not ONEDNN_LARGE_WEIGHTS or _uses_onednn(rows, weight)):
+        # 2-4 rows: measured on the EPYC only, where oneDNN's packed product won for large
+        # weights; MKL's packing, chosen on Intel CPUs, was measured there only against
+        # F.linear.
+        return 0
+    if not weight.is_contiguous():
+        return 0
+    out = weight.size(0)
+    for parts in range(torch.get_num_threads(), 1, -1):
+        if out % parts == 0:
+            return parts
+    return 0  # one thread: nothing to split
+
+
+def _packs(rows: int, weight: Tensor) -> bool:
+    return (
+        _PACKING
+        and (rows in PACKED_ROWS or rows == 1 and _tall(weight))
+        or _ONEDNN
+        and _uses_onednn(rows, weight)
     )
-    return rows if applies else 0
+
+
+def packed_rows(x: Tensor, weight: Tensor) -> int:
+    """The row count :func:`linear` would pack ``weight`` for, or 0 where it would not pack."""
+    rows = inference_rows(x, weight)
+    return rows if rows and not split_parts(rows, weight) and _packs(rows, weight) else 0
 
 
 def packing_applies(x: Tensor, weight: Tensor) -> bool:
@@ -110,12 +162,51 @@ def packing_applies(x: Tensor, weight: Tensor) -> bool:
     return packed_rows(x, weight) > 0
 
 
+def accelerated(x: Tensor, weight: Tensor) -> bool:
+    """Whether :func:`linear` would split or pack rather than call ``F.linear``."""
+    rows = inference_rows(x, weight)
+    return bool(rows) and (split_parts(rows, weight) > 0 or _packs(rows, weight))
+
+
 def linear(owner: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``F.linear(x, weight, bias)``, through a packed copy of ``weight`` held by ``owner``."""
-    rows = packed_rows(x, weight)
-    if not rows:
-        return F.linear(x, weight, bias)
-    return packed_linear(owner, x, weight, bias, rows)
+    """``F.linear(x, weight, bias)``, split over threads or through a packed copy of ``weight``
+    held by ``owner``, where either pays."""
+    rows = inference_rows(x, weight)
+    if rows:
+        parts = split_parts(rows, weight)
+        if parts:
+            return split_linear(x, weight, bias, parts)
+        if _packs(rows, weight):
+            return packed_linear(owner, x, weight, bias, rows)
+    return F.linear(x, weight, bias)
+
+
+def unpacked_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """:func:`linear` for a weight used for a few calls only: split where that pays, never
+    packed (packing a weight costs more than one product with it)."""
+    rows = inference_rows(x, weight)
+    parts = split_parts(rows, weight) if rows else 0
+    return split_linear(x, weight, bias, parts) if parts else F.linear(x, weight, bias)
+
+
+def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, parts: int) -> Tensor:
+    """``F.linear(x, weight, bias)`` as ``parts`` products, one per block of outputs, run
+    side by side (``baddbmm`` gives each batch entry to a thread). Inference only."""
+    out, inputs = weight.shape
+    rows = x.numel() // inputs
+    blocks = weight.view(parts, out // parts, inputs)  # a view: nothing copied
+    # x as each block's (inputs x rows) right-hand side, stored column by column (strides
+    # (1, inputs)): BLAS takes it as it is, where a (1, 1) stride for one row made torch
+    # fall back to a kernel 2.5x slower.
+    x = x.contiguous()
+    columns = x.as_strided((parts, inputs, rows), (0, 1, inputs))
+    if bias is None:
+        y = torch.bmm(blocks, columns)
+    else:
+        y = torch.baddbmm(bias.view(parts, out // parts, 1), blocks, columns)
+    shape = (*x.shape[:-1], out)
+    # y is (parts, out/parts, rows): for one row that is already the output's layout.
+    return y.view(shape) if rows == 1 else y.view(out, rows).t().reshape(shape)
 
 
 def packed_linear(

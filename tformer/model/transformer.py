@@ -25,7 +25,7 @@ from tformer.model.layers import (
     PositionalEncoding,
     TokenEmbedding,
 )
-from tformer.model.linear import packed_linear, packed_rows
+from tformer.model.linear import accelerated, linear
 from tformer.tokenizer import PAD_ID
 
 
@@ -246,12 +246,11 @@ class Transformer(nn.Module):
             or torch.is_autocast_enabled("cpu")
         ):
             return F.linear(hidden, weight)
-        rows = packed_rows(hidden, weight)
-        if rows:  # a decoding step
-            return packed_linear(self, hidden, weight, None, rows)
-        # CPU inference without a packed weight (no MKL, or many rows): with W stored (V, D),
-        # x Wᵀ for one row runs as a matrix-vector product on one thread; a (D, V) copy lets
-        # the BLAS split the vocabulary over every thread: about twice as fast at batch 1.
+        if accelerated(hidden, weight):  # a decoding step: split over threads or packed
+            return linear(self, hidden, weight, None)
+        # CPU inference otherwise (many rows, or no x86): with W stored (V, D), x Wᵀ for one
+        # row runs as a matrix-vector product on one thread; a (D, V) copy lets the BLAS
+        # split the vocabulary over every thread: about twice as fast at batch 1.
         return hidden @ self._transposed(weight)
 
     def _transposed(self, weight: Tensor) -> Tensor:
