@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,15 @@ def same_hypotheses(got: list[list[Hypothesis]], want: list[list[Hypothesis]]) -
         for g, w in zip(got_row, want_row, strict=True):
             assert g.ids == w.ids
             assert g.token_logprobs == pytest.approx(w.token_logprobs, abs=1e-4)
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    """Two torch threads, whatever the machine (splitting a product over threads needs two)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
 
 
 def plain_linear(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -182,15 +182,23 @@ def test_onednn_packs_large_weights_and_equals_f_linear(
 
 
 @needs_onednn
-def test_onednn_takes_only_large_weights_and_few_rows(prefer_onednn: None) -> None:
-    large, wide = torch.empty(2048, 512), torch.empty(1024, 256)  # 1M; 256K with 1024 outputs
+def test_onednn_takes_only_large_weights_and_few_rows(
+    prefer_onednn: None, two_threads: None
+) -> None:
+    large = torch.empty(2048, 512)  # 1M entries
+    # From 192K entries with >= 512 outputs: (1024 x 256), (512 x 512), (768 x 256).
+    many_outputs = [torch.empty(1024, 256), torch.empty(512, 512), torch.empty(768, 256)]
     small, narrow = torch.empty(256, 256), torch.empty(256, 1024)  # 64K; 256K, 256 outputs
     with torch.no_grad():
-        for weight in (large, wide):
+        for weight in (large, *many_outputs):
             assert linear_module._uses_onednn(32, weight)
-            assert linear_module.packed_rows(torch.empty(2, weight.size(1)), weight) == 2
+            assert linear_module.packed_rows(torch.empty(5, weight.size(1)), weight) == 5
             assert not linear_module._uses_onednn(1, weight)  # a matrix-vector product
             assert not linear_module._uses_onednn(97, weight)
+        # 2-4 rows: oneDNN for large weights; smaller ones are split over threads instead.
+        assert linear_module.packed_rows(torch.empty(2, 512), large) == 2
+        for weight in many_outputs:
+            assert linear_module.packed_rows(torch.empty(2, weight.size(1)), weight) == 0
         for weight in (small, narrow):
             assert not linear_module._uses_onednn(32, weight)
             # MKL keeps them where it packs, and 2-3 rows are not packed at all.

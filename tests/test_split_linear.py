@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,15 +14,6 @@ from tformer.model.linear import Linear, split_linear, split_parts
 pytestmark = pytest.mark.skipif(
     not linear_module._X86, reason="splitting over threads is used on x86 CPUs only"
 )
-
-
-@pytest.fixture
-def threads() -> Iterator[None]:
-    """Two threads, whatever the machine: the split needs more than one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture
@@ -44,7 +33,7 @@ def close_to_f_linear(out: torch.Tensor, x: torch.Tensor, layer: torch.nn.Linear
 @pytest.mark.parametrize("shape", [(1, 256), (1, 1, 256), (2, 1, 256), (3, 256), (4, 1, 256)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_split_product_equals_f_linear(
-    threads: None, onednn_elsewhere: None, shape: tuple[int, ...], bias: bool
+    two_threads: None, onednn_elsewhere: None, shape: tuple[int, ...], bias: bool
 ) -> None:
     torch.manual_seed(0)
     layer = Linear(256, 384, bias=bias)  # 96K entries: large enough to split
@@ -79,7 +68,7 @@ def test_blocks_follow_the_thread_count_and_divide_the_outputs() -> None:
 
 
 def test_split_only_for_few_rows_large_weights_and_inference(
-    threads: None, monkeypatch: pytest.MonkeyPatch
+    two_threads: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     square, small = torch.empty(512, 512), torch.empty(128, 128)  # 256K; 16K entries
     large = torch.empty(2048, 512)  # 1M entries: oneDNN's, from 2 rows, on non-Intel CPUs
@@ -105,7 +94,7 @@ def test_split_only_for_few_rows_large_weights_and_inference(
 
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_decoding_with_split_products_equals_plain_f_linear(
-    threads: None, onednn_elsewhere: None, monkeypatch: pytest.MonkeyPatch, beam_size: int
+    two_threads: None, onednn_elsewhere: None, monkeypatch: pytest.MonkeyPatch, beam_size: int
 ) -> None:
     # With every weight eligible, a batch-1 greedy step (1 row) and a 4-beam step (4 rows)
     # split the stacked query/key/value, output, feed-forward, folded cross-attention and

@@ -53,6 +53,7 @@ SPLIT_MIN_WEIGHT = 1 << 16  # entries; below, starting the threads costs more th
 PACKED_ROWS = range(4, 97)  # where MKL packing measured faster (128 rows and up: equal)
 ONEDNN_ROWS = range(2, 97)  # where oneDNN packing measured faster, for large weights
 ONEDNN_MIN_WEIGHT = 1 << 20  # entries; below, oneDNN's fixed cost per call mostly outweighs it
+ONEDNN_MID_WEIGHT = 3 << 16  # entries; from here oneDNN also wins for weights with many outputs
 
 
 def _x86() -> bool:
@@ -95,10 +96,12 @@ def _tall(weight: Tensor) -> bool:
 def _uses_onednn(rows: int, weight: Tensor) -> bool:
     if not ONEDNN_LARGE_WEIGHTS or rows not in ONEDNN_ROWS:
         return False
-    # Measured on the EPYC: 1M entries and more, or 256K and more with >= 1024 outputs
-    # (a (1024 x 256) feed-forward matrix: 1.0-1.5x), gain; narrower outputs lose (0.5-0.9x).
+    # Measured on the EPYC against MKL's packed product, 5-96 rows: 1M entries and more gain
+    # (1.3-3.3x), and so do from 192K entries with >= 512 outputs ((512 x 512): 1.0-1.6x;
+    # (768 x 256): 1.3-1.6x; (1024 x 256): 1.0-1.5x), where narrower outputs lose ((256 x
+    # 1024): 0.7-1.4x, (256 x 256): 0.8-1.1x).
     size = weight.numel()
-    return size >= ONEDNN_MIN_WEIGHT or size >= ONEDNN_MIN_WEIGHT // 4 and weight.size(0) >= 1024
+    return size >= ONEDNN_MIN_WEIGHT or size >= ONEDNN_MID_WEIGHT and weight.size(0) >= 512
 
 
 def inference_rows(x: Tensor, weight: Tensor) -> int:
@@ -128,10 +131,11 @@ def split_parts(rows: int, weight: Tensor) -> int:
     """
     if rows not in SPLIT_ROWS or weight.numel() < SPLIT_MIN_WEIGHT:
         return 0
-    if rows > 1 and (not ONEDNN_LARGE_WEIGHTS or _uses_onednn(rows, weight)):
-        # 2-4 rows: measured on the EPYC only, where oneDNN's packed product won for large
-        # weights; MKL's packing, chosen on Intel CPUs, was measured there only against
-        # F.linear.
+    if rows > 1 and (not ONEDNN_LARGE_WEIGHTS or weight.numel() >= ONEDNN_MIN_WEIGHT // 2):
+        # 2-4 rows: measured on the EPYC only, where oneDNN's packed product won from 512K
+        # entries ((1536 x 512) at 2 rows: 211 against 237 us) and lost below ((512 x 512)
+        # at 4 rows: 123 against 92 us); MKL's packing, chosen on Intel CPUs, was measured
+        # there only against F.linear.
         return 0
     if not weight.is_contiguous():
         return 0
