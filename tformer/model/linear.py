@@ -13,7 +13,9 @@ too large for the caches, at one row: (512 x 512) 59 against 103 us for ``F.line
 MKL-packed, 123 oneDNN-packed). In whole decoding runs on that machine it gained 1.1-1.2x
 at batch 1 and with 4 beams. With 8 rows and more, or for the large weights oneDNN packs from
 2 rows on, packing measured faster; below 64K entries starting the second thread costs more
-than it saves; with one thread there is nothing to split.
+than it saves; with one thread there is nothing to split. On Intel CPUs only one-row products
+are split, which is not yet measured there; the reason it pays, a matrix-vector product
+streaming its whole weight through one core, does not depend on the vendor.
 
 **Pre-packing (1-96 rows).** A BLAS matrix product first re-packs the weight matrix into its
 own blocked layout, on every call. With few rows that packing costs as much as the product
