@@ -168,23 +168,24 @@ def packing_applies(x: Tensor, weight: Tensor) -> bool:
     return packed_rows(x, weight) > 0
 
 
-def accelerated(x: Tensor, weight: Tensor) -> bool:
-    """Whether :func:`linear` would split or pack rather than call ``F.linear``."""
-    rows = inference_rows(x, weight)
-    return bool(rows) and (split_parts(rows, weight) > 0 or _packs(rows, weight))
-
-
 def linear(owner: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``F.linear(x, weight, bias)``, split over threads or through a packed copy of ``weight``
     held by ``owner``, where either pays."""
+    out = fast_linear(owner, x, weight, bias)
+    return F.linear(x, weight, bias) if out is None else out
+
+
+def fast_linear(owner: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+    """:func:`linear` where it splits or packs; None where it would call ``F.linear``."""
     rows = inference_rows(x, weight)
-    if rows:
-        parts = split_parts(rows, weight)
-        if parts:
-            return split_linear(x, weight, bias, parts)
-        if _packs(rows, weight):
-            return packed_linear(owner, x, weight, bias, rows)
-    return F.linear(x, weight, bias)
+    if not rows:
+        return None
+    parts = split_parts(rows, weight)
+    if parts:
+        return split_linear(x, weight, bias, parts)
+    if _packs(rows, weight):
+        return packed_linear(owner, x, weight, bias, rows)
+    return None
 
 
 def unpacked_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:

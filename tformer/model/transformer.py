@@ -25,7 +25,7 @@ from tformer.model.layers import (
     PositionalEncoding,
     TokenEmbedding,
 )
-from tformer.model.linear import accelerated, linear
+from tformer.model.linear import fast_linear
 from tformer.tokenizer import PAD_ID
 
 
@@ -246,8 +246,9 @@ class Transformer(nn.Module):
             or torch.is_autocast_enabled("cpu")
         ):
             return F.linear(hidden, weight)
-        if accelerated(hidden, weight):  # a decoding step: split over threads or packed
-            return linear(self, hidden, weight, None)
+        logits = fast_linear(self, hidden, weight, None)  # a decoding step: split or packed
+        if logits is not None:
+            return logits
         # CPU inference otherwise (many rows, or no x86): with W stored (V, D), x Wᵀ for one
         # row runs as a matrix-vector product on one thread; a (D, V) copy lets the BLAS
         # split the vocabulary over every thread: about twice as fast at batch 1.
