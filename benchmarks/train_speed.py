@@ -8,7 +8,9 @@ Prints one JSON line per measurement, then a Markdown table. Measures:
 - peak resident memory of a training step (each configuration in its own process).
 
 Every configuration runs with ``THP_MEM_ALLOC_ENABLE=1`` (large tensors on transparent huge
-pages), the setting tformer makes for itself, unless the caller's environment says otherwise.
+pages) and with freed memory kept for reuse (``tformer.malloc``): the settings tformer makes for
+itself, unless the caller's environment says otherwise (``THP_MEM_ALLOC_ENABLE=0``,
+``TFORMER_KEEP_FREED_MEMORY=0``).
 
 Shapes (the performance issue): S = d_model 256, 4 heads, 3+3 layers, d_ff 1024, vocab 8000;
 B = the paper's base, 512, 8 heads, 6+6, 2048, vocab 32000; batches of 64 pairs of length 32.
@@ -220,7 +222,13 @@ def main() -> None:
         impl, shape, precision, repeats = args.one
         work = Workload(shape, batch=4 if shape == "smoke" else 64,
                         length=8 if shape == "smoke" else 32)
-        print(json.dumps(measure(impl, work, precision, int(repeats))))
+        # Every implementation also keeps freed memory for reuse, as tformer's training does
+        # for itself (tformer/malloc.py; TFORMER_KEEP_FREED_MEMORY=0 turns it off for all).
+        from tformer.malloc import keep_freed_memory
+
+        kept = keep_freed_memory()
+        print(json.dumps({**measure(impl, work, precision, int(repeats)),
+                          "keep_freed_memory": kept}))
         return
 
     shapes = ["smoke"] if args.smoke else args.shapes.split(",")

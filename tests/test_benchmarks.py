@@ -28,6 +28,10 @@ def test_train_speed_smoke() -> None:
     assert {r["impl"] for r in measured} >= {"tformer", "torch.nn.Transformer"}
     assert {r["precision"] for r in measured} == {"fp32", "bf16"}
     assert all(r["target_tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in measured)
+    # Every implementation runs with the allocator settings tformer makes for itself.
+    from tformer.malloc import glibc
+
+    assert {r["keep_freed_memory"] for r in measured} == {glibc() is not None}
 
 
 @pytest.mark.skipif(not SHARED_MULTI30K.is_dir(),

@@ -20,6 +20,7 @@ import torch
 from tformer.config import ModelConfig, TrainConfig
 from tformer.device import resolve_device, seed_everything
 from tformer.loss import sequence_loss
+from tformer.malloc import keep_freed_memory
 from tformer.model import Transformer
 from tformer.optim import build_optimizer
 from tformer.precision import resolve_precision
@@ -65,6 +66,7 @@ def measure_batch_limits(
     )
     device = resolve_device(train_config.device)
     precision = resolve_precision(train_config.precision, device, model_config)
+    keep_freed_memory()  # as training does, so the figures are training's
     seed_everything(train_config.seed)
     model = Transformer(model_config).to(device).train()
     forward = torch.compile(model) if train_config.compile else model

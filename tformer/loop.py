@@ -40,6 +40,7 @@ from tformer.errors import (
     TrainingInterrupted,
 )
 from tformer.loss import sequence_loss
+from tformer.malloc import keep_freed_memory
 from tformer.model import Transformer
 from tformer.optim import lr_at
 from tformer.precision import Precision
@@ -286,6 +287,7 @@ class TrainingLoop:
         return None
 
     def run(self, plan: BatchPlan, pos: Position, total_steps: int | None) -> TrainResult:
+        keep_freed_memory()  # every step's tensors would otherwise start as fresh pages
         if self._should_stop(pos, total_steps):
             self.report.message(
                 f"the run is already at step {pos.step}, where it was set to stop; raise "
