@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tformer.malloc import glibc
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
@@ -29,8 +31,6 @@ def test_train_speed_smoke() -> None:
     assert {r["precision"] for r in measured} == {"fp32", "bf16"}
     assert all(r["target_tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in measured)
     # Every implementation runs with the allocator settings tformer makes for itself.
-    from tformer.malloc import glibc
-
     assert {r["keep_freed_memory"] for r in measured} == {glibc() is not None}
 
 
