@@ -35,9 +35,9 @@ faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(5):
     step()
 before = faults()
-for _ in range(8):
+for _ in range(16):
     step()
-print(applied, (faults() - before) / 8)
+print(applied, (faults() - before) / 16)
 """
 
 
@@ -56,10 +56,13 @@ def test_freed_memory_is_reused_without_page_faults() -> None:
     applied, kept_faults = probe("keep")
     _, default_faults = probe("default")
     assert applied == "True"
-    # glibc's default hands the step's large blocks back at free (measured: ~2,000 faults a
-    # step, the 8 MB logits and their gradient among them); kept, they are reused.
+    # glibc's default hands the step's large blocks back at free (measured: 2,000-4,500 faults
+    # a step, the 8 MB logits and their gradient among them); kept, they are reused (measured:
+    # under 1 a step on one machine, 250 on another, where faults the allocator does not cause,
+    # such as the kernel's NUMA balancing, still count). So the bound is relative: kept memory
+    # must remove at least three quarters of the default's faults.
     assert default_faults > 1_000, default_faults
-    assert kept_faults < 200, kept_faults
+    assert kept_faults < default_faults / 4, (kept_faults, default_faults)
 
 
 @pytest.mark.skipif(glibc() is None, reason="the C library is not glibc: nothing to set")
