@@ -28,6 +28,7 @@ def train_config(data: str, steps: int, accumulate: int) -> TrainConfig:
     return TrainConfig(
         data=data, max_tokens=256, accumulate=accumulate, lr=3e-3, warmup_steps=5,
         max_steps=steps, log_every=1, eval_every=4, save_every=4, label_smoothing=0.0, seed=0,
+        device="cpu",  # gloo on CPU, also on a machine with a GPU (test_cuda covers CUDA)
     )  # fmt: skip
 
 

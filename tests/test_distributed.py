@@ -37,9 +37,11 @@ CLI_ARGS = [
     "--preset", "tiny", "--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--d-ff", "64",
     "--max-len", "48", "--dropout", "0", "--vocab-size", "60", "--max-tokens", "256",
     "--warmup-steps", "5", "--lr", "3e-3", "--log-every", "1", "--eval-every", "4",
-    "--save-every", "4", "--label-smoothing", "0", "--seed", "0",
+    "--save-every", "4", "--label-smoothing", "0", "--seed", "0", "--device", "cpu",
 ]  # fmt: skip
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+# The checkout first, then whatever the caller's PYTHONPATH already holds (packages kept there).
+ENV = {**os.environ, "OMP_NUM_THREADS": "1",
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +203,14 @@ def test_a_single_process_run_resumes_under_ddp_with_accumulation(
     assert "changed since" in resumed.stderr and "accumulate" in resumed.stderr
     assert "global batch 2 rank(s) x 2 accumulated" in resumed.stderr
     assert losses(out) == pytest.approx(losses(tmp_path / "reference"), rel=1e-5, abs=1e-6)
+
+
+def test_each_cuda_process_needs_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tformer.distributed import check_gpus_per_process
+    from tformer.errors import DeviceError
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    check_gpus_per_process(torch.device("cuda"), 1)
+    check_gpus_per_process(torch.device("cpu"), 4)  # gloo: any number of CPU processes
+    with pytest.raises(DeviceError, match=r"--nproc 2: .* 1 CUDA device\(s\) are visible"):
+        check_gpus_per_process(torch.device("cuda"), 2)

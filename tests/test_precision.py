@@ -55,7 +55,9 @@ def test_impossible_precisions_are_refused() -> None:
 
 def test_cli_refuses_fp16_on_a_cpu_in_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(
-        app, ["train", "--preset", "tiny", "--precision", "fp16", "--out", str(tmp_path / "r")]
+        app,
+        ["train", "--preset", "tiny", "--precision", "fp16", "--device", "cpu",
+         "--out", str(tmp_path / "r")],
     )
     assert result.exit_code == 2
     assert result.stderr.strip().splitlines() == [

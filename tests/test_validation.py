@@ -27,6 +27,7 @@ def config(data: Path, **overrides: object) -> TrainConfig:
     values: dict[str, object] = dict(
         data=str(data), max_tokens=512, lr=3e-3, warmup_steps=5, max_steps=40, log_every=10,
         eval_every=10, save_every=10, label_smoothing=0.0, seed=0,
+        device="cpu",  # exact comparisons: the CPU's kernels, also where a GPU is visible
     )  # fmt: skip
     values.update(overrides)
     return TrainConfig(**values)  # type: ignore[arg-type]

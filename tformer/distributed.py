@@ -20,7 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tformer.errors import ConfigError
+from tformer.errors import ConfigError, DeviceError
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,28 @@ def init_world(device: torch.device) -> World:
     if world.world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", world.world_size))
+            check_gpus_per_process(device, local)
             torch.cuda.set_device(world.local_rank)
         # A bounded timeout turns a peer that hangs mid-collective into an error; a peer that
         # dies is caught sooner by torchrun, which then stops the whole job. Generous enough
         # for rank 0's validation (translating the validation subset) while others wait.
         dist.init_process_group(backend, timeout=timedelta(minutes=30))
     return world
+
+
+def check_gpus_per_process(device: torch.device, processes: int) -> None:
+    """On CUDA every data-parallel process needs a GPU of its own (NCCL cannot share one).
+
+    Raises:
+        DeviceError: more processes on this machine than visible CUDA devices.
+    """
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and processes > gpus:
+        raise DeviceError(
+            f"--nproc {processes}: each process on CUDA needs its own GPU and {gpus} CUDA "
+            f"device(s) are visible; use --nproc {gpus} or fewer, or --device cpu"
+        )
 
 
 def local_device(device: torch.device, world: World) -> torch.device:

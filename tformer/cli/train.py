@@ -33,7 +33,7 @@ from tformer.config import (
     parse_duration,
     preset,
 )
-from tformer.device import set_threads
+from tformer.device import resolve_device, set_threads
 from tformer.dryrun import DryRunReport, measure_batch_limits
 from tformer.errors import CheckpointError, ConfigError
 from tformer.tokenized import default_cache_dir
@@ -260,6 +260,8 @@ def train_command(
     if threads is not None:
         set_threads(threads)
     if nproc is not None and not dist_.launched_by_torchrun():
+        if resume is None and nproc > 1:  # a resumed run's device is the checkpoint's
+            dist_.check_gpus_per_process(resolve_device(params["device"]), nproc)
         raise typer.Exit(launch_data_parallel(nproc))
     existing_file(tokenizer, "--tokenizer")
     if n_layers is not None:
