@@ -26,8 +26,11 @@ the process, unless the caller's environment says otherwise. Without it the firs
 each 4 KB page of a fresh large tensor is a page fault: at batch 32 the encoder's 4 MB
 feed-forward activations took 7 ms each to fill on a 2-core EPYC, against 1 ms.
 
+On a GPU (``--device cuda``) both torch implementations run there, timed up to a device
+synchronisation; CTranslate2 is measured on the CPU only, so it is left out of a GPU run.
+
 Usage: python benchmarks/decode_speed.py [--shape small|base] [--repeats 3] [--threads N]
-       [--cache-only] [--smoke]
+       [--device cpu|cuda] [--cache-only] [--smoke]
 """
 
 from __future__ import annotations
@@ -241,7 +244,7 @@ def to_marian(model: Transformer) -> Any:
 
 def max_logit_difference(model: Transformer, marian: Any, src: torch.Tensor) -> float:
     """Teacher-forced logits of both models on the same input: should agree to ~1e-5."""
-    tgt = torch.cat([torch.full((src.size(0), 1), BOS_ID), src[:, :7]], dim=1)
+    tgt = torch.cat([torch.full((src.size(0), 1), BOS_ID, device=src.device), src[:, :7]], 1)
     with torch.no_grad():
         ours = model(src, tgt).logits
         theirs = marian(input_ids=src, decoder_input_ids=tgt).logits
@@ -454,17 +457,25 @@ def ct2_same_greedy_share(
 # -- measuring --------------------------------------------------------------------------------
 
 
+def synchronize() -> None:
+    """Wait for queued GPU work, so that a timing covers it (a no-op without a GPU)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def measure(runs: dict[Any, Callable[[], int]], repeats: int) -> dict[Any, dict[str, float]]:
     """Time every variant ``repeats`` times, round-robin, so that a shared machine's slow
     moments fall on all of them alike; the best time counts."""
     for run in runs.values():
         run()  # warm-up: allocator, lazy initialisation
+    synchronize()
     times: dict[Any, list[float]] = {key: [] for key in runs}
     tokens: dict[Any, int] = {}
     for _ in range(repeats):
         for key, run in runs.items():
             start = time.perf_counter()
             tokens[key] = run()
+            synchronize()
             times[key].append(time.perf_counter() - start)
     return {
         key: {
@@ -484,11 +495,12 @@ def run_cases(
     vocab: int,
     repeats: int,
     meta: dict[str, Any],
+    device: torch.device | None = None,
 ) -> list[dict[str, Any]]:
     """Measure every variant of ``impls`` on every case; print and return one row each."""
     rows = []
     for case in cases:
-        src = sources(case.batch, length, vocab)
+        src = sources(case.batch, length, vocab).to(device or "cpu")
         variants = {
             (name, cache): impl.make(src, case, cache)
             for name, impl in impls.items()
@@ -554,7 +566,9 @@ def main() -> None:
         action="store_true",
         help="skip the cache-free variants (at shape B they take most of the run's time)",
     )
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
+    device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     shape_name = "smoke" if args.smoke else args.shape
@@ -563,7 +577,7 @@ def main() -> None:
     repeats = 1 if args.smoke else args.repeats
     cases = [Case("greedy", 1), Case("greedy", big_batch), Case("beam4", 1)]
 
-    model = make_model(shape, max_len=max(length, new_tokens) + 1)
+    model = make_model(shape, max_len=max(length, new_tokens) + 1).to(device)
     caches = (True,) if args.cache_only else (True, False)
     impls: dict[str, Impl] = {
         "tformer": Impl(
@@ -572,11 +586,11 @@ def main() -> None:
         )
     }
     try:
-        marian = to_marian(model)
+        marian = to_marian(model).to(device)
     except ImportError:
         print(json.dumps({"note": "transformers is not installed: HF Marian skipped"}))
     else:
-        check = sources(2, length, shape["vocab"])
+        check = sources(2, length, shape["vocab"]).to(device)
         ours = decode(model, check, DecodingConfig(max_new_tokens=new_tokens))
         theirs = marian.generate(
             input_ids=check,
@@ -605,24 +619,30 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "thp_mem_alloc": os.environ["THP_MEM_ALLOC_ENABLE"],
+        "device": device.type,
         **cpu_description(),
+        **({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {}),
     }
-    rows = run_cases(impls, cases, length, shape["vocab"], repeats, meta)
+    rows = run_cases(impls, cases, length, shape["vocab"], repeats, meta, device)
 
     # CTranslate2 runs in a second phase, once the torch implementations are measured: while
     # its translators are alive, torch code in the same process ran about 3x slower (two
     # OpenMP runtimes sharing 2 cores), which would have hidden the comparison.
+    ct2: Any = None
     try:
-        import ctranslate2
+        import ctranslate2 as ct2
     except ImportError:
         print(json.dumps({"note": "ctranslate2 is not installed: CTranslate2 skipped"}))
-    else:
+    if ct2 is not None and device.type != "cpu":
+        print(json.dumps({"note": "CTranslate2 is measured on the CPU only: skipped"}))
+        ct2 = None
+    if ct2 is not None:
         translators = ct2_translators(model, torch.get_num_threads())
         check = sources(big_batch, length, shape["vocab"])  # the greedy big batch's sources
         # float32 must agree with tformer; int8 is reported to show what quantisation changes.
         note: dict[str, Any] = {
             "note": "CTranslate2 with tformer's weights",
-            "ctranslate2": ctranslate2.__version__,
+            "ctranslate2": ct2.__version__,
         }
         for compute_type, translator in translators.items():
             note[f"max_logprob_diff_{compute_type}"] = ct2_max_logprob_difference(

@@ -20,7 +20,13 @@ FLOP formula (matmuls only, multiply-add = 2 FLOPs, training = 3x forward):
     per target token:  L_dec * (8 d^2 + 4 T d  +  4 d^2 + 4 S d  +  4 d d_ff) + 2 d V
     plus cross-attention K/V projections, 4 d^2 per source token per decoder layer.
 
-Usage: python benchmarks/train_speed.py [--shapes S,B] [--repeats 5] [--smoke]
+On a GPU (``--device cuda``) the precisions are fp32 (TF32 off, torch's default), bf16 autocast
+and fp16 autocast with a grad scaler; the reference peak is a dense 8192^3 matmul; peak memory is
+the CUDA allocator's peak (``torch.cuda.max_memory_allocated``); every step is timed between two
+device synchronisations. ``--compile`` adds each implementation under ``torch.compile`` in bf16.
+
+Usage: python benchmarks/train_speed.py [--shapes S,B] [--repeats 5] [--batch 64]
+       [--device cpu|cuda] [--compile] [--smoke]
 """
 
 from __future__ import annotations
@@ -73,22 +79,71 @@ class Workload:
         return 3.0 * (enc + dec * tgt_tokens + cross_kv)
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
-    a = torch.randn(n, n, dtype=dtype)
-    b = torch.randn(n, n, dtype=dtype)
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (GPU kernels run asynchronously to the host)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5,
+                device: str | torch.device = "cpu") -> float:
+    device = torch.device(device)
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
     a @ b
+    synchronize(device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         a @ b
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return 2 * n**3 / min(times) / 1e9
+
+
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def optimize(loss: torch.Tensor, params: list[torch.nn.Parameter],
+             optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> None:
+    """backward, clip, step, zero: the same update for every implementation (fp16 scaled)."""
+    if scaler is None:
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass
+class Run:
+    """How one configuration runs: where, in which precision, compiled or not."""
+
+    device: torch.device
+    precision: str
+    compiled: bool = False
+
+    def autocast(self) -> Any:
+        dtype = AUTOCAST[self.precision]
+        return torch.autocast(self.device.type, dtype=dtype or torch.float32,
+                              enabled=dtype is not None)
+
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+
+    def wrap(self, forward: Callable[..., Any]) -> Callable[..., Any]:
+        return torch.compile(forward) if self.compiled else forward
 
 
 # -- the three implementations, each as "build a step function" -------------------------------
 
 
-def tformer_step(work: Workload, precision: str) -> Callable[[], None]:
+def tformer_step(work: Workload, run: Run) -> Callable[[], None]:
     from tformer.config import ModelConfig
     from tformer.loss import sequence_loss
     from tformer.model import Transformer
@@ -98,52 +153,53 @@ def tformer_step(work: Workload, precision: str) -> Callable[[], None]:
                          d_model=d["d_model"], n_heads=d["n_heads"],
                          n_encoder_layers=d["layers"], n_decoder_layers=d["layers"],
                          d_ff=d["d_ff"], dropout=0.1)
-    model = Transformer(config).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
-                                 foreach=True)
-    src, tgt_in, tgt_out = work.data()
+    model = Transformer(config).to(run.device).train()
+    params = list(model.parameters())
+    optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+    src, tgt_in, tgt_out = (t.to(run.device) for t in work.data())
+    forward, scaler = run.wrap(model), run.scaler()
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = model(src, tgt_in).logits
+        with run.autocast():
+            logits = forward(src, tgt_in).logits
         loss = sequence_loss(logits, tgt_out, 0.1) / tgt_out.numel()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimize(loss, params, optimizer, scaler)
 
     return step
 
 
-def torch_transformer_step(work: Workload, precision: str) -> Callable[[], None]:
+def torch_transformer_step(work: Workload, run: Run) -> Callable[[], None]:
     d = work.dims
-    embed = torch.nn.Embedding(d["vocab"], d["d_model"])
+    embed = torch.nn.Embedding(d["vocab"], d["d_model"]).to(run.device)
     core = torch.nn.Transformer(d["d_model"], d["n_heads"], d["layers"], d["layers"], d["d_ff"],
-                                0.1, batch_first=True)
-    head = torch.nn.Linear(d["d_model"], d["vocab"], bias=False)
+                                0.1, batch_first=True).to(run.device)
+    head = torch.nn.Linear(d["d_model"], d["vocab"], bias=False).to(run.device)
     head.weight = embed.weight
     params = list(embed.parameters()) + list(core.parameters())
     optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
-    src, tgt_in, tgt_out = work.data()
-    mask = torch.nn.Transformer.generate_square_subsequent_mask(work.length)
+    src, tgt_in, tgt_out = (t.to(run.device) for t in work.data())
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(work.length, device=run.device)
     scale = d["d_model"] ** 0.5
+    scaler = run.scaler()
+
+    def logits_of(src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        hidden = core(embed(src) * scale, embed(tgt_in) * scale, tgt_mask=mask,
+                      tgt_is_causal=True)
+        return head(hidden)
+
+    forward = run.wrap(logits_of)
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            hidden = core(embed(src) * scale, embed(tgt_in) * scale, tgt_mask=mask,
-                          tgt_is_causal=True)
-            logits = head(hidden)
+        with run.autocast():
+            logits = forward(src, tgt_in)
         loss = F.cross_entropy(logits.reshape(-1, d["vocab"]).float(), tgt_out.reshape(-1),
                                label_smoothing=0.1)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimize(loss, params, optimizer, scaler)
 
     return step
 
 
-def marian_step(work: Workload, precision: str) -> Callable[[], None]:
+def marian_step(work: Workload, run: Run) -> Callable[[], None]:
     from transformers import MarianConfig, MarianMTModel  # type: ignore[import-not-found]
 
     d = work.dims
@@ -153,61 +209,73 @@ def marian_step(work: Workload, precision: str) -> Callable[[], None]:
                           decoder_attention_heads=d["n_heads"], encoder_ffn_dim=d["d_ff"],
                           decoder_ffn_dim=d["d_ff"], dropout=0.1, pad_token_id=0,
                           decoder_start_token_id=1, max_position_embeddings=512)
-    model = MarianMTModel(config).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
-                                 foreach=True)
-    src, tgt_in, tgt_out = work.data()
+    model = MarianMTModel(config).to(run.device).train()
+    params = list(model.parameters())
+    optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+    src, tgt_in, tgt_out = (t.to(run.device) for t in work.data())
+    forward, scaler = run.wrap(model), run.scaler()
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = model(input_ids=src, decoder_input_ids=tgt_in).logits
+        with run.autocast():
+            logits = forward(input_ids=src, decoder_input_ids=tgt_in).logits
         loss = F.cross_entropy(logits.reshape(-1, d["vocab"]).float(), tgt_out.reshape(-1),
                                label_smoothing=0.1)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimize(loss, params, optimizer, scaler)
 
     return step
 
 
-IMPLEMENTATIONS: dict[str, Callable[[Workload, str], Callable[[], None]]] = {
+IMPLEMENTATIONS: dict[str, Callable[[Workload, Run], Callable[[], None]]] = {
     "tformer": tformer_step,
     "torch.nn.Transformer": torch_transformer_step,
     "hf-marian": marian_step,
 }
 
 
-def measure(impl: str, work: Workload, precision: str, repeats: int) -> dict[str, Any]:
-    step = IMPLEMENTATIONS[impl](work, precision)
-    step()  # warm-up: allocator, autocast weight casts, lazy init
+def measure(impl: str, work: Workload, run: Run, repeats: int) -> dict[str, Any]:
+    step = IMPLEMENTATIONS[impl](work, run)
+    # Warm-up: allocator, autocast weight casts, lazy init; compiling (several calls: a
+    # compiled step can recompile once after its first call).
+    for _ in range(3 if run.compiled else 1):
+        step()
+    synchronize(run.device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         step()
+        synchronize(run.device)
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
     tokens = work.batch * work.length
+    memory = (
+        {"peak_gpu_mb": round(torch.cuda.max_memory_allocated(run.device) / 2**20, 1)}
+        if run.device.type == "cuda"
+        else {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    )
     return {
-        "impl": impl, "shape": work.shape, "precision": precision,
-        "ms_per_step": round(seconds * 1000, 1),
+        "impl": impl, "shape": work.shape, "precision": run.precision,
+        "compiled": run.compiled, "device": run.device.type, "batch": work.batch,
+        "ms_per_step": round(seconds * 1000, 2),
         "target_tokens_per_s": round(tokens / seconds, 1),
         "total_tokens_per_s": round(2 * tokens / seconds, 1),
         "model_gflops_per_s": round(work.train_flops() / seconds / 1e9, 2),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        **memory,
     }
 
 
-def run_isolated(impl: str, shape: str, precision: str, repeats: int) -> dict[str, Any] | None:
+def run_isolated(impl: str, shape: str, precision: str, repeats: int, *, batch: int = 64,
+                 device: str = "cpu", compiled: bool = False) -> dict[str, Any] | None:
     """One measurement in a fresh process, so peak memory belongs to that configuration."""
-    cmd = [sys.executable, __file__, "--one", impl, shape, precision, str(repeats)]
+    cmd = [sys.executable, __file__, "--one", impl, shape, precision, str(repeats),
+           "--batch", str(batch), "--device", device] + (["--compile"] if compiled else [])
     # Every implementation gets the allocator setting tformer makes for itself (huge pages for
     # large tensors, see tformer/_hugepages.py), so the comparison is of the code, not of it.
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
-        return {"impl": impl, "shape": shape, "precision": precision, "skipped": tail}
+        return {"impl": impl, "shape": shape, "precision": precision, "compiled": compiled,
+                "skipped": tail}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -215,32 +283,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="S,B")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=64, help="sentence pairs per step")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--compile", action="store_true",
+                        help="also measure every implementation under torch.compile (bf16)")
+    parser.add_argument("--precisions", default=None,
+                        help="comma-separated, of fp32,bf16(,fp16 on CUDA); default: all")
     parser.add_argument("--smoke", action="store_true", help="tiny shape, one repeat (CI)")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    device = torch.device(args.device)
     if args.one:
         impl, shape, precision, repeats = args.one
-        work = Workload(shape, batch=4 if shape == "smoke" else 64,
+        work = Workload(shape, batch=4 if shape == "smoke" else args.batch,
                         length=8 if shape == "smoke" else 32)
+        run = Run(device, precision, compiled=args.compile)
         # Every implementation also keeps freed memory for reuse, as tformer's training does
         # for itself (tformer/malloc.py; TFORMER_KEEP_FREED_MEMORY=0 turns it off for all).
         from tformer.malloc import keep_freed_memory
 
         kept = keep_freed_memory()
-        print(json.dumps({**measure(impl, work, precision, int(repeats)),
+        print(json.dumps({**measure(impl, work, run, int(repeats)),
                           "keep_freed_memory": kept}))
         return
 
     shapes = ["smoke"] if args.smoke else args.shapes.split(",")
     repeats = 1 if args.smoke else args.repeats
     rows: list[dict[str, Any]] = []
-    peaks = {"fp32": matmul_peak(torch.float32, 256 if args.smoke else 2048),
-             "bf16": matmul_peak(torch.bfloat16, 256 if args.smoke else 2048)}
+    size = 256 if args.smoke else 8192 if device.type == "cuda" else 2048
+    peaks = {"fp32": matmul_peak(torch.float32, size, device=device),
+             "bf16": matmul_peak(torch.bfloat16, size, device=device)}
     from tformer.evaluate import cpu_description
 
-    record = {"reference": "dense matmul", "fp32_gflops": round(peaks["fp32"], 1),
+    record = {"reference": f"dense matmul {size}^3", "fp32_gflops": round(peaks["fp32"], 1),
               "bf16_gflops": round(peaks["bf16"], 1), "threads": torch.get_num_threads(),
               "torch": torch.__version__, **cpu_description()}
+    if device.type == "cuda":
+        record["gpu"] = torch.cuda.get_device_name(device)
     print(json.dumps(record), flush=True)
     try:
         import transformers  # type: ignore[import-not-found]  # noqa: F401
@@ -249,27 +328,35 @@ def main() -> None:
     except ImportError:
         impls = ["tformer", "torch.nn.Transformer"]
         print(json.dumps({"note": "transformers is not installed: HF Marian skipped"}))
+    precisions = ["fp32", "bf16"] + (["fp16"] if device.type == "cuda" else [])
+    if args.precisions:
+        precisions = [p for p in args.precisions.split(",") if p in precisions]
+    variants = [(p, False) for p in precisions] + ([("bf16", True)] if args.compile else [])
     for shape in shapes:
-        for precision in ("fp32", "bf16"):
+        for precision, compiled in variants:
             for impl in impls:
-                row = run_isolated(impl, shape, precision, repeats)
+                row = run_isolated(impl, shape, precision, repeats, batch=args.batch,
+                                   device=args.device, compiled=compiled)
                 if row and "model_gflops_per_s" in row:
                     row["mfu_vs_bf16_peak"] = round(row["model_gflops_per_s"] / peaks["bf16"], 4)
                 print(json.dumps(row), flush=True)
                 if row:
                     rows.append(row)
     print()
-    print("| shape | precision | implementation | ms/step | target tok/s | MFU (bf16 peak) "
-          "| peak RSS MB |")
+    memory = "peak GPU MB (allocated)" if device.type == "cuda" else "peak RSS MB"
+    print(f"| shape | precision | implementation | ms/step | target tok/s | MFU (bf16 peak) "
+          f"| {memory} |")
     print("|---|---|---|---:|---:|---:|---:|")
     for r in rows:
+        precision = r["precision"] + (" compiled" if r.get("compiled") else "")
         if "skipped" in r:
-            print(f"| {r['shape']} | {r['precision']} | {r['impl']} | skipped: {r['skipped']} "
+            print(f"| {r['shape']} | {precision} | {r['impl']} | skipped: {r['skipped']} "
                   "| | | |")
             continue
-        print(f"| {r['shape']} | {r['precision']} | {r['impl']} | {r['ms_per_step']} | "
+        peak = r.get("peak_gpu_mb", r.get("peak_rss_mb", 0.0))
+        print(f"| {r['shape']} | {precision} | {r['impl']} | {r['ms_per_step']} | "
               f"{r['target_tokens_per_s']:,.0f} | {r['mfu_vs_bf16_peak']:.1%} | "
-              f"{r['peak_rss_mb']:,.0f} |")
+              f"{peak:,.0f} |")
 
 
 if __name__ == "__main__":

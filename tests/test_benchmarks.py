@@ -25,7 +25,7 @@ def run_script(name: str, *args: str, env: dict[str, str] | None = None) -> list
 
 def test_train_speed_smoke() -> None:
     records = run_script("train_speed.py", "--smoke")
-    assert records[0]["reference"] == "dense matmul" and records[0]["bf16_gflops"] > 0
+    assert records[0]["reference"].startswith("dense matmul") and records[0]["bf16_gflops"] > 0
     measured = [r for r in records if "ms_per_step" in r]
     assert {r["impl"] for r in measured} >= {"tformer", "torch.nn.Transformer"}
     assert {r["precision"] for r in measured} == {"fp32", "bf16"}
