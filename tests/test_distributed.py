@@ -214,3 +214,5 @@ def test_each_cuda_process_needs_its_own_gpu(monkeypatch: pytest.MonkeyPatch) ->
     check_gpus_per_process(torch.device("cpu"), 4)  # gloo: any number of CPU processes
     with pytest.raises(DeviceError, match=r"--nproc 2: .* 1 CUDA device\(s\) are visible"):
         check_gpus_per_process(torch.device("cuda"), 2)
+    with pytest.raises(DeviceError, match=r"use torchrun --nproc-per-node 1 or fewer"):
+        check_gpus_per_process(torch.device("cuda"), 3, option="torchrun --nproc-per-node")

@@ -55,7 +55,7 @@ def init_world(device: torch.device) -> World:
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world.world_size))
-            check_gpus_per_process(device, local)
+            check_gpus_per_process(device, local, option="torchrun --nproc-per-node")
             torch.cuda.set_device(world.local_rank)
         # A bounded timeout turns a peer that hangs mid-collective into an error; a peer that
         # dies is caught sooner by torchrun, which then stops the whole job. Generous enough
@@ -64,8 +64,12 @@ def init_world(device: torch.device) -> World:
     return world
 
 
-def check_gpus_per_process(device: torch.device, processes: int) -> None:
+def check_gpus_per_process(
+    device: torch.device, processes: int, option: str = "--nproc"
+) -> None:
     """On CUDA every data-parallel process needs a GPU of its own (NCCL cannot share one).
+
+    ``option`` is what the user set the number of processes with, for the message.
 
     Raises:
         DeviceError: more processes on this machine than visible CUDA devices.
@@ -73,8 +77,8 @@ def check_gpus_per_process(device: torch.device, processes: int) -> None:
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     if device.type == "cuda" and processes > gpus:
         raise DeviceError(
-            f"--nproc {processes}: each process on CUDA needs its own GPU and {gpus} CUDA "
-            f"device(s) are visible; use --nproc {gpus} or fewer, or --device cpu"
+            f"{option} {processes}: each process on CUDA needs its own GPU and {gpus} CUDA "
+            f"device(s) are visible; use {option} {gpus} or fewer, or --device cpu"
         )
 
 
