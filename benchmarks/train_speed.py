@@ -41,10 +41,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from tformer.precision import Precision
 
 SHAPES: dict[str, dict[str, int]] = {
     "S": dict(d_model=256, n_heads=4, layers=3, d_ff=1024, vocab=8000),
@@ -101,9 +104,6 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5,
     return 2 * n**3 / min(times) / 1e9
 
 
-AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
 def optimize(loss: torch.Tensor, params: list[torch.nn.Parameter],
              optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> None:
     """backward, clip, step, zero: the same update for every implementation (fp16 scaled)."""
@@ -128,13 +128,13 @@ class Run:
     precision: str
     compiled: bool = False
 
-    def autocast(self) -> Any:
-        dtype = AUTOCAST[self.precision]
-        return torch.autocast(self.device.type, dtype=dtype or torch.float32,
-                              enabled=dtype is not None)
+    @property
+    def mode(self) -> Precision:
+        """tformer's own precision settings (autocast dtype, grad scaler), for every
+        implementation alike."""
+        from tformer.precision import Precision
 
-    def scaler(self) -> torch.amp.GradScaler | None:
-        return torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+        return Precision(name=self.precision, device_type=self.device.type)  # type: ignore[arg-type]
 
     def wrap(self, forward: Callable[..., Any]) -> Callable[..., Any]:
         return torch.compile(forward) if self.compiled else forward
@@ -157,10 +157,10 @@ def tformer_step(work: Workload, run: Run) -> Callable[[], None]:
     params = list(model.parameters())
     optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
     src, tgt_in, tgt_out = (t.to(run.device) for t in work.data())
-    forward, scaler = run.wrap(model), run.scaler()
+    forward, scaler = run.wrap(model), run.mode.scaler()
 
     def step() -> None:
-        with run.autocast():
+        with run.mode.autocast():
             logits = forward(src, tgt_in).logits
         loss = sequence_loss(logits, tgt_out, 0.1) / tgt_out.numel()
         optimize(loss, params, optimizer, scaler)
@@ -180,7 +180,7 @@ def torch_transformer_step(work: Workload, run: Run) -> Callable[[], None]:
     src, tgt_in, tgt_out = (t.to(run.device) for t in work.data())
     mask = torch.nn.Transformer.generate_square_subsequent_mask(work.length, device=run.device)
     scale = d["d_model"] ** 0.5
-    scaler = run.scaler()
+    scaler = run.mode.scaler()
 
     def logits_of(src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         hidden = core(embed(src) * scale, embed(tgt_in) * scale, tgt_mask=mask,
@@ -190,7 +190,7 @@ def torch_transformer_step(work: Workload, run: Run) -> Callable[[], None]:
     forward = run.wrap(logits_of)
 
     def step() -> None:
-        with run.autocast():
+        with run.mode.autocast():
             logits = forward(src, tgt_in)
         loss = F.cross_entropy(logits.reshape(-1, d["vocab"]).float(), tgt_out.reshape(-1),
                                label_smoothing=0.1)
@@ -213,10 +213,10 @@ def marian_step(work: Workload, run: Run) -> Callable[[], None]:
     params = list(model.parameters())
     optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
     src, tgt_in, tgt_out = (t.to(run.device) for t in work.data())
-    forward, scaler = run.wrap(model), run.scaler()
+    forward, scaler = run.wrap(model), run.mode.scaler()
 
     def step() -> None:
-        with run.autocast():
+        with run.mode.autocast():
             logits = forward(input_ids=src, decoder_input_ids=tgt_in).logits
         loss = F.cross_entropy(logits.reshape(-1, d["vocab"]).float(), tgt_out.reshape(-1),
                                label_smoothing=0.1)

@@ -21,15 +21,15 @@ import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from tests.conftest import tiny_model
 from tests.test_cli import TINY
+from tests.test_precision import _train as train_losses
 from tformer.checkpoint import WEIGHTS, load_checkpoint, resolve
 from tformer.cli import app
-from tformer.config import ModelConfig, TrainConfig
+from tformer.config import ModelConfig
 from tformer.decoding import DecodingConfig, decode
 from tformer.model import Transformer
 from tformer.precision import resolve_precision
-from tformer.train import TrainResult, train
+from tformer.train import TrainResult
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA GPU on this machine: the CUDA paths need one"
@@ -95,14 +95,8 @@ def test_auto_precision_on_the_gpu() -> None:
 
 
 def _train(data: Path, out: Path, **overrides: object) -> list[float]:
-    config = TrainConfig(
-        data=str(data), max_tokens=512, lr=3e-3, warmup_steps=5, max_steps=12, log_every=3,
-        eval_every=100, save_every=100, label_smoothing=0.0, seed=0, device="cuda",
-        **overrides,
-    )  # fmt: skip
-    train(tiny_model(), config, out=out, vocab_size=64)
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in records if "loss" in r]
+    """test_precision's short run (its losses at each log), on the GPU unless told otherwise."""
+    return train_losses(data, out, **{"device": "cuda", **overrides})
 
 
 def _weights(run: Path) -> dict[str, torch.Tensor]:
@@ -130,14 +124,7 @@ def test_mixed_precision_training_on_the_gpu_follows_fp32(
 
 def test_the_same_run_on_the_gpu_follows_the_cpu(toy_data: Path, tmp_path: Path) -> None:
     gpu = _train(toy_data, tmp_path / "gpu", precision="fp32")
-    config = TrainConfig(
-        data=str(toy_data), max_tokens=512, lr=3e-3, warmup_steps=5, max_steps=12, log_every=3,
-        eval_every=100, save_every=100, label_smoothing=0.0, seed=0, device="cpu",
-        precision="fp32",
-    )  # fmt: skip
-    train(tiny_model(), config, out=tmp_path / "cpu", vocab_size=64)
-    records = (tmp_path / "cpu" / "metrics.jsonl").read_text().splitlines()
-    cpu = [r["loss"] for r in map(json.loads, records) if "loss" in r]
+    cpu = _train(toy_data, tmp_path / "cpu", precision="fp32", device="cpu")
     # Same seed, same data order, no dropout: only the order of float sums differs.
     for a, b in zip(cpu, gpu, strict=True):
         assert abs(a - b) / a < 0.1, (cpu, gpu)
