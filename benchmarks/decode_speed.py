@@ -47,18 +47,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Before torch loads: torch reads it at its first allocation (see tformer/_hugepages.py).
+# Before torch loads: torch reads it at its first allocation (see tformer/fast/hugepages.py).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from tformer.analysis.evaluate import cpu_description  # noqa: E402
 from tformer.config import ModelConfig  # noqa: E402
-from tformer.decoding import DecodingConfig, decode  # noqa: E402
-from tformer.evaluate import cpu_description  # noqa: E402
-from tformer.model import Transformer  # noqa: E402
-from tformer.tokenizer import (  # noqa: E402
+from tformer.data.tokenizer import (  # noqa: E402
     BOS,
     BOS_ID,
     EOS,
@@ -68,6 +66,8 @@ from tformer.tokenizer import (  # noqa: E402
     SPECIAL_TOKENS,
     UNK,
 )
+from tformer.decoding.sampling import DecodingConfig, decode  # noqa: E402
+from tformer.model import Transformer  # noqa: E402
 
 SHAPES: dict[str, dict[str, int]] = {
     # The performance issue's shapes: S (tformer's "small" preset) and B (the paper's base).
@@ -276,7 +276,7 @@ def marian_runner(
 # -- CTranslate2 with the same weights ---------------------------------------------------------
 
 CT2_COMPUTE_TYPES = ("float32", "int8")
-# tformer never predicts these (tformer.logits.mask_special_tokens); HF is told the same.
+# tformer never predicts these (tformer.decoding.logits.mask_special_tokens); HF is told the same.
 CT2_SUPPRESSED = [[PAD], [BOS]]
 
 

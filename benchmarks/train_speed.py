@@ -8,7 +8,7 @@ Prints one JSON line per measurement, then a Markdown table. Measures:
 - peak resident memory of a training step (each configuration in its own process).
 
 Every configuration runs with ``THP_MEM_ALLOC_ENABLE=1`` (large tensors on transparent huge
-pages) and with freed memory kept for reuse (``tformer.malloc``): the settings tformer makes for
+pages) and with freed memory kept for reuse (``tformer.fast.malloc``): the settings tformer makes for
 itself, unless the caller's environment says otherwise (``THP_MEM_ALLOC_ENABLE=0``,
 ``TFORMER_KEEP_FREED_MEMORY=0``).
 
@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from tformer.precision import Precision
+    from tformer.training.precision import Precision
 
 SHAPES: dict[str, dict[str, int]] = {
     "S": dict(d_model=256, n_heads=4, layers=3, d_ff=1024, vocab=8000),
@@ -132,7 +132,7 @@ class Run:
     def mode(self) -> Precision:
         """tformer's own precision settings (autocast dtype, grad scaler), for every
         implementation alike."""
-        from tformer.precision import Precision
+        from tformer.training.precision import Precision
 
         return Precision(name=self.precision, device_type=self.device.type)  # type: ignore[arg-type]
 
@@ -145,8 +145,8 @@ class Run:
 
 def tformer_step(work: Workload, run: Run) -> Callable[[], None]:
     from tformer.config import ModelConfig
-    from tformer.loss import sequence_loss
     from tformer.model import Transformer
+    from tformer.training.loss import sequence_loss
 
     d = work.dims
     config = ModelConfig(src_vocab_size=d["vocab"], tgt_vocab_size=d["vocab"],
@@ -269,7 +269,7 @@ def run_isolated(impl: str, shape: str, precision: str, repeats: int, *, batch: 
     cmd = [sys.executable, __file__, "--one", impl, shape, precision, str(repeats),
            "--batch", str(batch), "--device", device] + (["--compile"] if compiled else [])
     # Every implementation gets the allocator setting tformer makes for itself (huge pages for
-    # large tensors, see tformer/_hugepages.py), so the comparison is of the code, not of it.
+    # large tensors, see tformer/fast/hugepages.py), so the comparison is of the code, not of it.
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -299,8 +299,8 @@ def main() -> None:
                         length=8 if shape == "smoke" else 32)
         run = Run(device, precision, compiled=args.compile)
         # Every implementation also keeps freed memory for reuse, as tformer's training does
-        # for itself (tformer/malloc.py; TFORMER_KEEP_FREED_MEMORY=0 turns it off for all).
-        from tformer.malloc import keep_freed_memory
+        # for itself (tformer/fast/malloc.py; TFORMER_KEEP_FREED_MEMORY=0 turns it off for all).
+        from tformer.fast.malloc import keep_freed_memory
 
         kept = keep_freed_memory()
         print(json.dumps({**measure(impl, work, run, int(repeats)),
@@ -313,7 +313,7 @@ def main() -> None:
     size = 256 if args.smoke else 8192 if device.type == "cuda" else 2048
     peaks = {"fp32": matmul_peak(torch.float32, size, device=device),
              "bf16": matmul_peak(torch.bfloat16, size, device=device)}
-    from tformer.evaluate import cpu_description
+    from tformer.analysis.evaluate import cpu_description
 
     record = {"reference": f"dense matmul {size}^3", "fp32_gflops": round(peaks["fp32"], 1),
               "bf16_gflops": round(peaks["bf16"], 1), "threads": torch.get_num_threads(),

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from tformer.config import ModelConfig, TrainConfig, preset
-from tformer.decoding import Hypothesis
+from tformer.decoding.sampling import Hypothesis
 from tformer.model import Transformer
-from tformer.train import TrainResult, train
+from tformer.training.run import TrainResult, train
 
 DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -69,7 +69,7 @@ def two_threads() -> Iterator[None]:
 
 def plain_linear(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every linear layer as plain F.linear: no packed weights, no split over threads."""
-    from tformer.model import linear as linear_module
+    from tformer.fast import linear as linear_module
 
     monkeypatch.setattr(linear_module, "_PACKING", False)
     monkeypatch.setattr(linear_module, "_ONEDNN", False)

@@ -1,6 +1,6 @@
 """One rank of a data-parallel test run, started by torchrun (see test_distributed.py).
 
-Trains the tiny model of the tests with ``tformer.train.train`` and then writes this rank's
+Trains the tiny model of the tests with ``tformer.training.run.train`` and then writes this rank's
 final weights to ``DUMP/rank<R>.safetensors`` so the test can compare the ranks.
 """
 
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from safetensors.torch import save_file  # noqa: E402
 
 from tformer.config import ModelConfig, TrainConfig, preset  # noqa: E402
-from tformer.train import train  # noqa: E402
+from tformer.training.run import train  # noqa: E402
 
 
 def model_config() -> ModelConfig:

@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from tformer.beam import beam_search
-from tformer.checkpoint import Checkpoint, load_checkpoint
-from tformer.data import pad
-from tformer.decoding import DecodingConfig, decode, decode_texts
+from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.data.pairs import pad
+from tformer.data.tokenizer import BOS_ID, EOS_ID
+from tformer.decoding.beam import beam_search
+from tformer.decoding.sampling import DecodingConfig, decode, decode_texts
 from tformer.model import DecoderCache, DecoderOutput, EncoderOutput
-from tformer.tokenizer import BOS_ID, EOS_ID
-from tformer.train import TrainResult
+from tformer.training.run import TrainResult
 
 A, B, C, D = 4, 5, 6, 7
 V = 8

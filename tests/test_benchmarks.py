@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tformer.malloc import glibc
+from tformer.fast.malloc import glibc
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"

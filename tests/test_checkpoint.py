@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tformer.checkpoint import (
+from tformer.checkpoint.store import (
     CONFIG,
     LATEST,
     MANIFEST,
@@ -29,10 +29,10 @@ from tformer.checkpoint import (
 )
 from tformer.cli import app
 from tformer.config import ModelConfig, TrainConfig
+from tformer.data.tokenizer import train_tokenizer
 from tformer.errors import CheckpointError
 from tformer.model import Transformer
-from tformer.tokenizer import train_tokenizer
-from tformer.train import TrainResult
+from tformer.training.run import TrainResult
 
 
 def test_run_folder_layout(trained: TrainResult) -> None:
@@ -297,7 +297,7 @@ def test_a_failed_save_names_the_path_and_keeps_the_previous_checkpoint(
     def full_disk(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(run / "x"))
 
-    monkeypatch.setattr("tformer.checkpoint.save_model", full_disk)
+    monkeypatch.setattr("tformer.checkpoint.store.save_model", full_disk)
     model, toks = _model_and_tokenizers()
     with pytest.raises(CheckpointError, match="No space left on device") as error:
         save_checkpoint(run, model=model, train_config=TrainConfig(), tokenizers=toks, step=2)

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from tformer.cli import app
-from tformer.tokenizer import Tokenizer
+from tformer.data.tokenizer import Tokenizer
 
 runner = CliRunner()
 TINY = [

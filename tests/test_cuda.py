@@ -23,13 +23,13 @@ from typer.testing import CliRunner
 
 from tests.test_cli import TINY
 from tests.test_precision import _train as train_losses
-from tformer.checkpoint import WEIGHTS, load_checkpoint, resolve
+from tformer.checkpoint.store import WEIGHTS, load_checkpoint, resolve
 from tformer.cli import app
 from tformer.config import ModelConfig
-from tformer.decoding import DecodingConfig, decode
+from tformer.decoding.sampling import DecodingConfig, decode
 from tformer.model import Transformer
-from tformer.precision import resolve_precision
-from tformer.train import TrainResult
+from tformer.training.precision import resolve_precision
+from tformer.training.run import TrainResult
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA GPU on this machine: the CUDA paths need one"

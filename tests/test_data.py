@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import digit_pairs, write_jsonl
-from tformer.data import (
+from tformer.data.pairs import (
     BatchPlan,
     bucket_batches,
     collate,
@@ -16,8 +16,8 @@ from tformer.data import (
     load_text_pairs,
     shift_right,
 )
+from tformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
 from tformer.errors import DataError
-from tformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
 
 
 def test_shift_right_feeds_bos_plus_target_and_predicts_target_plus_eos() -> None:

@@ -2,7 +2,7 @@
 
 The parse checks are deliberately independent of the generator: numeric formats are read back
 with ``datetime.strptime`` under the documented conventions, and names and ordinals come from
-tables written here rather than from ``tformer.dates``.
+tables written here rather than from ``tformer.data.dates``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tformer import dates
+from tformer.data import dates
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 SMALL = {"train": 300, "validation": 50, "test": 50}
@@ -191,7 +191,7 @@ def test_committed_files_match_a_fresh_generation(tmp_path: Path) -> None:
     for split, path in fresh.items():
         committed = DATA_DIR / f"{split}.jsonl"
         assert committed.read_bytes() == path.read_bytes(), (
-            f"{committed} is stale; regenerate with `python -m tformer.dates`"
+            f"{committed} is stale; regenerate with `python -m tformer.data.dates`"
         )
 
 

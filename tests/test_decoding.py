@@ -7,9 +7,17 @@ import math
 import pytest
 import torch
 
-from tformer.checkpoint import Checkpoint, load_checkpoint
-from tformer.data import pad
-from tformer.decoding import (
+from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.data.pairs import pad
+from tformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from tformer.decoding.logits import (
+    apply_repetition_penalty,
+    ban_repeated_ngrams,
+    mask_special_tokens,
+    min_p_filter,
+    suppress_eos,
+)
+from tformer.decoding.sampling import (
     CachedStepper,
     DecodingConfig,
     RecomputeStepper,
@@ -26,15 +34,7 @@ from tformer.decoding import (
     uniform,
 )
 from tformer.errors import ConfigError
-from tformer.logits import (
-    apply_repetition_penalty,
-    ban_repeated_ngrams,
-    mask_special_tokens,
-    min_p_filter,
-    suppress_eos,
-)
-from tformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from tformer.train import TrainResult
+from tformer.training.run import TrainResult
 
 TEXTS = ["3 1 4", "1 5 9 2 6 5", "7", "2 7 1 8 2"]
 

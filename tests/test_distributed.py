@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 
 from tests.conftest import digit_pairs, write_jsonl
 from tests.ddp_worker import model_config, train_config
-from tformer.checkpoint import load_checkpoint, resolve
-from tformer.train import train
+from tformer.checkpoint.store import load_checkpoint, resolve
+from tformer.training.run import train
 
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="torchrun + gloo on Linux"),
@@ -206,8 +206,8 @@ def test_a_single_process_run_resumes_under_ddp_with_accumulation(
 
 
 def test_each_cuda_process_needs_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tformer.distributed import check_gpus_per_process
     from tformer.errors import DeviceError
+    from tformer.training.distributed import check_gpus_per_process
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     check_gpus_per_process(torch.device("cuda"), 1)

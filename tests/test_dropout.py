@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from tformer.model.dropout import Dropout, dropout, keep_mask
+from tformer.fast.dropout import Dropout, dropout, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])

@@ -10,12 +10,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tformer.averaging import average_checkpoints
-from tformer.checkpoint import load_checkpoint
+from tformer.analysis.evaluate import corpus_scores
+from tformer.checkpoint.averaging import average_checkpoints
+from tformer.checkpoint.store import load_checkpoint
 from tformer.cli import app
 from tformer.errors import CheckpointError
-from tformer.evaluate import corpus_scores
-from tformer.train import TrainResult
+from tformer.training.run import TrainResult
 
 
 def test_scores_reproduce_sacrebleu_exactly() -> None:

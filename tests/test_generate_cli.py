@@ -9,7 +9,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from tformer.cli import app
-from tformer.train import TrainResult
+from tformer.training.run import TrainResult
 
 runner = CliRunner()
 

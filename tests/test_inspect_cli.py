@@ -9,9 +9,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tformer.analysis.attention import load_attention
 from tformer.cli import app
-from tformer.inspection import load_attention
-from tformer.train import TrainResult
+from tformer.training.run import TrainResult
 
 runner = CliRunner()
 

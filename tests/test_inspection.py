@@ -14,11 +14,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from tformer.checkpoint import Checkpoint, load_checkpoint
-from tformer.config import RECIPES, ModelConfig, TrainConfig, preset
-from tformer.data import bundled_data_dir
-from tformer.errors import ConfigError, DataError
-from tformer.inspection import (
+from tformer.analysis.attention import (
     AttentionResult,
     eos_column,
     head_statistics,
@@ -26,10 +22,14 @@ from tformer.inspection import (
     load_attention,
     save_attention,
 )
+from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.config import RECIPES, ModelConfig, TrainConfig, preset
+from tformer.data.pairs import bundled_data_dir
+from tformer.data.tokenizer import PAD_ID
+from tformer.errors import ConfigError, DataError
 from tformer.model import Transformer
 from tformer.model.attention import MultiHeadAttention
-from tformer.tokenizer import PAD_ID
-from tformer.train import TrainResult, train
+from tformer.training.run import TrainResult, train
 
 
 @pytest.fixture(scope="module")

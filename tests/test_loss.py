@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tformer import loss as loss_module
-from tformer.loss import sequence_loss
-from tformer.tokenizer import PAD_ID
+from tformer.data.tokenizer import PAD_ID
+from tformer.training import loss as loss_module
+from tformer.training.loss import sequence_loss
 
 
 def reference(logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> torch.Tensor:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tformer.malloc import glibc
+from tformer.fast.malloc import glibc
 
 # Where glibc puts a 20 MB block and what it does with it once freed, read from its own
 # statistics (mallinfo2). By default a block that size gets its own mapping (returned to the
@@ -18,7 +18,7 @@ from tformer.malloc import glibc
 PLACEMENT_PROBE = """
 import ctypes, sys
 import torch
-from tformer.malloc import keep_freed_memory
+from tformer.fast.malloc import keep_freed_memory
 class Info(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks",
                 "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -39,8 +39,8 @@ TRAINING_PROBE = """
 import resource, sys
 import torch
 from tformer.config import ModelConfig
-from tformer.loss import sequence_loss
-from tformer.malloc import keep_freed_memory
+from tformer.training.loss import sequence_loss
+from tformer.fast.malloc import keep_freed_memory
 from tformer.model import Transformer
 applied = keep_freed_memory() if sys.argv[1] == "keep" else False
 torch.manual_seed(0)
@@ -115,7 +115,8 @@ def test_a_training_run_applies_it(toy_data: Path, tmp_path: Path) -> None:
     # A real (tiny) training run through the API, in a fresh process: the settings are on after.
     script = f"""
 from pathlib import Path
-from tformer import TrainConfig, malloc, preset, train
+from tformer import TrainConfig, preset, train
+from tformer.fast import malloc
 assert not malloc._applied
 model = preset("tiny", d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64)
 config = TrainConfig(data={str(toy_data)!r}, max_tokens=256, max_steps=2, save_every=10)

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from tformer.config import ModelConfig, preset
-from tformer.decoding import DecodingConfig, decode
+from tformer.data.tokenizer import BOS_ID, PAD_ID
+from tformer.decoding.sampling import DecodingConfig, decode
 from tformer.model import Transformer
 from tformer.model.attention import FoldedSource, KVCache, MultiHeadAttention
 from tformer.model.layers import DecoderLayer, sinusoidal_positions
 from tformer.model.transformer import DecoderCache
-from tformer.tokenizer import BOS_ID, PAD_ID
 
 
 def tiny(**overrides: object) -> ModelConfig:

@@ -19,14 +19,14 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from tests.conftest import tiny_model
-from tformer import precision as precision_module
-from tformer.checkpoint import WEIGHTS, load_checkpoint, resolve
+from tformer.checkpoint.store import WEIGHTS, load_checkpoint, resolve
 from tformer.cli import app
 from tformer.config import ModelConfig, TrainConfig, preset
 from tformer.errors import ConfigError
 from tformer.model import Transformer
-from tformer.precision import resolve_precision
-from tformer.train import train
+from tformer.training import precision as precision_module
+from tformer.training.precision import resolve_precision
+from tformer.training.run import train
 
 CPU = torch.device("cpu")
 
@@ -113,7 +113,7 @@ def test_mixed_precision_skips_and_counts_an_overflowed_step(
     toy_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """fp32 stops on a non-finite step (test_reliability); mixed precision skips it."""
-    train_module = importlib.import_module("tformer.loop")
+    train_module = importlib.import_module("tformer.training.loop")
     real = train_module.sequence_loss
     calls = {"n": 0}
 
@@ -170,7 +170,7 @@ def test_dry_run_reports_speed_memory_and_the_largest_batch(tmp_path: Path) -> N
 DRY_RUN_PROBE = """
 import json, sys
 from tformer.config import TrainConfig, preset
-from tformer.dryrun import measure_batch_limits
+from tformer.training.dryrun import measure_batch_limits
 model = preset("tiny", d_model=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=1,
                d_ff=128, dropout=0.0, max_len=64)
 r = measure_batch_limits(model, TrainConfig(max_tokens=int(sys.argv[1])), vocab_size=200, steps=2)

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from tformer.checkpoint import (
+from tformer.checkpoint.store import (
     MANIFEST,
     Tokenizers,
     load_checkpoint,
@@ -29,10 +29,10 @@ from tformer.checkpoint import (
     verify_checkpoint,
 )
 from tformer.config import ModelConfig, TrainConfig
-from tformer.data import encode_pairs, load_text_pairs
+from tformer.data.pairs import encode_pairs, load_text_pairs
+from tformer.data.tokenizer import UNK_ID, Tokenizer, train_tokenizer
 from tformer.errors import CheckpointError, ConfigError, DataError, TformerError
 from tformer.model import Transformer
-from tformer.tokenizer import UNK_ID, Tokenizer, train_tokenizer
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("HYP_N", 25)),

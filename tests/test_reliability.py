@@ -18,7 +18,7 @@ import torch
 from typer.testing import CliRunner
 
 from tests.conftest import digit_pairs, write_jsonl
-from tformer.checkpoint import (
+from tformer.checkpoint.store import (
     LATEST,
     load_checkpoint,
     read_metrics,
@@ -144,7 +144,7 @@ def test_train_save_load_resume_generate_without_pickle(
 def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(
     small_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    train_module = importlib.import_module("tformer.loop")  # the loop calls sequence_loss
+    train_module = importlib.import_module("tformer.training.loop")  # the loop calls sequence_loss
     real = train_module.sequence_loss
     steps = {"n": 0}
 

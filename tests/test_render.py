@@ -14,6 +14,7 @@ import pytest
 import torch
 from rich.console import Console, RenderableType
 
+from tformer.analysis.attention import AttentionResult, head_statistics
 from tformer.cli.render import (
     head_grid,
     heatmap,
@@ -24,7 +25,6 @@ from tformer.cli.render import (
 )
 from tformer.cli.render_files import save_maps
 from tformer.cli.render_html import render_html
-from tformer.inspection import AttentionResult, head_statistics
 
 WIDTHS = [80, 160]
 

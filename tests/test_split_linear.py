@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import decoding_model, plain_linear, same_hypotheses
-from tformer.decoding import DecodingConfig, decode
-from tformer.model import linear as linear_module
-from tformer.model.linear import Linear, split_linear, split_parts
+from tformer.decoding.sampling import DecodingConfig, decode
+from tformer.fast.linear import Linear, split_linear, split_parts
+from tformer.fast import linear as linear_module
 
 pytestmark = pytest.mark.skipif(
     not linear_module._X86, reason="splitting over threads is used on x86 CPUs only"

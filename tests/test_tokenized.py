@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from tests.conftest import digit_pairs, write_jsonl
 from tformer.cli import app
-from tformer.tokenized import encode_texts, texts_key
-from tformer.tokenizer import Tokenizer, train_tokenizer
+from tformer.data.tokenized import encode_texts, texts_key
+from tformer.data.tokenizer import Tokenizer, train_tokenizer
 
 TEXTS = [f"{p['source']} = {p['target']}" for p in digit_pairs(400, seed=5)]
 

@@ -1,4 +1,4 @@
-"""Tests for tformer.tokenizer: training, round trips, persistence and error messages."""
+"""Tests for tformer.data.tokenizer: training, round trips, persistence and error messages."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers, trainers
 
-from tformer.errors import CheckpointError, ConfigError, DataError
-from tformer.tokenizer import (
+from tformer.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -21,6 +20,7 @@ from tformer.tokenizer import (
     Tokenizer,
     train_tokenizer,
 )
+from tformer.errors import CheckpointError, ConfigError, DataError
 
 VOCAB_SIZE = 400
 

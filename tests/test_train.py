@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import tiny_model
-from tformer.checkpoint import load_checkpoint
+from tformer.checkpoint.store import load_checkpoint
 from tformer.config import ModelConfig, TrainConfig
-from tformer.loss import sequence_loss
-from tformer.optim import cosine_lr, inverse_sqrt_lr, lr_at
-from tformer.tokenizer import PAD_ID
-from tformer.train import TrainResult, train
+from tformer.data.tokenizer import PAD_ID
+from tformer.training.loss import sequence_loss
+from tformer.training.optim import cosine_lr, inverse_sqrt_lr, lr_at
+from tformer.training.run import TrainResult, train
 
 
 def test_loss_ignores_padding() -> None:
@@ -153,7 +153,7 @@ def test_time_budget_stops_training(toy_data: Path, tmp_path: Path) -> None:
 
 def test_gradient_accumulation_equals_a_bigger_batch(toy_data: Path, tmp_path: Path) -> None:
     """Two accumulated half-batches give the same update as the two batches at once."""
-    from tformer.data import collate
+    from tformer.data.pairs import collate
     from tformer.model import Transformer
 
     torch.manual_seed(0)

@@ -10,13 +10,13 @@ import torch
 from typer.testing import CliRunner
 
 from tests.conftest import tiny_model
-from tformer.checkpoint import BEST, load_checkpoint, read_config, resolve
+from tformer.checkpoint.store import BEST, load_checkpoint, read_config, resolve
 from tformer.cli import app
 from tformer.config import TrainConfig
-from tformer.ema import WeightAverage
 from tformer.errors import ConfigError
 from tformer.model import Transformer
-from tformer.train import train
+from tformer.training.ema import WeightAverage
+from tformer.training.run import train
 
 
 def records(run: Path) -> list[dict]:

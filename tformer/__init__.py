@@ -11,21 +11,7 @@ The command line is a thin layer over this API::
 
 from __future__ import annotations
 
-from tformer import _hugepages  # noqa: F401  (sets torch's allocator switch before torch loads)
-from tformer.averaging import average_checkpoints
-from tformer.checkpoint import (
-    Checkpoint,
-    Tokenizers,
-    load_checkpoint,
-    save_checkpoint,
-    verify_checkpoint,
-)
-from tformer.config import PRESETS, RECIPES, ModelConfig, TrainConfig, preset
-from tformer.decoding import DecodingConfig, Hypothesis, decode_texts, explain, stream_tokens
-from tformer.dryrun import DryRunReport, measure_batch_limits
-from tformer.errors import CheckpointError, ConfigError, DataError, DeviceError, TformerError
-from tformer.evaluate import Evaluation, corpus_scores, evaluate
-from tformer.inspection import (
+from tformer.analysis.attention import (
     AttentionResult,
     AttentionSelection,
     HeadStats,
@@ -34,9 +20,28 @@ from tformer.inspection import (
     load_attention,
     save_attention,
 )
+from tformer.analysis.evaluate import Evaluation, corpus_scores, evaluate
+from tformer.checkpoint.averaging import average_checkpoints
+from tformer.checkpoint.store import (
+    Checkpoint,
+    Tokenizers,
+    load_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from tformer.config import PRESETS, RECIPES, ModelConfig, TrainConfig, preset
+from tformer.data.tokenizer import Tokenizer, train_tokenizer
+from tformer.decoding.sampling import (
+    DecodingConfig,
+    Hypothesis,
+    decode_texts,
+    explain,
+    stream_tokens,
+)
+from tformer.errors import CheckpointError, ConfigError, DataError, DeviceError, TformerError
 from tformer.model import AttentionMaps, Transformer
-from tformer.tokenizer import Tokenizer, train_tokenizer
-from tformer.train import TrainResult, train
+from tformer.training.dryrun import DryRunReport, measure_batch_limits
+from tformer.training.run import TrainResult, train
 from tformer.version import __version__
 
 

@@ -194,7 +194,7 @@ class TrainConfig:
     max_steps: int | None = None
     epochs: float | None = None
     time_budget: float | None = None
-    # Speed: mixed precision ("auto" picks per device, see tformer.precision) and torch.compile.
+    # Speed: mixed precision ("auto" picks per device, see tformer.training.precision) and torch.compile.
     precision: PrecisionName = "auto"
     compile: bool = False
     # Validation: loss always; BLEU / chrF of greedy translations of the first `val_bleu`

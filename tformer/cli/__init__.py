@@ -14,7 +14,7 @@ from typer.core import TyperGroup
 
 from tformer.cli.console import err_console
 from tformer.errors import TformerError, TrainingInterrupted
-from tformer.malloc import keep_freed_memory
+from tformer.fast.malloc import keep_freed_memory
 from tformer.version import __version__
 
 
@@ -82,5 +82,5 @@ from tformer.cli import (  # noqa: E402,F401
 
 def main() -> None:
     """Console-script entry point."""
-    keep_freed_memory()  # tformer's own process: see tformer.malloc
+    keep_freed_memory()  # tformer's own process: see tformer.fast.malloc
     app()

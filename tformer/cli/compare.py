@@ -10,11 +10,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tformer.checkpoint import Checkpoint, load_checkpoint
+from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.cli import app
 from tformer.cli.console import console
 from tformer.cli.options import CHECKPOINT, DEVICE, MAX_NEW_TOKENS, default
-from tformer.decoding import DecodingConfig, Hypothesis, decode_texts
+from tformer.decoding.sampling import DecodingConfig, Hypothesis, decode_texts
 from tformer.device import resolve_device
 from tformer.errors import ConfigError
 

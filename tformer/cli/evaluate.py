@@ -8,7 +8,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tformer.checkpoint import load_checkpoint
+from tformer.analysis.evaluate import evaluate, result_card, write_results
+from tformer.checkpoint.store import load_checkpoint
 from tformer.cli import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (
@@ -30,10 +31,9 @@ from tformer.cli.options import (
     TOP_P,
     decoding_config,
 )
-from tformer.data import load_text_pairs
+from tformer.data.pairs import load_text_pairs
 from tformer.device import resolve_device
 from tformer.errors import ConfigError, DataError
-from tformer.evaluate import evaluate, result_card, write_results
 
 
 @app.command("evaluate")

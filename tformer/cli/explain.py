@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from rich.markup import escape
 from rich.table import Table
 
-from tformer.checkpoint import Tokenizers
-from tformer.decoding import DecodingConfig, Hypothesis, StepExplanation
+from tformer.checkpoint.store import Tokenizers
+from tformer.decoding.sampling import DecodingConfig, Hypothesis, StepExplanation
 
 
 def _strategy(config: DecodingConfig) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from tformer.checkpoint import Checkpoint, load_checkpoint
+from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.cli import app
 from tformer.cli.compare import default_settings, print_comparison
 from tformer.cli.console import console
@@ -35,7 +35,13 @@ from tformer.cli.options import (
     default,
     existing_file,
 )
-from tformer.decoding import DecodingConfig, Hypothesis, decode_texts, explain, stream_tokens
+from tformer.decoding.sampling import (
+    DecodingConfig,
+    Hypothesis,
+    decode_texts,
+    explain,
+    stream_tokens,
+)
 from tformer.device import resolve_device
 from tformer.errors import ConfigError, DataError
 

@@ -7,16 +7,23 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from tformer.checkpoint import load_checkpoint
+from tformer.analysis.attention import (
+    KINDS,
+    Head,
+    Layer,
+    eos_column,
+    head_statistics,
+    inspect_attention,
+)
+from tformer.checkpoint.store import load_checkpoint
 from tformer.cli import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import CHECKPOINT, DEVICE, SEED, TEMPERATURE
 from tformer.cli.render import render_selection, stats_table
 from tformer.cli.render_files import check_save_path, save_maps
-from tformer.decoding import DecodingConfig
+from tformer.decoding.sampling import DecodingConfig
 from tformer.device import resolve_device
 from tformer.errors import ConfigError
-from tformer.inspection import KINDS, Head, Layer, eos_column, head_statistics, inspect_attention
 
 
 def parse_layer(text: str) -> Layer:

@@ -18,8 +18,8 @@ from rich.table import Table
 from rich.text import Text
 from torch import Tensor
 
-from tformer.inspection import AttentionSelection, HeadStats
-from tformer.tokenizer import SPECIAL_TOKENS
+from tformer.analysis.attention import AttentionSelection, HeadStats
+from tformer.data.tokenizer import SPECIAL_TOKENS
 
 # A viridis-like ramp: dark for ~0, bright for ~1, readable on dark and light terminals.
 RAMP = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]

@@ -1,5 +1,5 @@
 """Attention maps written to files: ``.png`` (matplotlib), ``.html`` (interactive, one file),
-``.json`` and ``.npz`` (data, see ``tformer.inspection.save_attention``)."""
+``.json`` and ``.npz`` (data, see ``tformer.analysis.attention.save_attention``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 from torch import Tensor
 
+from tformer.analysis.attention import AttentionResult, AttentionSelection, save_attention
 from tformer.cli.render_html import write_html
 from tformer.errors import ConfigError
-from tformer.inspection import AttentionResult, AttentionSelection, save_attention
 
 SAVE_SUFFIXES = (".png", ".html", ".json", ".npz")
 ANNOTATE_CELLS = 400  # print the weights in the cells of a single map up to this size

@@ -15,8 +15,8 @@ from typing import Any
 
 from torch import Tensor
 
-from tformer.inspection import KINDS, AttentionResult, AttentionSelection
-from tformer.tokenizer import SPECIAL_TOKENS
+from tformer.analysis.attention import KINDS, AttentionResult, AttentionSelection
+from tformer.data.tokenizer import SPECIAL_TOKENS
 
 DECIMALS = 4  # weights are stored rounded: enough for colours and hover values, 4x smaller
 

@@ -11,8 +11,7 @@ import click
 import typer
 from rich.table import Table
 
-from tformer import checkpoint as ckpt
-from tformer import distributed as dist_
+from tformer.checkpoint import store as ckpt
 from tformer.cli import app
 from tformer.cli.console import console
 from tformer.cli.options import (
@@ -33,12 +32,13 @@ from tformer.config import (
     parse_duration,
     preset,
 )
+from tformer.data.tokenized import default_cache_dir
+from tformer.data.tokenizer import TOKENIZER_KINDS
 from tformer.device import resolve_device, set_threads
-from tformer.dryrun import DryRunReport, measure_batch_limits
 from tformer.errors import CheckpointError, ConfigError
-from tformer.tokenized import default_cache_dir
-from tformer.tokenizer import TOKENIZER_KINDS
-from tformer.train import check_architecture, train, with_older_checkpoint
+from tformer.training import distributed as dist_
+from tformer.training.dryrun import DryRunReport, measure_batch_limits
+from tformer.training.run import check_architecture, train, with_older_checkpoint
 
 T = TrainConfig
 M = ModelConfig

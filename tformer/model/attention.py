@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer.model.dropout import dropout
-from tformer.model.linear import Linear, direct, linear, unpacked_linear
+from tformer.fast.dropout import dropout
+from tformer.fast.linear import Linear, direct, linear, unpacked_linear
 
 
 def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
@@ -184,7 +184,7 @@ class FoldedSource:
     softmax(x keysᵀ + key_bias) per head, then p valuesᵀ + b_O: two matrix-vector products
     over 2·D·H·S numbers instead of W^Q, W^O and the cached keys and values (2·D·D + 2·S·D).
     Both are stored as linear-layer weights (out x in), so they take the same fast paths as
-    one (see tformer.model.linear).
+    one (see tformer.fast.linear).
     """
 
     keys: Tensor  # (H * S, D)

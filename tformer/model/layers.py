@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
+from tformer.fast.dropout import Dropout
+from tformer.fast.linear import Linear, direct
 from tformer.model.attention import KVCache, MultiHeadAttention
-from tformer.model.dropout import Dropout
-from tformer.model.linear import Linear, direct
 
 
 class TokenEmbedding(nn.Module):

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
+from tformer.data.tokenizer import PAD_ID
+from tformer.fast.linear import fast_linear
 from tformer.model.attention import padding_mask
 from tformer.model.layers import (
     DecoderLayer,
@@ -25,8 +27,6 @@ from tformer.model.layers import (
     PositionalEncoding,
     TokenEmbedding,
 )
-from tformer.model.linear import fast_linear
-from tformer.tokenizer import PAD_ID
 
 
 @dataclass

@@ -17,7 +17,7 @@ Every source string names exactly one date, so a model can reach 100% exact matc
 Dates are drawn uniformly by day over 1900-01-01..2099-12-31, then a format is drawn uniformly
 from those valid for that date. Month and weekday names are spelled out here (never taken from
 the locale) and all randomness comes from one ``random.Random(seed)``, so a seed always gives
-byte-identical files. ``python -m tformer.dates`` rewrites the committed ``data/`` files.
+byte-identical files. ``python -m tformer.data.dates`` rewrites the committed ``data/`` files.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ def write_splits(
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m tformer.dates",
+        prog="python -m tformer.data.dates",
         description="Write the date-normalisation data set (human dates -> ISO 8601) as JSONL.",
     )
     parser.add_argument("--out", default="data", help="output folder (default: data)")
@@ -240,7 +240,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m tformer.dates [--out data] [--seed 0] [--train 20000] ...``."""
+    """Command line: ``python -m tformer.data.dates [--out data] [--seed 0] [--train 20000] ...``."""
     args = _parse_args(argv)
     sizes = {split: getattr(args, split) for split in SPLIT_NAMES}
     for split, path in write_splits(args.out, args.seed, sizes).items():

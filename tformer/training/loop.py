@@ -26,12 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from tformer import checkpoint as ckpt
-from tformer import distributed as dist_
+from tformer.checkpoint import store as ckpt
 from tformer.config import ModelConfig, TrainConfig
-from tformer.data import BatchPlan, EncodedSplit, collate
-from tformer.distributed import World
-from tformer.ema import WeightAverage
+from tformer.data.pairs import BatchPlan, EncodedSplit, collate
 from tformer.errors import (
     Aborted,
     CheckpointError,
@@ -39,12 +36,15 @@ from tformer.errors import (
     OutOfMemoryError,
     TrainingInterrupted,
 )
-from tformer.loss import sequence_loss
-from tformer.malloc import keep_freed_memory
+from tformer.fast.malloc import keep_freed_memory
 from tformer.model import Transformer
-from tformer.optim import lr_at
-from tformer.precision import Precision
-from tformer.validation import evaluate_loss, exact_match, translation_scores
+from tformer.training import distributed as dist_
+from tformer.training.distributed import World
+from tformer.training.ema import WeightAverage
+from tformer.training.loss import sequence_loss
+from tformer.training.optim import lr_at
+from tformer.training.precision import Precision
+from tformer.training.validation import evaluate_loss, exact_match, translation_scores
 
 # Mixed precision skips a step whose gradients overflowed; this many in a row means divergence.
 MAX_SKIPPED_IN_A_ROW = 25

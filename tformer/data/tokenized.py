@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tformer.tokenizer import Tokenizer
+from tformer.data.tokenizer import Tokenizer
 
 CACHE_ENV = "TFORMER_CACHE"
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 
 from tformer.config import ModelConfig, TrainConfig
+from tformer.data.tokenizer import Tokenizer
 from tformer.device import resolve_device, seed_everything
-from tformer.loss import sequence_loss
-from tformer.malloc import keep_freed_memory
+from tformer.fast.malloc import keep_freed_memory
 from tformer.model import Transformer
-from tformer.optim import build_optimizer
-from tformer.precision import resolve_precision
-from tformer.tokenizer import Tokenizer
+from tformer.training.loss import sequence_loss
+from tformer.training.optim import build_optimizer
+from tformer.training.precision import resolve_precision
 
 # Keep a tenth of the free memory as headroom: allocators fragment and batches vary.
 HEADROOM = 0.9

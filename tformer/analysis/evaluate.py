@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from tformer.checkpoint import Checkpoint, write_text_atomic
-from tformer.data import BatchPlan, TextPair, encode_pairs
-from tformer.decoding import DecodingConfig, decode_texts
+from tformer.checkpoint.store import Checkpoint, write_text_atomic
+from tformer.data.pairs import BatchPlan, TextPair, encode_pairs
+from tformer.decoding.sampling import DecodingConfig, decode_texts
 from tformer.device import cpuinfo
-from tformer.loss import sequence_loss
-from tformer.validation import EVAL_BATCH_TOKENS
+from tformer.training.loss import sequence_loss
+from tformer.training.validation import EVAL_BATCH_TOKENS
 from tformer.version import __version__
 
 

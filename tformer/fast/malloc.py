@@ -8,7 +8,7 @@ untouched pages, and the kernel zeroes every page at its first touch (a page fau
 step's own time. On a 2-core AMD EPYC, shape S training in bf16 (d_model 256, 64 pairs x 32
 tokens) spent 45 ms of system time in a 240 ms step that way; with the two settings below it
 spent 2-4 ms and stepped in 195-199 ms. Allocations of 32 MB and more still get their own
-mapping (glibc's limit), which ``tformer._hugepages`` makes cheaper to fill instead.
+mapping (glibc's limit), which ``tformer.fast.hugepages`` makes cheaper to fill instead.
 
 The settings (``mallopt``) are process-wide:
 - ``M_MMAP_THRESHOLD`` at glibc's maximum, 32 MB: smaller blocks come from the heap, where a

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from tformer.checkpoint import load_checkpoint, save_checkpoint
+from tformer.checkpoint.store import load_checkpoint, save_checkpoint
 from tformer.errors import CheckpointError
 
 

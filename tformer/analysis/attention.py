@@ -22,11 +22,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tformer.checkpoint import Tokenizers
-from tformer.decoding import DecodingConfig, decode_texts
+from tformer.checkpoint.store import Tokenizers
+from tformer.data.tokenizer import BOS_ID, EOS, EOS_ID
+from tformer.decoding.sampling import DecodingConfig, decode_texts
 from tformer.errors import ConfigError, DataError
 from tformer.model import Transformer
-from tformer.tokenizer import BOS_ID, EOS, EOS_ID
 
 Kind = Literal["encoder", "decoder", "cross"]
 KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")

@@ -1,7 +1,7 @@
 """``train()``: the whole job behind ``tformer train``.
 
 Load data, get a tokenizer, build the model, then hand over to ``TrainingLoop``
-(tformer.loop), which loops over token-budget batches until a budget runs out, evaluating and
+(tformer.training.loop), which loops over token-budget batches until a budget runs out, evaluating and
 checkpointing on the way, and finally measures exact match on the test split. Progress goes
 to a ``Reporter`` so the library stays silent and the CLI decides how to show it.
 """
@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from tformer import checkpoint as ckpt
-from tformer import distributed as dist_
+from tformer.checkpoint import store as ckpt
+from tformer.checkpoint.run_dir import create_output, prepare_output, resume_target
 from tformer.config import ModelConfig, TrainConfig
-from tformer.data import (
+from tformer.data.pairs import (
     BatchPlan,
     EncodedSplit,
     bundled_data_dir,
@@ -27,17 +27,17 @@ from tformer.data import (
     encode_pairs,
     load_text_pairs,
 )
+from tformer.data.tokenizer import Tokenizer, train_tokenizer
 from tformer.device import resolve_device, seed_everything
-from tformer.distributed import World
 from tformer.errors import CheckpointError, ConfigError, DataError
-from tformer.loop import Position, Reporter, TrainingLoop, TrainResult, restore_rng
-from tformer.loss import sequence_loss
 from tformer.model import Transformer
-from tformer.optim import build_optimizer
-from tformer.precision import resolve_precision
-from tformer.run_dir import create_output, prepare_output, resume_target
-from tformer.tokenizer import Tokenizer, train_tokenizer
-from tformer.validation import EVAL_BATCH_TOKENS
+from tformer.training import distributed as dist_
+from tformer.training.distributed import World
+from tformer.training.loop import Position, Reporter, TrainingLoop, TrainResult, restore_rng
+from tformer.training.loss import sequence_loss
+from tformer.training.optim import build_optimizer
+from tformer.training.precision import resolve_precision
+from tformer.training.validation import EVAL_BATCH_TOKENS
 
 DEFAULT_EPOCHS = 10.0
 

@@ -41,9 +41,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from tformer.config import ModelConfig, TrainConfig
+from tformer.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import Transformer
-from tformer.tokenizer import SPECIAL_TOKENS, Tokenizer
 from tformer.version import __version__
 
 FORMAT = "tformer-checkpoint"

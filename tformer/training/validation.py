@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from tformer import checkpoint as ckpt
-from tformer.data import BatchPlan, EncodedSplit
-from tformer.decoding import DecodingConfig, decode_texts
-from tformer.loss import sequence_loss
+from tformer.checkpoint import store as ckpt
+from tformer.data.pairs import BatchPlan, EncodedSplit
+from tformer.decoding.sampling import DecodingConfig, decode_texts
 from tformer.model import Transformer
-from tformer.precision import Precision
+from tformer.training.loss import sequence_loss
+from tformer.training.precision import Precision
 
 # Padded tokens per evaluation batch: larger than training batches (no activations are kept).
 EVAL_BATCH_TOKENS = 8192
@@ -44,7 +44,7 @@ def translation_scores(
     model: Transformer, split: EncodedSplit, tokenizers: ckpt.Tokenizers, limit: int
 ) -> dict[str, float]:
     """sacreBLEU BLEU and chrF of greedy translations of the split's first ``limit`` pairs."""
-    from tformer.evaluate import corpus_scores  # local: evaluate builds on this module
+    from tformer.analysis.evaluate import corpus_scores  # local: evaluate builds on this module
 
     pairs = split.pairs[:limit]
     references = [t for _, t in split.texts[: len(pairs)]]

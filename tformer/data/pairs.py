@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from tformer.errors import DataError
-from tformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 SPLITS = ("train", "validation", "test")
 # Names people give the held-out splits; the first of each list that exists is used.
@@ -40,7 +40,7 @@ def bundled_data_dir() -> Path:
     if (repo_data / "train.jsonl").is_file():
         return repo_data
     # Installed from a wheel: regenerate the same files (the generator is deterministic).
-    from tformer.dates import write_splits
+    from tformer.data.dates import write_splits
 
     cache = Path.home() / ".cache" / "tformer" / "dates"
     if not (cache / "train.jsonl").is_file():
@@ -392,12 +392,12 @@ def encode_pairs(
         strict: refuse such a pair instead of dropping it.
         where: names the data in error messages (e.g. "--data pairs.jsonl, train split").
         cache_dir: tokenise through ``datasets.map`` with the ids cached there
-            (``tformer.tokenized``); ``num_proc`` worker processes for a large corpus.
+            (``tformer.data.tokenized``); ``num_proc`` worker processes for a large corpus.
 
     Raises:
         DataError: with ``strict``, naming the first pair that would be dropped and why.
     """
-    from tformer.tokenized import encode_texts
+    from tformer.data.tokenized import encode_texts
 
     options: dict[str, Any] = {"cache_dir": cache_dir, "num_proc": num_proc}
     src_ids = encode_texts([s for s, _ in texts], src_tokenizer, **options)

@@ -4,9 +4,9 @@ Shape legend: B source rows, R rows being decoded (sources x samples or beams), 
 generated so far, V target vocabulary, S source length.
 
 Each step turns the decoder's logits into the next token through the logit processors of
-``tformer.logits``, in the order documented there (constraints: repetition penalty, no-repeat
+``tformer.decoding.logits``, in the order documented there (constraints: repetition penalty, no-repeat
 n-gram, min new tokens; then, when sampling: temperature, top-k, top-p, min-p). Beam search
-lives in ``tformer.beam`` and shares the settings, the step and the constraints.
+lives in ``tformer.decoding.beam`` and shares the settings, the step and the constraints.
 
 Per-token log-probabilities reported in a ``Hypothesis`` are the *model's* (softmax of the raw
 logits, <pad>/<bos> excluded), so they compare across decoding settings.
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tformer.errors import ConfigError
-from tformer.logits import (
+from tformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from tformer.decoding.logits import (
     Stage,
     apply_temperature,
     constraint_stages,
@@ -39,9 +39,9 @@ from tformer.logits import (
     top_k_filter,
     top_p_filter,
 )
+from tformer.errors import ConfigError
 from tformer.model import Transformer
 from tformer.model.transformer import EncoderOutput
-from tformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = [
     "DecodingConfig",
@@ -452,7 +452,7 @@ def decode(model: Transformer, src: Tensor, config: DecodingConfig) -> list[list
         the ``n_best`` best of beam search, best first.
     """
     if config.beam_size > 1:
-        from tformer.beam import beam_search  # beam imports this module
+        from tformer.decoding.beam import beam_search  # beam imports this module
 
         return beam_search(model, src, config)
     return _drain(sample_steps(model, src, config))
@@ -494,7 +494,7 @@ def decode_texts(
     Returns:
         For each source, ``config.num_samples`` hypotheses, or the ``n_best`` of beam search.
     """
-    from tformer.data import pad  # local: data imports HF datasets lazily, keep this light
+    from tformer.data.pairs import pad  # local: data imports HF datasets lazily, keep this light
 
     device = next(model.parameters()).device
     width = config.beam_size if config.beam_size > 1 else config.num_samples

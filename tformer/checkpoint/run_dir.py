@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tformer import checkpoint as ckpt
+from tformer.checkpoint import store as ckpt
 from tformer.errors import CheckpointError, ConfigError
 
 
