@@ -55,8 +55,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from tformer.analysis.evaluate import cpu_description  # noqa: E402
-from tformer.config import ModelConfig  # noqa: E402
-from tformer.data.tokenizer import (  # noqa: E402
+from tformer.config import (  # noqa: E402
     BOS,
     BOS_ID,
     EOS,
@@ -65,8 +64,11 @@ from tformer.data.tokenizer import (  # noqa: E402
     PAD_ID,
     SPECIAL_TOKENS,
     UNK,
+    ModelConfig,
 )
-from tformer.decoding.sampling import DecodingConfig, decode  # noqa: E402
+from tformer.decoding.api import decode  # noqa: E402
+from tformer.decoding.settings import DecodingConfig  # noqa: E402
+from tformer.fast.accelerate import accelerate  # noqa: E402
 from tformer.model import Transformer  # noqa: E402
 
 SHAPES: dict[str, dict[str, int]] = {
@@ -113,7 +115,7 @@ def make_model(shape: dict[str, int], max_len: int) -> Transformer:
         dropout=0.0,
         max_len=max_len,
     )
-    return Transformer(config).eval()
+    return accelerate(Transformer(config)).eval()
 
 
 def sources(batch: int, length: int, vocab: int) -> torch.Tensor:

@@ -145,6 +145,7 @@ class Run:
 
 def tformer_step(work: Workload, run: Run) -> Callable[[], None]:
     from tformer.config import ModelConfig
+    from tformer.fast.accelerate import accelerate
     from tformer.model import Transformer
     from tformer.training.loss import sequence_loss
 
@@ -153,7 +154,7 @@ def tformer_step(work: Workload, run: Run) -> Callable[[], None]:
                          d_model=d["d_model"], n_heads=d["n_heads"],
                          n_encoder_layers=d["layers"], n_decoder_layers=d["layers"],
                          d_ff=d["d_ff"], dropout=0.1)
-    model = Transformer(config).to(run.device).train()
+    model = accelerate(Transformer(config)).to(run.device).train()
     params = list(model.parameters())
     optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
     src, tgt_in, tgt_out = (t.to(run.device) for t in work.data())

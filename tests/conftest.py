@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tformer.config import ModelConfig, TrainConfig, preset
-from tformer.decoding.sampling import Hypothesis
+from tformer.decoding.settings import Hypothesis
+from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
 from tformer.training.run import TrainResult, train
 
@@ -48,7 +49,7 @@ def decoding_model(vocab: int, d_model: int, d_ff: int) -> Transformer:
     config = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=d_model,
                          n_heads=4, n_encoder_layers=1, n_decoder_layers=2, d_ff=d_ff,
                          dropout=0.0)
-    return Transformer(config).eval()
+    return accelerate(Transformer(config)).eval()
 
 
 def same_hypotheses(got: list[list[Hypothesis]], want: list[list[Hypothesis]]) -> None:

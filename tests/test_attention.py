@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tformer.fast.attention import fused_backward_is_slow
 from tformer.model.attention import (
-    KVCache,
     MultiHeadAttention,
     causal_mask,
-    fused_backward_is_slow,
     padding_mask,
     scaled_dot_product_attention,
 )
+from tformer.model.cache import KVCache
 
 
 @pytest.fixture(autouse=True)
@@ -38,15 +38,16 @@ def test_hand_computed_single_query() -> None:
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("masking", ["none", "padding", "causal", "both"])
-def test_matches_torch_sdpa(need_weights: bool, masking: str) -> None:
+def test_matches_torch_sdpa(need_weights: bool, fused: bool, masking: str) -> None:
     b, h, length, d = 3, 4, 7, 8
     q, k, v = (torch.randn(b, h, length, d) for _ in range(3))
     ids = torch.tensor([[5] * 7, [5] * 4 + [0] * 3, [5] * 6 + [0]])
     mask = padding_mask(ids, 0) if masking in ("padding", "both") else None
     causal = masking in ("causal", "both")
     ours, weights = scaled_dot_product_attention(
-        q, k, v, mask, causal=causal, need_weights=need_weights
+        q, k, v, mask, causal=causal, need_weights=need_weights, fused=fused
     )
     ref_mask = mask
     if causal:
@@ -74,7 +75,7 @@ def test_bf16_training_path_matches_torch_sdpa_in_fp32(masking: str) -> None:
     causal = masking == "causal"
     low = [x.to(torch.bfloat16) for x in leaves]
     assert fused_backward_is_slow(low[0])
-    ours, weights = scaled_dot_product_attention(*low, mask, causal=causal)
+    ours, weights = scaled_dot_product_attention(*low, mask, causal=causal, fused=False)
     assert weights is None and ours.dtype == torch.bfloat16
     upstream = torch.randn(b, h, length, d)
     ours.backward(upstream.to(torch.bfloat16))

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import tformer.data.pairs
 from tests.conftest import digit_pairs, write_jsonl
-from tformer.cli import app
+from tformer.cli.commands import app
 from tformer.data.tokenizer import train_tokenizer
 
 TINY = [

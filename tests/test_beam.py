@@ -10,10 +10,11 @@ import torch
 from torch import Tensor, nn
 
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.config import BOS_ID, EOS_ID
 from tformer.data.pairs import pad
-from tformer.data.tokenizer import BOS_ID, EOS_ID
+from tformer.decoding.api import decode, decode_texts
 from tformer.decoding.beam import beam_search
-from tformer.decoding.sampling import DecodingConfig, decode, decode_texts
+from tformer.decoding.settings import DecodingConfig
 from tformer.model import DecoderCache, DecoderOutput, EncoderOutput
 from tformer.training.run import TrainResult
 

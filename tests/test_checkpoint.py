@@ -27,7 +27,7 @@ from tformer.checkpoint.store import (
     verify_checkpoint,
     write_manifest,
 )
-from tformer.cli import app
+from tformer.cli.commands import app
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.tokenizer import train_tokenizer
 from tformer.errors import CheckpointError

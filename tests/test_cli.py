@@ -11,7 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tformer.cli import app
+from tformer.cli.commands import app
 from tformer.data.tokenizer import Tokenizer
 
 runner = CliRunner()

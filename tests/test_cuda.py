@@ -24,9 +24,10 @@ from typer.testing import CliRunner
 from tests.test_cli import TINY
 from tests.test_precision import _train as train_losses
 from tformer.checkpoint.store import WEIGHTS, load_checkpoint, resolve
-from tformer.cli import app
+from tformer.cli.commands import app
 from tformer.config import ModelConfig
-from tformer.decoding.sampling import DecodingConfig, decode
+from tformer.decoding.api import decode
+from tformer.decoding.settings import DecodingConfig
 from tformer.model import Transformer
 from tformer.training.precision import resolve_precision
 from tformer.training.run import TrainResult

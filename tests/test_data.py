@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import digit_pairs, write_jsonl
+from tformer.config import BOS_ID, EOS_ID, PAD_ID
 from tformer.data.pairs import (
     BatchPlan,
     bucket_batches,
@@ -16,7 +17,7 @@ from tformer.data.pairs import (
     load_text_pairs,
     shift_right,
 )
-from tformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
+from tformer.data.tokenizer import train_tokenizer
 from tformer.errors import DataError
 
 

@@ -7,33 +7,28 @@ import math
 import pytest
 import torch
 
+from tformer.analysis.explain import explain
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.config import BOS_ID, EOS_ID, PAD_ID
 from tformer.data.pairs import pad
-from tformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from tformer.decoding.api import decode, decode_texts, stream_tokens
 from tformer.decoding.logits import (
     apply_repetition_penalty,
+    apply_temperature,
     ban_repeated_ngrams,
     mask_special_tokens,
     min_p_filter,
-    suppress_eos,
-)
-from tformer.decoding.sampling import (
-    CachedStepper,
-    DecodingConfig,
-    RecomputeStepper,
-    apply_temperature,
-    decode,
-    decode_texts,
-    explain,
     process_logits,
-    row_key,
-    sample_from_logits,
-    stream_tokens,
+    suppress_eos,
     top_k_filter,
     top_p_filter,
-    uniform,
 )
+from tformer.decoding.sampling import row_key, sample_from_logits, uniform
+from tformer.decoding.settings import DecodingConfig
+from tformer.decoding.steppers import CachedStepper, RecomputeStepper
 from tformer.errors import ConfigError
+from tformer.fast.accelerate import accelerate
+from tformer.fast.step import step_mask
 from tformer.training.run import TrainResult
 
 TEXTS = ["3 1 4", "1 5 9 2 6 5", "7", "2 7 1 8 2"]
@@ -41,7 +36,10 @@ TEXTS = ["3 1 4", "1 5 9 2 6 5", "7", "2 7 1 8 2"]
 
 @pytest.fixture(scope="module")
 def ckpt(trained: TrainResult) -> Checkpoint:
-    return load_checkpoint(trained.run_dir)
+    """The trained model with tformer's speed-ups, as decoding runs it by default."""
+    checkpoint = load_checkpoint(trained.run_dir)
+    accelerate(checkpoint.model)
+    return checkpoint
 
 
 def support(logits: torch.Tensor) -> list[int]:
@@ -275,9 +273,9 @@ def test_unpadded_sources_decode_without_a_mask_and_agree(ckpt: Checkpoint) -> N
     src = pad([tok.encode(t) for t in ["3 1 4", "2 7 1", "9 9 9"]])
     assert bool((src != PAD_ID).all())
     encoded = model.encode(src)
-    assert encoded.step_mask() is None
+    assert step_mask(encoded.mask) is None
     padded = model.encode(pad([tok.encode(t) for t in TEXTS]))
-    assert padded.step_mask() is padded.mask
+    assert step_mask(padded.mask) is padded.mask
     cached, full = CachedStepper(model, encoded), RecomputeStepper(model, encoded)
     tokens = torch.full((src.size(0),), BOS_ID)
     with torch.no_grad():

@@ -8,7 +8,7 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from tformer.cli import app
+from tformer.cli.commands import app
 from tformer.training.run import TrainResult
 
 runner = CliRunner()

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from tformer.analysis.attention import load_attention
-from tformer.cli import app
+from tformer.cli.commands import app
 from tformer.training.run import TrainResult
 
 runner = CliRunner()

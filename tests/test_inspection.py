@@ -23,9 +23,8 @@ from tformer.analysis.attention import (
     save_attention,
 )
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
-from tformer.config import RECIPES, ModelConfig, TrainConfig, preset
+from tformer.config import PAD_ID, RECIPES, ModelConfig, TrainConfig, preset
 from tformer.data.pairs import bundled_data_dir
-from tformer.data.tokenizer import PAD_ID
 from tformer.errors import ConfigError, DataError
 from tformer.model import Transformer
 from tformer.model.attention import MultiHeadAttention

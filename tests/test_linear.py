@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import decoding_model, plain_linear, same_hypotheses
-from tformer.decoding.sampling import DecodingConfig, decode
-from tformer.fast.linear import Linear, packing_applies
+from tformer.decoding.api import decode
+from tformer.decoding.settings import DecodingConfig
 from tformer.fast import linear as linear_module
+from tformer.fast.linear import Linear, packing_applies
 
 pytestmark = pytest.mark.skipif(
     not linear_module._PACKING, reason="this torch build has no MKL weight packing"

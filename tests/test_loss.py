@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tformer.data.tokenizer import PAD_ID
+from tformer.config import PAD_ID
 from tformer.training import loss as loss_module
 from tformer.training.loss import sequence_loss
 

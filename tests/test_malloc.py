@@ -111,18 +111,29 @@ def test_training_steps_touch_few_fresh_pages() -> None:
     assert float(kept) < 1_000, kept
 
 
-def test_a_training_run_applies_it(toy_data: Path, tmp_path: Path) -> None:
-    # A real (tiny) training run through the API, in a fresh process: the settings are on after.
+def test_a_training_run_leaves_the_allocator_alone_and_the_cli_applies_it(
+    toy_data: Path, tmp_path: Path
+) -> None:
+    # A real (tiny) training run through the API, in a fresh process, changes nothing in the
+    # process; the same run through the command line's entry point applies the settings.
     script = f"""
+import sys
 from pathlib import Path
 from tformer import TrainConfig, preset, train
+from tformer.cli import main
 from tformer.fast import malloc
-assert not malloc._applied
 model = preset("tiny", d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64)
 config = TrainConfig(data={str(toy_data)!r}, max_tokens=256, max_steps=2, save_every=10)
-train(model, config, out=Path({str(tmp_path / "run")!r}), vocab_size=64)
-print(malloc._applied)
+train(model, config, out=Path({str(tmp_path / "api")!r}), vocab_size=64)
+after_api = malloc._applied
+sys.argv = ["tformer", "train", "--data", {str(toy_data)!r}, "--out", {str(tmp_path / "cli")!r},
+            "--preset", "tiny", "--max-steps", "2", "--max-tokens", "256", "--vocab-size", "64"]
+try:
+    main()
+except SystemExit as done:
+    assert not done.code, done.code
+print("applied", after_api, malloc._applied)
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-1] == str(glibc() is not None)
+    assert out.stdout.split()[-3:] == ["applied", "False", str(glibc() is not None)]

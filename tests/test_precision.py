@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import tiny_model
 from tformer.checkpoint.store import WEIGHTS, load_checkpoint, resolve
-from tformer.cli import app
+from tformer.cli.commands import app
 from tformer.config import ModelConfig, TrainConfig, preset
 from tformer.errors import ConfigError
 from tformer.model import Transformer

@@ -28,9 +28,9 @@ from tformer.checkpoint.store import (
     save_checkpoint,
     verify_checkpoint,
 )
-from tformer.config import ModelConfig, TrainConfig
+from tformer.config import UNK_ID, ModelConfig, TrainConfig
 from tformer.data.pairs import encode_pairs, load_text_pairs
-from tformer.data.tokenizer import UNK_ID, Tokenizer, train_tokenizer
+from tformer.data.tokenizer import Tokenizer, train_tokenizer
 from tformer.errors import CheckpointError, ConfigError, DataError, TformerError
 from tformer.model import Transformer
 

@@ -26,7 +26,7 @@ from tformer.checkpoint.store import (
     rewind_run,
     save_checkpoint,
 )
-from tformer.cli import app
+from tformer.cli.commands import app
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tformer"
 TINY = [

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import digit_pairs, write_jsonl
 from tformer.checkpoint.store import LATEST, SLOW_SAVE_ENV, load_checkpoint, verify_checkpoint
-from tformer.cli import app
+from tformer.cli.commands import app
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 

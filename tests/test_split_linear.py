@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import decoding_model, plain_linear, same_hypotheses
-from tformer.decoding.sampling import DecodingConfig, decode
-from tformer.fast.linear import Linear, split_linear, split_parts
+from tformer.decoding.api import decode
+from tformer.decoding.settings import DecodingConfig
 from tformer.fast import linear as linear_module
+from tformer.fast.linear import Linear, split_linear, split_parts
 
 pytestmark = pytest.mark.skipif(
     not linear_module._X86, reason="splitting over threads is used on x86 CPUs only"

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import digit_pairs, write_jsonl
-from tformer.cli import app
+from tformer.cli.commands import app
 from tformer.data.tokenized import encode_texts, texts_key
 from tformer.data.tokenizer import Tokenizer, train_tokenizer
 

@@ -10,16 +10,8 @@ import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers, trainers
 
-from tformer.data.tokenizer import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    SPECIAL_TOKENS,
-    TOKENIZER_KINDS,
-    UNK_ID,
-    Tokenizer,
-    train_tokenizer,
-)
+from tformer.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
+from tformer.data.tokenizer import TOKENIZER_KINDS, Tokenizer, train_tokenizer
 from tformer.errors import CheckpointError, ConfigError, DataError
 
 VOCAB_SIZE = 400

@@ -13,8 +13,7 @@ import torch.nn.functional as F
 
 from tests.conftest import tiny_model
 from tformer.checkpoint.store import load_checkpoint
-from tformer.config import ModelConfig, TrainConfig
-from tformer.data.tokenizer import PAD_ID
+from tformer.config import PAD_ID, ModelConfig, TrainConfig
 from tformer.training.loss import sequence_loss
 from tformer.training.optim import cosine_lr, inverse_sqrt_lr, lr_at
 from tformer.training.run import TrainResult, train

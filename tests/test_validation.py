@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import tiny_model
 from tformer.checkpoint.store import BEST, load_checkpoint, read_config, resolve
-from tformer.cli import app
+from tformer.cli.commands import app
 from tformer.config import TrainConfig
 from tformer.errors import ConfigError
 from tformer.model import Transformer

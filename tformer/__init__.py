@@ -7,58 +7,112 @@ The command line is a thin layer over this API::
     result = train(preset("tiny"), TrainConfig(max_steps=2000), out=Path("checkpoints/dates"))
     ckpt = load_checkpoint(result.run_dir)
     print(generate(ckpt, ["6 March 2025"]))
+
+Importing tformer changes nothing in the process and loads nothing heavy: each name below is
+imported from its module on first use. Process-wide settings (huge pages, the allocator) are
+applied by ``configure_process()``, which the command line calls.
 """
 
 from __future__ import annotations
 
-from tformer.analysis.attention import (
-    AttentionResult,
-    AttentionSelection,
-    HeadStats,
-    head_statistics,
-    inspect_attention,
-    load_attention,
-    save_attention,
-)
-from tformer.analysis.evaluate import Evaluation, corpus_scores, evaluate
-from tformer.checkpoint.averaging import average_checkpoints
-from tformer.checkpoint.store import (
-    Checkpoint,
-    Tokenizers,
-    load_checkpoint,
-    save_checkpoint,
-    verify_checkpoint,
-)
-from tformer.config import PRESETS, RECIPES, ModelConfig, TrainConfig, preset
-from tformer.data.tokenizer import Tokenizer, train_tokenizer
-from tformer.decoding.sampling import (
-    DecodingConfig,
-    Hypothesis,
-    decode_texts,
-    explain,
-    stream_tokens,
-)
-from tformer.errors import CheckpointError, ConfigError, DataError, DeviceError, TformerError
-from tformer.model import AttentionMaps, Transformer
-from tformer.training.dryrun import DryRunReport, measure_batch_limits
-from tformer.training.run import TrainResult, train
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from tformer.version import __version__
 
+# Public name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "AttentionMaps": "tformer.model",
+    "AttentionResult": "tformer.analysis.attention",
+    "AttentionSelection": "tformer.analysis.attention",
+    "Checkpoint": "tformer.checkpoint.store",
+    "CheckpointError": "tformer.errors",
+    "ConfigError": "tformer.errors",
+    "DataError": "tformer.errors",
+    "DecodingConfig": "tformer.decoding.settings",
+    "DeviceError": "tformer.errors",
+    "DryRunReport": "tformer.training.dryrun",
+    "Evaluation": "tformer.analysis.evaluate",
+    "HeadStats": "tformer.analysis.attention",
+    "Hypothesis": "tformer.decoding.settings",
+    "ModelConfig": "tformer.config",
+    "PRESETS": "tformer.config",
+    "RECIPES": "tformer.config",
+    "TformerError": "tformer.errors",
+    "Tokenizer": "tformer.data.tokenizer",
+    "Tokenizers": "tformer.checkpoint.store",
+    "TrainConfig": "tformer.config",
+    "TrainResult": "tformer.training.run",
+    "Transformer": "tformer.model",
+    "accelerate": "tformer.fast.accelerate",
+    "average_checkpoints": "tformer.checkpoint.averaging",
+    "configure_process": "tformer.fast.process",
+    "corpus_scores": "tformer.analysis.evaluate",
+    "decode_texts": "tformer.decoding.api",
+    "evaluate": "tformer.analysis.evaluate",
+    "explain": "tformer.analysis.explain",
+    "generate": "tformer.decoding.text",
+    "head_statistics": "tformer.analysis.attention",
+    "inspect_attention": "tformer.analysis.attention",
+    "load_attention": "tformer.analysis.attention",
+    "load_checkpoint": "tformer.checkpoint.store",
+    "measure_batch_limits": "tformer.training.dryrun",
+    "preset": "tformer.config",
+    "save_attention": "tformer.analysis.attention",
+    "save_checkpoint": "tformer.checkpoint.store",
+    "stream_tokens": "tformer.decoding.api",
+    "train": "tformer.training.run",
+    "train_tokenizer": "tformer.data.tokenizer",
+    "verify_checkpoint": "tformer.checkpoint.store",
+}
 
-def generate(
-    checkpoint: Checkpoint, texts: list[str], config: DecodingConfig | None = None
-) -> list[list[str]]:
-    """Decode ``texts`` with a loaded checkpoint; ``num_samples`` strings per input."""
-    config = config or DecodingConfig()
-    src = [checkpoint.tokenizers.source.encode(t) for t in texts]
-    hyps = decode_texts(checkpoint.model, src, config)
-    target = checkpoint.tokenizers.target
-    return [[target.decode(h.ids) for h in per_input] for per_input in hyps]
+if TYPE_CHECKING:
+    from tformer.analysis.attention import (
+        AttentionResult,
+        AttentionSelection,
+        HeadStats,
+        head_statistics,
+        inspect_attention,
+        load_attention,
+        save_attention,
+    )
+    from tformer.analysis.evaluate import Evaluation, corpus_scores, evaluate
+    from tformer.analysis.explain import explain
+    from tformer.checkpoint.averaging import average_checkpoints
+    from tformer.checkpoint.store import (
+        Checkpoint,
+        Tokenizers,
+        load_checkpoint,
+        save_checkpoint,
+        verify_checkpoint,
+    )
+    from tformer.config import PRESETS, RECIPES, ModelConfig, TrainConfig, preset
+    from tformer.data.tokenizer import Tokenizer, train_tokenizer
+    from tformer.decoding.api import decode_texts, stream_tokens
+    from tformer.decoding.settings import DecodingConfig, Hypothesis
+    from tformer.decoding.text import generate
+    from tformer.errors import CheckpointError, ConfigError, DataError, DeviceError, TformerError
+    from tformer.fast.accelerate import accelerate
+    from tformer.fast.process import configure_process
+    from tformer.model import AttentionMaps, Transformer
+    from tformer.training.dryrun import DryRunReport, measure_batch_limits
+    from tformer.training.run import TrainResult, train
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tformer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
 
 
 __all__ = [
-    "PRESETS",
-    "RECIPES",
     "AttentionMaps",
     "AttentionResult",
     "AttentionSelection",
@@ -73,6 +127,8 @@ __all__ = [
     "HeadStats",
     "Hypothesis",
     "ModelConfig",
+    "PRESETS",
+    "RECIPES",
     "TformerError",
     "Tokenizer",
     "Tokenizers",
@@ -80,7 +136,9 @@ __all__ = [
     "TrainResult",
     "Transformer",
     "__version__",
+    "accelerate",
     "average_checkpoints",
+    "configure_process",
     "corpus_scores",
     "decode_texts",
     "evaluate",

@@ -291,3 +291,10 @@ def parse_duration(text: str, *, option: str = "--time-budget") -> float:
     if seconds <= 0:
         raise ConfigError(f"{option} {text!r} must be longer than zero")
     return seconds
+
+
+# The special tokens every tformer vocabulary starts with, at these ids: the tokenizer
+# reserves them and the model masks padding by them.
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3

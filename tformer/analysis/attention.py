@@ -23,8 +23,9 @@ import torch
 from torch import Tensor
 
 from tformer.checkpoint.store import Tokenizers
-from tformer.data.tokenizer import BOS_ID, EOS, EOS_ID
-from tformer.decoding.sampling import DecodingConfig, decode_texts
+from tformer.config import BOS_ID, EOS, EOS_ID
+from tformer.decoding.api import decode_texts
+from tformer.decoding.settings import DecodingConfig
 from tformer.errors import ConfigError, DataError
 from tformer.model import Transformer
 

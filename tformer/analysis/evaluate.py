@@ -21,7 +21,8 @@ import torch
 
 from tformer.checkpoint.store import Checkpoint, write_text_atomic
 from tformer.data.pairs import BatchPlan, TextPair, encode_pairs
-from tformer.decoding.sampling import DecodingConfig, decode_texts
+from tformer.decoding.api import decode_texts
+from tformer.decoding.settings import DecodingConfig
 from tformer.device import cpuinfo
 from tformer.training.loss import sequence_loss
 from tformer.training.validation import EVAL_BATCH_TOKENS

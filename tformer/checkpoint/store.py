@@ -40,8 +40,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from tformer.config import ModelConfig, TrainConfig
-from tformer.data.tokenizer import SPECIAL_TOKENS, Tokenizer
+from tformer.config import SPECIAL_TOKENS, ModelConfig, TrainConfig
+from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import Transformer
 from tformer.version import __version__

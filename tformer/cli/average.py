@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from tformer.checkpoint.averaging import average_checkpoints
-from tformer.cli import app
+from tformer.cli.app import app
 from tformer.cli.console import console
 
 

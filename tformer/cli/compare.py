@@ -11,10 +11,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
-from tformer.cli import app
+from tformer.cli.app import app
 from tformer.cli.console import console
 from tformer.cli.options import CHECKPOINT, DEVICE, MAX_NEW_TOKENS, default
-from tformer.decoding.sampling import DecodingConfig, Hypothesis, decode_texts
+from tformer.decoding.api import decode_texts
+from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.device import resolve_device
 from tformer.errors import ConfigError
 

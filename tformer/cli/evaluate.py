@@ -10,7 +10,7 @@ from rich.table import Table
 
 from tformer.analysis.evaluate import evaluate, result_card, write_results
 from tformer.checkpoint.store import load_checkpoint
-from tformer.cli import app
+from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (
     BEAM_SIZE,

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from rich.markup import escape
 from rich.table import Table
 
+from tformer.analysis.explain import StepExplanation
 from tformer.checkpoint.store import Tokenizers
-from tformer.decoding.sampling import DecodingConfig, Hypothesis, StepExplanation
+from tformer.decoding.settings import DecodingConfig, Hypothesis
 
 
 def _strategy(config: DecodingConfig) -> str:

@@ -11,8 +11,9 @@ from typing import Any
 
 import typer
 
+from tformer.analysis.explain import explain
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
-from tformer.cli import app
+from tformer.cli.app import app
 from tformer.cli.compare import default_settings, print_comparison
 from tformer.cli.console import console
 from tformer.cli.explain import explanation_table
@@ -35,13 +36,8 @@ from tformer.cli.options import (
     default,
     existing_file,
 )
-from tformer.decoding.sampling import (
-    DecodingConfig,
-    Hypothesis,
-    decode_texts,
-    explain,
-    stream_tokens,
-)
+from tformer.decoding.api import decode_texts, stream_tokens
+from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.device import resolve_device
 from tformer.errors import ConfigError, DataError
 

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from tformer.checkpoint.store import load_checkpoint
-from tformer.cli import app
+from tformer.cli.app import app
 from tformer.cli.console import console
 from tformer.config import DEFAULT_PRESET, PRESETS, preset
 from tformer.errors import ConfigError

@@ -16,12 +16,12 @@ from tformer.analysis.attention import (
     inspect_attention,
 )
 from tformer.checkpoint.store import load_checkpoint
-from tformer.cli import app
+from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import CHECKPOINT, DEVICE, SEED, TEMPERATURE
 from tformer.cli.render import render_selection, stats_table
 from tformer.cli.render_files import check_save_path, save_maps
-from tformer.decoding.sampling import DecodingConfig
+from tformer.decoding.settings import DecodingConfig
 from tformer.device import resolve_device
 from tformer.errors import ConfigError
 

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from tformer.config import TrainConfig
-from tformer.decoding.sampling import DecodingConfig
+from tformer.decoding.settings import DecodingConfig
 from tformer.errors import ConfigError
 
 

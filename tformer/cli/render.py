@@ -19,7 +19,7 @@ from rich.text import Text
 from torch import Tensor
 
 from tformer.analysis.attention import AttentionSelection, HeadStats
-from tformer.data.tokenizer import SPECIAL_TOKENS
+from tformer.config import SPECIAL_TOKENS
 
 # A viridis-like ramp: dark for ~0, bright for ~1, readable on dark and light terminals.
 RAMP = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]

@@ -16,7 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from tformer.analysis.attention import KINDS, AttentionResult, AttentionSelection
-from tformer.data.tokenizer import SPECIAL_TOKENS
+from tformer.config import SPECIAL_TOKENS
 
 DECIMALS = 4  # weights are stored rounded: enough for colours and hover values, 4x smaller
 

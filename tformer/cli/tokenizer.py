@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from tformer.cli import app
+from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD
 from tformer.data.pairs import load_text_pairs

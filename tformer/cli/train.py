@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from tformer.checkpoint import store as ckpt
-from tformer.cli import app
+from tformer.cli.app import app
 from tformer.cli.console import console
 from tformer.cli.options import (
     DATA,

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from tformer.config import BOS_ID, EOS_ID, PAD_ID
+from tformer.data.tokenizer import Tokenizer
 from tformer.errors import DataError
 
 SPLITS = ("train", "validation", "test")

@@ -23,11 +23,9 @@ from pathlib import Path
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+from tformer.config import SPECIAL_TOKENS, UNK
 from tformer.errors import CheckpointError, ConfigError, DataError
 
-PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
-SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 TOKENIZER_KINDS = ("bpe", "unigram", "wordpiece")
 
 _SPACE = "▁"  # U+2581, the sentencepiece word-boundary marker

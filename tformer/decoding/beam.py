@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tformer.data.tokenizer import BOS_ID, EOS_ID
+from tformer.config import BOS_ID, EOS_ID
 from tformer.decoding.logits import mask_special_tokens, run_stages
-from tformer.decoding.sampling import DecodingConfig, Hypothesis, make_stepper, step_limit
+from tformer.decoding.settings import DecodingConfig, Hypothesis
+from tformer.decoding.steppers import make_stepper, step_limit
 from tformer.model import Transformer
 
 NEG_INF = float("-inf")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from tformer.config import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = float("-inf")
 

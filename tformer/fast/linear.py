@@ -2,42 +2,21 @@
 
 Two remedies, for two ways a BLAS library wastes a decoding step's few rows:
 
-**Split over threads (1-4 rows).** BLAS runs a product with one row (a matrix-vector product,
-batch-1 greedy decoding) or a few on ONE thread, and such a product is bound by how fast the
-weight streams from memory: one core streams it at half what two do. Cut into one block of
-outputs per thread (a free view of the weight, (T, out/T, in)), the product becomes a batched
-one, ``baddbmm``, which torch runs one block per thread. On a 2-core AMD EPYC, with weights
-too large for the caches, at one row: (512 x 512) 59 against 103 us for ``F.linear``,
-(1536 x 512) 157 against 298 us (214 MKL-packed), (512 x 2048) 196 against 258 us, (32000 x
-512) 2.9 against 6.2 ms (3.1 MKL-packed); at 4 rows (512 x 512) 92 against 178 us (215
-MKL-packed, 123 oneDNN-packed). In whole decoding runs on that machine it gained 1.1-1.2x
-at batch 1 and with 4 beams. With 8 rows and more, or for the large weights oneDNN packs from
-2 rows on, packing measured faster; below 64K entries starting the second thread costs more
-than it saves; with one thread there is nothing to split. On Intel CPUs only one-row products
-are split, which is not yet measured there; the reason it pays, a matrix-vector product
-streaming its whole weight through one core, does not depend on the vendor.
+**Split over threads (1-4 rows).** BLAS runs a product with one row (a matrix-vector product)
+or a few on one thread, and such a product is bound by how fast the weight streams from
+memory, which one core does at about half the rate of two. Cut into one block of outputs per
+thread (a free view of the weight), the product becomes a batched one, ``baddbmm``, which torch
+runs one block per thread.
 
-**Pre-packing (1-96 rows).** A BLAS matrix product first re-packs the weight matrix into its
-own blocked layout, on every call. With few rows that packing costs as much as the product
-itself. So the weight is packed once when a second call brings the same row count, and
-reused until the row count or the weight changes. The packed copy is a plain attribute, never
-part of the state dict. Where a one-row product is not split (one thread, a small weight),
-BLAS's matrix-vector kernel streams a weight stored (out x in) with out much larger than in
-at half the speed of the packed product ((2048 x 512): 410 against 265 us on the EPYC), so
-weights at least twice as tall as wide are packed for one row too. Two packers come with
-torch's x86 CPU builds, and which one is faster depends on the CPU:
+**Pre-packing (1-96 rows).** A BLAS matrix product first re-packs the weight into its own
+blocked layout, on every call; with few rows that costs as much as the product itself. So the
+weight is packed once when a second call brings the same row count, and reused until the row
+count or the weight changes; the packed copy is a plain attribute, never in the state dict.
+Two packers come with torch's x86 CPU builds and which is faster depends on the CPU: MKL
+(chosen on Intel CPUs, where it was measured) and oneDNN (for large weights elsewhere).
 
-- MKL (``_mkl_reorder_linear_weight``): on a 2-core Xeon a packed (2048 x 512) weight
-  multiplied 4-96 rows 1.5-3x faster than ``F.linear``. MKL chooses its kernels by CPU vendor,
-  and on an AMD EPYC it was no faster than ``F.linear`` for the widest matrices.
-- oneDNN (``mkldnn._reorder_linear_weight``): on a 2-core AMD EPYC, for weights of 1M entries
-  and more (the feed-forward and vocabulary matrices), it multiplied 2-96 rows 1.3-3.3x faster
-  than MKL's packed product (32 rows x (32000 x 512): 108 against 49 GFLOP/s), while for
-  smaller weights its fixed cost per call made it slower.
-
-So on Intel CPUs MKL packs every eligible weight (as measured there); elsewhere oneDNN packs
-the large ones and MKL the rest. ``ONEDNN_LARGE_WEIGHTS`` switches that choice. Both remedies
-run only on x86 CPUs, in fp32 inference: where they were measured.
+Both run only on x86 CPUs, in fp32 inference, where they were measured; the row ranges and
+weight sizes below are where each measured faster (docs/performance.md has the figures).
 """
 
 from __future__ import annotations
@@ -98,10 +77,8 @@ def _tall(weight: Tensor) -> bool:
 def _uses_onednn(rows: int, weight: Tensor) -> bool:
     if not ONEDNN_LARGE_WEIGHTS or rows not in ONEDNN_ROWS:
         return False
-    # Measured on the EPYC against MKL's packed product, 5-96 rows: 1M entries and more gain
-    # (1.3-3.3x), and so do from 192K entries with >= 512 outputs ((512 x 512): 1.0-1.6x;
-    # (768 x 256): 1.3-1.6x; (1024 x 256): 1.0-1.5x), where narrower outputs lose ((256 x
-    # 1024): 0.7-1.4x, (256 x 256): 0.8-1.1x).
+    # Against MKL's packed product, large weights gain, and so do mid-sized ones with many
+    # outputs, where narrower ones lose (docs/performance.md).
     size = weight.numel()
     return size >= ONEDNN_MIN_WEIGHT or size >= ONEDNN_MID_WEIGHT and weight.size(0) >= 512
 
@@ -134,10 +111,8 @@ def split_parts(rows: int, weight: Tensor) -> int:
     if rows not in SPLIT_ROWS or weight.numel() < SPLIT_MIN_WEIGHT:
         return 0
     if rows > 1 and (not ONEDNN_LARGE_WEIGHTS or weight.numel() >= ONEDNN_MIN_WEIGHT // 2):
-        # 2-4 rows: measured on the EPYC only, where oneDNN's packed product won from 512K
-        # entries ((1536 x 512) at 2 rows: 211 against 237 us) and lost below ((512 x 512)
-        # at 4 rows: 123 against 92 us); MKL's packing, chosen on Intel CPUs, was measured
-        # there only against F.linear.
+        # 2-4 rows: oneDNN's packed product wins from about half ONEDNN_MIN_WEIGHT entries
+        # and loses below; with MKL packing (Intel CPUs) only one row was measured split.
         return 0
     if not weight.is_contiguous():
         return 0

@@ -5,10 +5,9 @@ the logits and the loss's gradient. glibc serves each allocation above a thresho
 rising by itself up to 32 MB) with its own ``mmap`` and returns it to the system at ``free``,
 and it trims free memory at the top of the heap as well. So each step's tensors start as
 untouched pages, and the kernel zeroes every page at its first touch (a page fault), on the
-step's own time. On a 2-core AMD EPYC, shape S training in bf16 (d_model 256, 64 pairs x 32
-tokens) spent 45 ms of system time in a 240 ms step that way; with the two settings below it
-spent 2-4 ms and stepped in 195-199 ms. Allocations of 32 MB and more still get their own
-mapping (glibc's limit), which ``tformer.fast.hugepages`` makes cheaper to fill instead.
+step's own time (docs/performance.md has the measurements). Allocations of 32 MB and more
+still get their own mapping (glibc's limit), which huge pages (``tformer.fast.process``) make
+cheaper to fill instead.
 
 The settings (``mallopt``) are process-wide:
 - ``M_MMAP_THRESHOLD`` at glibc's maximum, 32 MB: smaller blocks come from the heap, where a
@@ -16,9 +15,9 @@ The settings (``mallopt``) are process-wide:
 - ``M_TRIM_THRESHOLD`` at 1 GB: free memory at the top of the heap is kept, not returned.
 
 A training process reaches the same peak at every step, so keeping that memory does not raise
-its peak; it only stops the memory from being handed back between steps. tformer applies them
-when training starts (and in its command-line process); ``TFORMER_KEEP_FREED_MEMORY=0`` turns
-that off. Elsewhere (macOS, Windows, musl) there is nothing to set.
+its peak; it only stops the memory from being handed back between steps. The command line applies
+them (``tformer.fast.process.configure_process``); ``TFORMER_KEEP_FREED_MEMORY=0`` turns that
+off. Elsewhere (macOS, Windows, musl) there is nothing to set.
 """
 
 from __future__ import annotations

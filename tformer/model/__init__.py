@@ -1,15 +1,20 @@
-"""The Transformer model: attention, layers and the encoder-decoder."""
+"""The Transformer of "Attention Is All You Need": attention, layers, the encoder-decoder, caches.
+
+Plain torch modules, one formula each, read top-down: ``attention`` (section 3.2), ``layers``
+(sections 3.1, 3.3-3.5), ``transformer`` (figure 1) and ``cache`` (keys and values kept for
+step-by-step decoding). CPU speed-ups live in ``tformer.fast`` and are swapped into a built
+model by ``tformer.fast.accelerate``; nothing here imports them.
+"""
 
 from tformer.model.attention import (
-    KVCache,
     MultiHeadAttention,
     causal_mask,
     padding_mask,
     scaled_dot_product_attention,
 )
+from tformer.model.cache import DecoderCache, KVCache, LayerCache
 from tformer.model.transformer import (
     AttentionMaps,
-    DecoderCache,
     DecoderOutput,
     EncoderOutput,
     Seq2SeqOutput,
@@ -22,6 +27,7 @@ __all__ = [
     "DecoderOutput",
     "EncoderOutput",
     "KVCache",
+    "LayerCache",
     "MultiHeadAttention",
     "Seq2SeqOutput",
     "Transformer",

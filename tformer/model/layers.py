@@ -6,16 +6,14 @@ Shape legend: B batch, S source length, T target length, D d_model, V vocabulary
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
-from tformer.fast.dropout import Dropout
-from tformer.fast.linear import Linear, direct
-from tformer.model.attention import KVCache, MultiHeadAttention
+from tformer.model.attention import MultiHeadAttention
+from tformer.model.cache import LayerCache
 
 
 class TokenEmbedding(nn.Module):
@@ -59,7 +57,7 @@ class PositionalEncoding(nn.Module):
         # Not persistent: the table is a pure function of the config, so it stays out of the
         # checkpoint and cannot disagree with it.
         self.register_buffer("table", sinusoidal_positions(max_len, d_model), persistent=False)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
         length = x.size(1)
@@ -75,25 +73,12 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str) -> None:
         super().__init__()
-        self.w1 = Linear(d_model, d_ff)
-        self.w2 = Linear(d_ff, d_model)
+        self.w1 = nn.Linear(d_model, d_ff)
+        self.w2 = nn.Linear(d_ff, d_model)
         self.activation = F.relu if activation == "relu" else F.gelu
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.activation(self.w1(x)))
-
-    def step(self, x: Tensor) -> Tensor:
-        """``forward`` without module calls, for the decoding step (``DecoderLayer.step``)."""
-        h = direct(self.w1, x)
-        # In place: the hidden layer is this call's own tensor, and writing a fresh one cost
-        # as much as a tenth of a small model's batch-32 decoding step on a 2-core CPU.
-        h = F.relu(h, inplace=True) if self.activation is F.relu else self.activation(h)
-        return direct(self.w2, h)
-
-
-def layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
-    """``norm(x)`` without the module call, for the decoding step."""
-    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
 class EncoderLayer(nn.Module):
@@ -111,7 +96,7 @@ class EncoderLayer(nn.Module):
         self.feed_forward = FeedForward(d, config.d_ff, config.activation)
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(
         self, x: Tensor, mask: Tensor, need_weights: bool = False
@@ -127,14 +112,6 @@ class EncoderLayer(nn.Module):
         if not self.pre_norm:
             x = self.norm2(x)
         return x, weights  # (B, S, D), (B, H, S, S) or None
-
-
-@dataclass
-class LayerCache:
-    """One decoder layer's cached keys/values: its own past, and the projected source."""
-
-    self_attn: KVCache = field(default_factory=KVCache)
-    cross_attn: KVCache = field(default_factory=KVCache)
 
 
 class DecoderLayer(nn.Module):
@@ -154,7 +131,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
         self.norm3 = nn.LayerNorm(d)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(
         self,
@@ -197,25 +174,3 @@ class DecoderLayer(nn.Module):
         if not self.pre_norm:
             x = self.norm3(x)
         return x, self_weights, cross_weights  # (B, T, D), (B, H, T, T), (B, H, T, S)
-
-    def step(
-        self, x: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: LayerCache
-    ) -> Tensor:
-        """``forward`` for one new position per row (B, 1, D), at inference, with a cache.
-
-        The same three sublayers with the same residuals and norms, through the attention's
-        ``step``, without dropout (inference) and without module calls: a decoding step of a
-        small model is bound by how many operations it runs. ``Decoder`` takes this path
-        whenever it applies; the tests hold it equal to ``forward``.
-        """
-        sublayers = (
-            (self.norm1, lambda h: self.self_attn.step(h, cache.self_attn)),
-            (self.norm2, lambda h: self.cross_attn.step(h, cache.cross_attn, memory, memory_mask)),
-            (self.norm3, self.feed_forward.step),
-        )
-        for norm, sublayer in sublayers:
-            if self.pre_norm:
-                x = x + sublayer(layer_norm(norm, x))
-            else:
-                x = layer_norm(norm, x + sublayer(x))
-        return x

@@ -16,17 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer.config import ModelConfig
-from tformer.data.tokenizer import PAD_ID
-from tformer.fast.linear import fast_linear
+from tformer.config import PAD_ID, ModelConfig
 from tformer.model.attention import padding_mask
-from tformer.model.layers import (
-    DecoderLayer,
-    EncoderLayer,
-    LayerCache,
-    PositionalEncoding,
-    TokenEmbedding,
-)
+from tformer.model.cache import DecoderCache, LayerCache
+from tformer.model.layers import DecoderLayer, EncoderLayer, PositionalEncoding, TokenEmbedding
 
 
 @dataclass
@@ -43,17 +36,6 @@ class EncoderOutput:
     memory: Tensor  # (B, S, D)
     mask: Tensor  # (B, 1, 1, S): True where the source is not padding
     attentions: list[Tensor] | None = None
-    _hides_nothing: bool | None = field(default=None, init=False, repr=False, compare=False)
-
-    def step_mask(self) -> Tensor | None:
-        """``mask`` for step-by-step decoding, or None when no source position is padding.
-
-        Checked once per source batch (it reads the mask back from the device): attention
-        without a mask skips converting it at every layer of every step.
-        """
-        if self._hides_nothing is None:
-            self._hides_nothing = bool(self.mask.all())
-        return None if self._hides_nothing else self.mask
 
 
 @dataclass
@@ -67,20 +49,6 @@ class DecoderOutput:
 class Seq2SeqOutput:
     logits: Tensor  # (B, T, V)
     attentions: AttentionMaps | None = None
-
-
-@dataclass
-class DecoderCache:
-    """Per-layer key/value caches for incremental decoding, plus how many steps are cached."""
-
-    layers: list[LayerCache]
-    length: int = 0
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index``, in that order (beam search, dropping finished rows)."""
-        for layer in self.layers:
-            layer.self_attn.reorder(index)
-            layer.cross_attn.reorder(index)
 
 
 class Encoder(nn.Module):
@@ -125,8 +93,6 @@ class Decoder(nn.Module):
         cache: DecoderCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        if cache is not None and tgt.size(1) == 1 and not need_weights and not self.training:
-            return self._step(tgt, memory, memory_mask, cache), [], []
         start = cache.length if cache is not None else 0
         x = self.positions(self.embedding(tgt), start)  # (B, T, D)
         self_maps: list[Tensor] = []
@@ -145,16 +111,6 @@ class Decoder(nn.Module):
         if cache is not None:
             cache.length += tgt.size(1)
         return self.final_norm(x), self_maps, cross_maps
-
-    def _step(
-        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecoderCache
-    ) -> Tensor:
-        """One new position per row at inference: ``forward`` through each layer's ``step``."""
-        x = self.positions(self.embedding(tgt), cache.length)  # (B, 1, D)
-        for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
-            x = layer.step(x, memory, memory_mask, layer_cache)
-        cache.length += 1
-        return self.final_norm(x)
 
 
 class Transformer(nn.Module):
@@ -208,10 +164,8 @@ class Transformer(nn.Module):
 
         With a ``cache``, ``tgt_in`` holds only the new positions (usually one).
         """
-        # A cache means incremental decoding; training calls never read the mask back.
-        memory_mask = encoded.step_mask() if cache is not None else encoded.mask
         hidden, self_maps, cross_maps = self.decoder(
-            tgt_in, encoded.memory, memory_mask, cache=cache, need_weights=need_weights
+            tgt_in, encoded.memory, encoded.mask, cache=cache, need_weights=need_weights
         )
         logits = self.project(hidden)
         if not need_weights:
@@ -235,35 +189,16 @@ class Transformer(nn.Module):
 
     def project(self, hidden: Tensor) -> Tensor:
         """(B, T, D) -> (B, T, V) logits."""
-        weight = (
-            self.decoder.embedding.weight
-            if self.output_projection is None
-            else self.output_projection.weight
-        )
-        if (
-            hidden.device.type != "cpu"
-            or torch.is_grad_enabled()
-            or torch.is_autocast_enabled("cpu")
-        ):
-            return F.linear(hidden, weight)
-        logits = fast_linear(self, hidden, weight, None)  # a decoding step: split or packed
-        if logits is not None:
-            return logits
-        # CPU inference otherwise (many rows, or no x86): with W stored (V, D), x Wᵀ for one
-        # row runs as a matrix-vector product on one thread; a (D, V) copy lets the BLAS
-        # split the vocabulary over every thread: about twice as fast at batch 1.
-        return hidden @ self._transposed(weight)
+        return F.linear(hidden, self.output_weight())
 
-    def _transposed(self, weight: Tensor) -> Tensor:
-        """A contiguous (D, V) copy of ``weight``, remade whenever the weight changes."""
-        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
-        cached = self.__dict__.get("_transposed_cache")
-        if cached is None or cached[0] != key:
-            cached = (key, weight.detach().t().contiguous())
-            self.__dict__["_transposed_cache"] = cached  # a plain attribute: not in state_dict
-        return cached[1]
+    def output_weight(self) -> Tensor:
+        """The (V, D) output projection: the target embedding matrix when tied (section 3.4)."""
+        if self.output_projection is None:
+            return self.decoder.embedding.weight
+        return self.output_projection.weight
 
     def new_cache(self) -> DecoderCache:
+        """Empty key/value caches for incremental decoding, one per decoder layer."""
         return DecoderCache([LayerCache() for _ in self.decoder.layers])
 
     @torch.no_grad()

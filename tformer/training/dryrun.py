@@ -20,7 +20,7 @@ import torch
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.device import resolve_device, seed_everything
-from tformer.fast.malloc import keep_freed_memory
+from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
 from tformer.training.loss import sequence_loss
 from tformer.training.optim import build_optimizer
@@ -66,9 +66,8 @@ def measure_batch_limits(
     )
     device = resolve_device(train_config.device)
     precision = resolve_precision(train_config.precision, device, model_config)
-    keep_freed_memory()  # as training does, so the figures are training's
     seed_everything(train_config.seed)
-    model = Transformer(model_config).to(device).train()
+    model = accelerate(Transformer(model_config)).to(device).train()
     forward = torch.compile(model) if train_config.compile else model
     optimizer = build_optimizer(model, train_config)
     for group in optimizer.param_groups:

@@ -36,7 +36,6 @@ from tformer.errors import (
     OutOfMemoryError,
     TrainingInterrupted,
 )
-from tformer.fast.malloc import keep_freed_memory
 from tformer.model import Transformer
 from tformer.training import distributed as dist_
 from tformer.training.distributed import World
@@ -287,7 +286,6 @@ class TrainingLoop:
         return None
 
     def run(self, plan: BatchPlan, pos: Position, total_steps: int | None) -> TrainResult:
-        keep_freed_memory()  # every step's tensors would otherwise start as fresh pages
         if self._should_stop(pos, total_steps):
             self.report.message(
                 f"the run is already at step {pos.step}, where it was set to stop; raise "

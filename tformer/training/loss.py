@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tformer.data.tokenizer import PAD_ID
+from tformer.config import PAD_ID
 
 _BLOCK_ELEMENTS = 1 << 20  # fp32 rows per block: 4 MB, about one core's share of cache
 

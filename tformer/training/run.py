@@ -30,6 +30,7 @@ from tformer.data.pairs import (
 from tformer.data.tokenizer import Tokenizer, train_tokenizer
 from tformer.device import resolve_device, seed_everything
 from tformer.errors import CheckpointError, ConfigError, DataError
+from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
 from tformer.training import distributed as dist_
 from tformer.training.distributed import World
@@ -178,7 +179,8 @@ def train(
         num_proc=num_proc,
     )
 
-    model = resumed.model if resumed else Transformer(model_config)
+    # The speed-ups change no parameter and no result (tformer.fast), so every run has them.
+    model = accelerate(resumed.model if resumed else Transformer(model_config))
     model.to(device).train()
     optimizer = build_optimizer(model, cfg)
     state: dict[str, Any] = {}

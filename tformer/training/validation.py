@@ -6,7 +6,8 @@ import torch
 
 from tformer.checkpoint import store as ckpt
 from tformer.data.pairs import BatchPlan, EncodedSplit
-from tformer.decoding.sampling import DecodingConfig, decode_texts
+from tformer.decoding.api import decode_texts
+from tformer.decoding.settings import DecodingConfig
 from tformer.model import Transformer
 from tformer.training.loss import sequence_loss
 from tformer.training.precision import Precision

@@ -1,0 +1,27 @@
+"""Every command of the ``tformer`` app: importing a command's module registers it."""
+
+from tformer.cli import (
+    average,
+    compare,
+    evaluate,
+    generate,
+    info,
+    inspect_attention,
+    tokenizer,
+    train,
+    verify,
+)
+from tformer.cli.app import app
+
+__all__ = [
+    "app",
+    "average",
+    "compare",
+    "evaluate",
+    "generate",
+    "info",
+    "inspect_attention",
+    "tokenizer",
+    "train",
+    "verify",
+]

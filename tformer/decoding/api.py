@@ -1,0 +1,90 @@
+"""Decoding entry points: a padded batch, many sources in input order, or one streamed source.
+
+Greedy decoding and sampling live in ``sampling``, beam search in ``beam``; both share the
+settings, the steppers and the logit processors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from tformer.config import EOS_ID
+from tformer.data.pairs import pad
+from tformer.decoding.beam import beam_search
+from tformer.decoding.sampling import StepEvents, sample_steps
+from tformer.decoding.settings import DecodingConfig, Hypothesis
+from tformer.errors import ConfigError
+from tformer.model import Transformer
+
+
+def _drain(events: StepEvents) -> list[list[Hypothesis]]:
+    while True:
+        try:
+            next(events)
+        except StopIteration as stop:
+            return stop.value
+
+
+def decode(model: Transformer, src: Tensor, config: DecodingConfig) -> list[list[Hypothesis]]:
+    """Decode a padded (B, S) batch of source ids.
+
+    Returns:
+        For each source row, in row order: ``num_samples`` hypotheses (greedy / sampling), or
+        the ``n_best`` best of beam search, best first.
+    """
+    if config.beam_size > 1:
+        return beam_search(model, src, config)
+    return _drain(sample_steps(model, src, config))
+
+
+def stream_tokens(
+    model: Transformer, src_ids: Sequence[int], config: DecodingConfig, sample: int = 0
+) -> Iterator[int]:
+    """Yield the output tokens of one source as they are decoded (greedy or sampling).
+
+    Gives the same tokens as ``decode_texts`` with the same settings (sample ``sample``).
+    """
+    if config.beam_size > 1:
+        raise ConfigError(
+            "streaming needs greedy decoding or sampling: beam search knows its best output "
+            "only at the end; drop --stream or --beam-size"
+        )
+    if not 0 <= sample < config.num_samples:
+        raise ValueError(f"sample {sample} is outside 0..{config.num_samples - 1}")
+    device = next(model.parameters()).device
+    src = torch.tensor([list(src_ids) or [EOS_ID]], device=device)
+    for _, tokens in sample_steps(model, src, config, samples=[sample]):
+        if tokens[0] == EOS_ID:
+            return
+        yield tokens[0]
+
+
+def decode_texts(
+    model: Transformer,
+    src_ids: Sequence[Sequence[int]],
+    config: DecodingConfig,
+    *,
+    batch_size: int = 64,
+) -> list[list[Hypothesis]]:
+    """Decode many sources: sorted by length into batches, results back in input order.
+
+    Args:
+        batch_size: rows decoded together (each source takes num_samples or beam_size rows).
+    Returns:
+        For each source, ``config.num_samples`` hypotheses, or the ``n_best`` of beam search.
+    """
+    device = next(model.parameters()).device
+    width = config.beam_size if config.beam_size > 1 else config.num_samples
+    sources_per_batch = max(1, batch_size // width)
+    order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
+    results: list[list[Hypothesis]] = [[] for _ in src_ids]
+    for start in range(0, len(order), sources_per_batch):
+        chunk = order[start : start + sources_per_batch]
+        # Empty inputs still need one position for the encoder to attend to.
+        rows = [list(src_ids[i]) or [EOS_ID] for i in chunk]
+        for index, hyps in zip(chunk, decode(model, pad(rows).to(device), config), strict=True):
+            results[index] = hyps
+    return results

@@ -1,0 +1,100 @@
+"""One decoder step over an encoded source batch, with or without the key/value cache.
+
+Shape legend: R rows being decoded (sources x samples or beams), V target vocabulary.
+
+A model prepared by ``tformer.fast.accelerate`` takes its lean cached step; any other model
+runs the paper's ``decode`` with the cache, the same result in more operations.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tformer.decoding.settings import DecodingConfig
+from tformer.fast.step import FastTransformer, step_mask
+from tformer.model import Transformer
+from tformer.model.transformer import EncoderOutput
+
+
+def select_rows(encoded: EncoderOutput, index: Tensor) -> EncoderOutput:
+    return EncoderOutput(encoded.memory.index_select(0, index), encoded.mask.index_select(0, index))
+
+
+class CachedStepper:
+    """Feeds one new token per row; everything earlier comes from the key/value cache.
+
+    The source is encoded once by the caller; the cross-attention keys/values are projected
+    on the first step and kept; each layer's self-attention keys/values grow by one a step.
+    """
+
+    def __init__(self, model: Transformer, encoded: EncoderOutput) -> None:
+        self.model = model
+        self.encoded = encoded
+        self.cache = model.new_cache()
+        self._step_mask: Tensor | None = None
+        self._step_mask_of: Tensor | None = None  # the source mask _step_mask was read from
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """(R,) newest tokens -> (R, V) float32 logits for the next one."""
+        model = self.model
+        if isinstance(model, FastTransformer) and not model.training:
+            logits = model.step(tokens[:, None], self.encoded.memory, self._mask(), self.cache)
+        else:
+            logits = model.decode(tokens[:, None], self.encoded, cache=self.cache).logits
+        return logits[:, -1].float()
+
+    def _mask(self) -> Tensor | None:
+        """The source mask for lean steps, read back once per source batch (see step_mask)."""
+        if self._step_mask_of is not self.encoded.mask:
+            self._step_mask_of = self.encoded.mask
+            self._step_mask = step_mask(self.encoded.mask)
+        return self._step_mask
+
+    def reorder(self, index: Tensor, *, same_source: bool = False) -> None:
+        """Keep rows ``index`` in that order (beams reordered, finished rows dropped).
+
+        ``same_source``: every row ``index[i]`` decodes the same source as row ``i`` (beams
+        reshuffled inside their source), so the source-side tensors stay as they are and
+        only the self-attention caches move.
+        """
+        if same_source:
+            for layer in self.cache.layers:
+                layer.self_attn.reorder(index)
+            return
+        self.cache.reorder(index)
+        self.encoded = select_rows(self.encoded, index)
+
+
+class RecomputeStepper:
+    """The cache-free reference: re-runs the decoder over the whole prefix at every step."""
+
+    def __init__(self, model: Transformer, encoded: EncoderOutput) -> None:
+        self.model = model
+        self.encoded = encoded
+        self.prefix: Tensor | None = None  # (R, t + 1) with <bos>
+
+    def step(self, tokens: Tensor) -> Tensor:
+        new = tokens[:, None]
+        self.prefix = new if self.prefix is None else torch.cat([self.prefix, new], dim=1)
+        return self.model.decode(self.prefix, self.encoded).logits[:, -1].float()
+
+    def reorder(self, index: Tensor, *, same_source: bool = False) -> None:
+        assert self.prefix is not None
+        self.prefix = self.prefix.index_select(0, index)
+        if not same_source:
+            self.encoded = select_rows(self.encoded, index)
+
+
+Stepper = CachedStepper | RecomputeStepper
+
+
+def make_stepper(model: Transformer, src: Tensor, use_cache: bool = True) -> Stepper:
+    """Encode ``src`` (B, S) once and return the object that runs decoder steps over it."""
+    encoded = model.encode(src)
+    return CachedStepper(model, encoded) if use_cache else RecomputeStepper(model, encoded)
+
+
+def step_limit(model: Transformer, config: DecodingConfig) -> int:
+    """Decoder steps at most: --max-new-tokens (the <eos> counts), within the model's positions."""
+    return min(config.max_new_tokens, model.config.max_len)

@@ -1,0 +1,212 @@
+"""Multi-head attention with the paper's maths and a leaner path for decoding on CPUs.
+
+:class:`FastMultiHeadAttention` keeps :class:`tformer.model.MultiHeadAttention`'s parameters
+and ``forward``; it adds ``step``, one cached decoding position per row in fewer operations,
+and, for a single source, cross-attention with W^Q folded into the source's keys and W^O into
+its values (:class:`FoldedSource`). The state dict is the model's own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tformer.fast.linear import direct, linear, unpacked_linear
+from tformer.model.attention import MultiHeadAttention, scaled_dot_product_attention
+from tformer.model.cache import KVCache
+
+
+def fused_backward_is_slow(q: Tensor) -> bool:
+    """True where torch's fused kernel is the slow choice: bf16/fp16 training on a CPU.
+
+    Its CPU backward in reduced precision is several times slower than the written-out
+    formula at the short lengths of translation, while its forward is as fast, so inference
+    and fp32 keep the fused kernel (docs/performance.md has the figures).
+    """
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and q.requires_grad
+        and torch.is_grad_enabled()
+    )
+
+
+class FoldingKVCache(KVCache):
+    """A cross-attention cache that knows when its rows all hold one source.
+
+    ``one_source`` is set from a single-row ``set`` and survives reordering (that source
+    expanded to its beams or samples); ``folded`` holds that source's :class:`FoldedSource`,
+    made on first use.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.one_source = False
+        self.folded: FoldedSource | None = None
+
+    def set(self, k: Tensor, v: Tensor) -> None:
+        super().set(k, v)
+        self.one_source, self.folded = k.size(0) == 1, None
+
+
+@dataclass(frozen=True)
+class FoldedSource:
+    """One source's cross-attention with W^Q folded into its keys and W^O into its values.
+
+    For head h with query projection W_h (d_k x D) and bias b_h, source keys k_hs, values
+    v_hs and output projection block O_h (D x d_k):
+
+        score_hs = (x W_hᵀ + b_h) · k_hs / √d_k = x · (W_hᵀ k_hs / √d_k) + b_h · k_hs / √d_k
+        output   = Σ_h Σ_s p_hs (O_h v_hs) + b_O
+
+    so with ``keys`` (H·S x D) = the k_hsᵀ W_h / √d_k stacked, ``key_bias`` (H·S) and
+    ``values`` (D x H·S) = the O_h v_hs side by side, one step of cross-attention is
+    softmax(x keysᵀ + key_bias) per head, then p valuesᵀ + b_O: two matrix-vector products
+    over 2·D·H·S numbers instead of W^Q, W^O and the cached keys and values (2·D·D + 2·S·D).
+    Both are stored as linear-layer weights (out x in), so they take the same fast paths.
+    """
+
+    keys: Tensor  # (H * S, D)
+    key_bias: Tensor  # (H * S,)
+    values: Tensor  # (D, H * S)
+    heads: int
+    length: int  # S
+
+
+class FastMultiHeadAttention(MultiHeadAttention):
+    """:class:`MultiHeadAttention` with ``step`` for cached decoding; same parameters."""
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        *,
+        causal: bool,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        return scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask,
+            causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights,
+            fused=not fused_backward_is_slow(q),
+        )
+
+    def step(
+        self,
+        query: Tensor,
+        cache: KVCache,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+    ) -> Tensor:
+        """``forward`` for one new query position per row, at inference, with a cache.
+
+        Self-attention when ``memory`` is None: the new position's key and value join
+        ``cache``. Cross-attention over ``memory`` (B, S, D) otherwise: projected on the first
+        step, reused afterwards. The same maths as ``forward`` in fewer tensor operations and
+        calls, which is what a small model decoding one token at a time spends its time on.
+
+        Args:
+            query: (B, 1, D). memory_mask: broadcastable to (B, H, 1, S), or None.
+        Returns:
+            (B, 1, D).
+        """
+        b = query.size(0)
+        if memory is None:
+            # Queries, keys and values of the one new position in one product: one call
+            # fewer, and one tall weight streams faster than two.
+            qkv = linear(self, query, *self._fused_qkv()).view(b, 3, self.n_heads, 1, self.d_k)
+            q = qkv[:, 0]
+            k, v = cache.append(qkv[:, 1], qkv[:, 2])  # (B, H, t, d_k) each
+        else:
+            if not cache.length:
+                cache.set(*self.project_kv(memory))
+            if isinstance(cache, FoldingKVCache) and self.folding_pays(query, cache):
+                return self.folded_cross_step(query, cache, memory_mask)
+            q = direct(self.q_proj, query).view(b, self.n_heads, 1, self.d_k)
+            k, v = cache.k, cache.v
+        assert k is not None and v is not None
+        # No causal mask: the one new query may see every cached key.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=memory_mask)  # (B, H, 1, d_k)
+        # With one query position the heads already lie side by side: no transpose needed.
+        return direct(self.out_proj, out.reshape(b, 1, self.n_heads * self.d_k))
+
+    def folding_pays(self, query: Tensor, cache: FoldingKVCache) -> bool:
+        """Whether :meth:`folded_cross_step` applies: one source, CPU inference, short.
+
+        Folded, a step reads 2·D·H·S numbers however many rows (beams, samples) decode the
+        one source; unfolded, W^Q and W^O (2·D·D) and each row's cached keys and values
+        (R·2·S·D): fewer whenever S·(H - R) < D. Rows of different sources would each need
+        their own folded matrices, so only one source is folded.
+        """
+        return (
+            cache.one_source
+            and cache.length * (self.n_heads - query.size(0)) < self.n_heads * self.d_k
+            and query.device.type == "cpu"
+            and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
+        )
+
+    def folded_cross_step(
+        self, query: Tensor, cache: FoldingKVCache, memory_mask: Tensor | None
+    ) -> Tensor:
+        """Cross-attention for (R, 1, D) queries of one source through :class:`FoldedSource`."""
+        folded = cache.folded or self._fold(cache)
+        rows = query.size(0)
+        scores = unpacked_linear(query.view(rows, -1), folded.keys, folded.key_bias)
+        scores = scores.view(rows, folded.heads, folded.length)
+        if memory_mask is not None:  # (R, 1, 1, S), every row the one source's padding
+            scores = scores.masked_fill(~memory_mask[:1].view(1, 1, -1), float("-inf"))
+        weights = scores.softmax(dim=-1).view(rows, -1)  # (R, H·S)
+        return unpacked_linear(weights, folded.values, self.out_proj.bias).view(rows, 1, -1)
+
+    def _fold(self, cache: FoldingKVCache) -> FoldedSource:
+        assert cache.k is not None and cache.v is not None
+        h, d_k = self.n_heads, self.d_k
+        k, v = cache.k[0], cache.v[0]  # (H, S, d_k): every row holds the same source
+        length = k.size(1)
+        scale = 1.0 / math.sqrt(d_k)
+        w_q = self.q_proj.weight.view(h, d_k, -1)  # (H, d_k, D): W_h
+        keys = (k @ w_q) * scale  # (H, S, D)
+        key_bias = (k @ self.q_proj.bias.view(h, d_k, 1)).view(h * length) * scale
+        w_o = self.out_proj.weight.view(-1, h, d_k).permute(1, 2, 0)  # (H, d_k, D): O_hᵀ
+        values = (v @ w_o).reshape(h * length, -1)  # (H·S, D)
+        cache.folded = FoldedSource(
+            keys.reshape(h * length, -1), key_bias, values.t().contiguous(), h, length
+        )
+        return cache.folded
+
+    def _fused_qkv(self) -> tuple[Tensor, Tensor]:
+        """W^Q stacked on the key/value weight (3D x D) and their biases, remade on change.
+
+        A plain attribute, not a parameter: the state dict keeps the paper's projections.
+        """
+        parts = (self.q_proj.weight, self.kv_proj.weight, self.q_proj.bias, self.kv_proj.bias)
+
+        def stacked() -> tuple[Tensor, Tensor]:
+            return torch.cat(parts[:2]), torch.cat(parts[2:])
+
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            # Never a detached copy where autograd or a tracer is watching: stack the
+            # parameters themselves, every call.
+            return stacked()
+        key = tuple((p.data_ptr(), p._version) for p in parts)
+        cached = self.__dict__.get("_qkv")
+        if cached is None or cached[0] != key:
+            # Outside inference mode: linear() keys its packed copy on the weight's version
+            # counter, which inference-mode tensors do not have.
+            with torch.inference_mode(False), torch.no_grad():
+                cached = (key, *stacked())
+            self.__dict__["_qkv"] = cached
+            # A new tensor may reuse the old one's address and version: drop its packed copy.
+            self.__dict__.pop("_packed_weight", None)
+        return cached[1], cached[2]

@@ -1,0 +1,113 @@
+"""The lean cached decoding step: the decoder's maths for one new position per row.
+
+A decoding step of a small model is bound by how many tensor operations and module calls it
+runs more than by arithmetic, so these subclasses of the model's modules add a ``step`` that
+runs the same sublayers, residuals and norms without module calls or dropout (inference
+only). They keep the model's parameters and ``forward``; the tests hold ``step`` equal to it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tformer.fast.attention import FastMultiHeadAttention, FoldingKVCache
+from tformer.fast.linear import direct, fast_linear
+from tformer.model.cache import DecoderCache, LayerCache
+from tformer.model.layers import DecoderLayer, FeedForward
+from tformer.model.transformer import Transformer
+
+
+def layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
+    """``norm(x)`` without the module call."""
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def step_mask(mask: Tensor) -> Tensor | None:
+    """A source padding mask for step-by-step decoding, or None when it hides nothing.
+
+    Read back once per source batch: attention without a mask skips converting it at every
+    layer of every step.
+    """
+    return None if bool(mask.all()) else mask
+
+
+class FastFeedForward(FeedForward):
+    """:class:`FeedForward` with ``step``; same parameters."""
+
+    def step(self, x: Tensor) -> Tensor:
+        h = direct(self.w1, x)
+        # In place: the hidden layer is this call's own tensor, and writing a fresh one is a
+        # noticeable part of a small model's step.
+        h = F.relu(h, inplace=True) if self.activation is F.relu else self.activation(h)
+        return direct(self.w2, h)
+
+
+class FastDecoderLayer(DecoderLayer):
+    """:class:`DecoderLayer` with ``step``; same parameters."""
+
+    self_attn: FastMultiHeadAttention
+    cross_attn: FastMultiHeadAttention
+    feed_forward: FastFeedForward
+
+    def step(
+        self, x: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: LayerCache
+    ) -> Tensor:
+        """``forward`` for one new position per row (B, 1, D), at inference, with a cache."""
+        sublayers = (
+            (self.norm1, lambda h: self.self_attn.step(h, cache.self_attn)),
+            (self.norm2, lambda h: self.cross_attn.step(h, cache.cross_attn, memory, memory_mask)),
+            (self.norm3, self.feed_forward.step),
+        )
+        for norm, sublayer in sublayers:
+            if self.pre_norm:
+                x = x + sublayer(layer_norm(norm, x))
+            else:
+                x = layer_norm(norm, x + sublayer(x))
+        return x
+
+
+class FastTransformer(Transformer):
+    """:class:`Transformer` with a lean ``step`` and a faster inference projection."""
+
+    def step(
+        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecoderCache
+    ) -> Tensor:
+        """(B, 1) newest tokens -> (B, 1, V) logits, through each layer's ``step``.
+
+        The same result as ``decode(tgt, encoded, cache=cache).logits`` in eval mode.
+        """
+        decoder = self.decoder
+        x = decoder.positions(decoder.embedding(tgt), cache.length)  # (B, 1, D)
+        for layer, layer_cache in zip(decoder.layers, cache.layers, strict=True):
+            x = layer.step(x, memory, memory_mask, layer_cache)
+        cache.length += 1
+        return self.project(decoder.final_norm(x))
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache([LayerCache(cross_attn=FoldingKVCache()) for _ in self.decoder.layers])
+
+    def project(self, hidden: Tensor) -> Tensor:
+        if (
+            hidden.device.type != "cpu"
+            or torch.is_grad_enabled()
+            or torch.is_autocast_enabled("cpu")
+        ):
+            return super().project(hidden)
+        weight = self.output_weight()
+        logits = fast_linear(self, hidden, weight, None)  # a decoding step: split or packed
+        if logits is not None:
+            return logits
+        # With W stored (V, D), x Wᵀ for one row runs as a matrix-vector product on one
+        # thread; a (D, V) copy lets the BLAS split the vocabulary over every thread.
+        return hidden @ self._transposed(weight)
+
+    def _transposed(self, weight: Tensor) -> Tensor:
+        """A contiguous (D, V) copy of ``weight``, remade whenever the weight changes."""
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+        cached = self.__dict__.get("_transposed_cache")
+        if cached is None or cached[0] != key:
+            cached = (key, weight.detach().t().contiguous())
+            self.__dict__["_transposed_cache"] = cached  # a plain attribute: not in state_dict
+        return cached[1]
