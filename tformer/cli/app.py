@@ -7,7 +7,6 @@ from their own modules; ``tformer.cli.commands`` imports them all.
 
 from __future__ import annotations
 
-import click
 import typer
 from rich.markup import escape
 from typer.core import TyperGroup
@@ -20,7 +19,8 @@ from tformer.version import __version__
 class TformerGroup(TyperGroup):
     """Turns user-facing errors into one clear line and an exit code."""
 
-    def invoke(self, ctx: click.Context) -> object:
+    # typer hands every command its own Context subclass, which is what is annotated here.
+    def invoke(self, ctx: typer.Context) -> object:  # type: ignore[override]
         try:
             return super().invoke(ctx)
         except TrainingInterrupted as error:  # not a failure: stopped on request, resumable
@@ -34,7 +34,6 @@ class TformerGroup(TyperGroup):
         except KeyboardInterrupt as error:
             err_console.print("[yellow]interrupted[/]")
             ctx.exit(getattr(error, "exit_code", 130))
-        return None
 
 
 app = typer.Typer(

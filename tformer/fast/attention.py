@@ -121,6 +121,8 @@ class FastMultiHeadAttention(MultiHeadAttention):
             (B, 1, D).
         """
         b = query.size(0)
+        k: Tensor | None
+        v: Tensor | None
         if memory is None:
             # Queries, keys and values of the one new position in one product: one call
             # fewer, and one tall weight streams faster than two.

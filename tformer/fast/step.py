@@ -81,6 +81,7 @@ class FastTransformer(Transformer):
         decoder = self.decoder
         x = decoder.positions(decoder.embedding(tgt), cache.length)  # (B, 1, D)
         for layer, layer_cache in zip(decoder.layers, cache.layers, strict=True):
+            assert isinstance(layer, FastDecoderLayer)  # accelerate() swapped every layer
             x = layer.step(x, memory, memory_mask, layer_cache)
         cache.length += 1
         return self.project(decoder.final_norm(x))

@@ -56,6 +56,7 @@ class PositionalEncoding(nn.Module):
         self.max_len = max_len
         # Not persistent: the table is a pure function of the config, so it stays out of the
         # checkpoint and cannot disagree with it.
+        self.table: Tensor
         self.register_buffer("table", sinusoidal_positions(max_len, d_model), persistent=False)
         self.dropout = nn.Dropout(dropout)
 
