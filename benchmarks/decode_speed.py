@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Before torch loads: torch reads it at its first allocation (see tformer/fast/hugepages.py).
+# Before torch loads: torch reads it at its first allocation (see tformer/fast/process.py).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import torch  # noqa: E402

@@ -270,7 +270,7 @@ def run_isolated(impl: str, shape: str, precision: str, repeats: int, *, batch: 
     cmd = [sys.executable, __file__, "--one", impl, shape, precision, str(repeats),
            "--batch", str(batch), "--device", device] + (["--compile"] if compiled else [])
     # Every implementation gets the allocator setting tformer makes for itself (huge pages for
-    # large tensors, see tformer/fast/hugepages.py), so the comparison is of the code, not of it.
+    # large tensors, see tformer/fast/process.py), so the comparison is of the code, not of it.
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:

@@ -2,9 +2,10 @@
 
 Each element is zeroed with probability p and the survivors are scaled by 1 / (1 - p), exactly
 as ``torch.nn.Dropout`` does. Only the way the random mask is drawn differs on a CPU:
-``bernoulli_`` draws one full random number per element, and on a 2-core CPU that made dropout
-about a tenth of a small model's training step. Here one 64-bit draw gives four 16-bit lanes, each
-compared with p quantised to 1/65536 (0.1 becomes 0.100006), which is about 2.5x faster.
+``bernoulli_`` draws one full random number per element, a visible part of a small model's
+training step on a CPU. Here one 64-bit draw gives four 16-bit lanes, each compared with p
+quantised to 1/65536 (0.1 becomes 0.100006): fewer random bits, and faster
+(docs/performance.md).
 On other devices torch's fused kernel is already cheap and is used as it is.
 """
 
