@@ -16,7 +16,7 @@ from rich.progress import (
 from rich.table import Table
 
 from tformer.cli.console import console, err_console
-from tformer.training.loop import Reporter, TrainResult
+from tformer.training.reporting import Reporter, TrainResult
 
 _UNITS = 1000  # progress is a fraction of whichever budget (steps or time) runs out first
 
