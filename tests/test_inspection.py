@@ -320,7 +320,7 @@ NUMERIC = re.compile(r"[0-9/.\-]+")  # 03/06/2025, 6.3.2025, 2025-3-6, 20250306 
 def date_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
     """The `dates` recipe's architecture trained briefly on the bundled data.
 
-    Held-out splits are cut down because every run ends by decoding its test split.
+    Held-out splits are cut down because every run ends by decoding its validation split.
     """
     data = tmp_path_factory.mktemp("dates-data")
     bundled = bundled_data_dir()
@@ -345,7 +345,7 @@ def test_dates_recipe_meets_the_quick_start_target_in_a_fixed_number_of_steps(
 ) -> None:
     # The quick start trains this recipe for 150 s, about 2,200 steps on a 2-core EPYC; the
     # target (>= 95% exact match) must hold well before that, whatever the machine's speed.
-    assert date_run.step == ALIGNMENT_STEPS and date_run.exact_match_split == "test"
+    assert date_run.step == ALIGNMENT_STEPS and date_run.exact_match_split == "validation"
     assert date_run.exact_match is not None
     print(f"dates recipe: {date_run.exact_match:.1%} exact match after {date_run.step} steps")
     assert date_run.exact_match >= 0.95, f"{date_run.exact_match:.1%} after {date_run.step} steps"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from importlib import resources
 from dataclasses import dataclass, field, fields
+from importlib import resources
 from typing import Any, Literal, get_args
 
 import yaml
