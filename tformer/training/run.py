@@ -150,20 +150,22 @@ def plan_job(
     """The configs and folders of a run, before anything is loaded or written."""
     if resume is not False and overwrite:
         raise ConfigError("--resume continues a run and --overwrite replaces it; give one")
-    resume_from: Path | None = None
-    if resume is not False:
-        out, resume_from = resume_target(out, resume)
+    if resume is True and out is None:
+        raise ConfigError("--resume needs the run folder")
+    # The checkpoint to resume, as given: its own errors (missing, foreign) come first.
+    given = None if resume is False else Path(resume if resume is not True else out or "")
     if train_config is None:
         if model_config is not None:
             raise ConfigError("give train() both configs, or settings to resolve them from")
         settings = settings or Settings()
-        settings = dataclasses.replace(
-            settings, tokenizer={**settings.tokenizer, **(tokenizer or {})}
-        )
-        resolved = resolve(settings, resume_from)
+        tokens = {**settings.tokenizer, **(tokenizer or {})}
+        resolved = resolve(dataclasses.replace(settings, tokenizer=tokens), given)
         model_config, train_config, spec = resolved.model, resolved.train, resolved.tokenizer
     else:
         spec = TokenizerSpec(**(tokenizer or {}))
+    resume_from: Path | None = None
+    if resume is not False:
+        out, resume_from = resume_target(out, resume)
     out = Path(out) if out is not None else Path("checkpoints") / data_name(train_config.data)
     return Job(model_config, train_config, spec, out, resume_from)
 
