@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 
 from tformer.cli import app
@@ -249,7 +248,7 @@ def train_command(
             reporter.progress.stop()
 
 
-def _given(ctx: click.Context, name: str) -> bool:
+def _given(ctx: typer.Context, name: str) -> bool:
     # Compared by name: Typer may carry its own copy of click's ParameterSource enum.
     source = ctx.get_parameter_source(name)
     return source is not None and source.name == "COMMANDLINE"

@@ -58,10 +58,9 @@ def wrap_for_training(
         sync_flag = (
             "forward_sync_buffers" if "forward_sync_buffers" in parameters else "broadcast_buffers"
         )
+        options: dict[str, Any] = {sync_flag: False}
         forward = DistributedDataParallel(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            **{sync_flag: False},
+            model, device_ids=[device.index] if device.type == "cuda" else None, **options
         )
     if compile_:
         forward = torch.compile(forward)  # type: ignore[assignment]

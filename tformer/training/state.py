@@ -47,7 +47,7 @@ def rng_state() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     if torch.cuda.is_available():
         for i, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"cuda{i}"] = state
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()
     meta = {
         "python": _to_json(random.getstate()),
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
