@@ -24,12 +24,13 @@ from tformer.analysis.attention import (
 )
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.config import RECIPES, ModelConfig, TrainConfig, preset
-from tformer.data.pairs import bundled_data_dir
+from tformer.data.pairs import bundled_data_dir, encode_pairs, load_text_pairs
 from tformer.data.tokenizer import PAD_ID
 from tformer.errors import ConfigError, DataError
 from tformer.model import Transformer
 from tformer.model.attention import MultiHeadAttention
 from tformer.training.run import TrainResult, train
+from tformer.training.validation import exact_match
 
 
 @pytest.fixture(scope="module")
@@ -341,14 +342,19 @@ def date_model(date_run: TrainResult) -> Checkpoint:
 
 
 def test_dates_recipe_meets_the_quick_start_target_in_a_fixed_number_of_steps(
-    date_run: TrainResult,
+    date_run: TrainResult, date_model: Checkpoint
 ) -> None:
     # The quick start trains this recipe for 150 s, about 2,200 steps on a 2-core EPYC; the
-    # target (>= 95% exact match) must hold well before that, whatever the machine's speed.
+    # target (>= 95% exact match on the test split) must hold well before that, whatever the
+    # machine's speed. Training reports the validation split; the test split is measured here.
     assert date_run.step == ALIGNMENT_STEPS and date_run.exact_match_split == "validation"
     assert date_run.exact_match is not None
-    print(f"dates recipe: {date_run.exact_match:.1%} exact match after {date_run.step} steps")
-    assert date_run.exact_match >= 0.95, f"{date_run.exact_match:.1%} after {date_run.step} steps"
+    tokenizers = date_model.tokenizers
+    test = encode_pairs(load_text_pairs(date_model.train_config.data)["test"], tokenizers.source,
+                        tokenizers.target, date_model.model_config.max_len)  # fmt: skip
+    hits = exact_match(date_run.model, test, tokenizers)[0]
+    print(f"dates recipe: {hits:.1%} exact match after {date_run.step} steps")
+    assert hits >= 0.95, f"{hits:.1%} after {date_run.step} steps"
 
 
 def numeric_dates(n: int) -> list[dict[str, str]]:
