@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The main job on a fresh clone: set up, train on the bundled date data, then show what the
-# model does: a few generations and one attention map.
+# The main job on a fresh clone: set up, train on the bundled date data, score it on the
+# held-out test split, then show what the model does: a few generations and one attention map.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 tformer=".venv/bin/tformer"
 
 "$tformer" train --out checkpoints/dates --overwrite
+echo
+echo "== tformer evaluate (test split) =="
+"$tformer" evaluate checkpoints/dates --split test
 echo
 echo "== tformer generate (greedy) =="
 "$tformer" generate checkpoints/dates "Thursday, 6 March 2025" "03/06/25" \

@@ -71,7 +71,7 @@ def cli_run(toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         *TINY,
     )
     assert result.exit_code == 0, result.output
-    assert "exact match on test" in result.stdout
+    assert "exact match on validation" in result.stdout
     assert (out / "latest").is_file()
     return out
 

@@ -41,7 +41,7 @@ def test_overrides_and_frozen() -> None:
         ({"norm": "sandwich"}, "--norm 'sandwich'"),
         ({"activation": "tanh"}, "--activation 'tanh'"),
         ({"n_encoder_layers": 0}, "--n-encoder-layers 0"),
-        ({"src_vocab_size": 10, "tgt_vocab_size": 12}, "--no-share-embeddings"),
+        ({"src_vocab_size": 10, "tgt_vocab_size": 12}, "leave out --separate-vocab"),
     ],
 )
 def test_model_config_errors_name_the_flag(kwargs: dict, message: str) -> None:

@@ -24,11 +24,12 @@ from tformer.analysis.attention import (
 )
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.config import PAD_ID, RECIPES, ModelConfig, TrainConfig, preset
-from tformer.data.pairs import bundled_data_dir
+from tformer.data.pairs import bundled_data_dir, encode_pairs, load_text_pairs
 from tformer.errors import ConfigError, DataError
 from tformer.model import Transformer
 from tformer.model.attention import MultiHeadAttention
 from tformer.training.run import TrainResult, train
+from tformer.training.validation import exact_match
 
 
 @pytest.fixture(scope="module")
@@ -319,7 +320,7 @@ NUMERIC = re.compile(r"[0-9/.\-]+")  # 03/06/2025, 6.3.2025, 2025-3-6, 20250306 
 def date_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
     """The `dates` recipe's architecture trained briefly on the bundled data.
 
-    Held-out splits are cut down because every run ends by decoding its test split.
+    Held-out splits are cut down because every run ends by decoding its validation split.
     """
     data = tmp_path_factory.mktemp("dates-data")
     bundled = bundled_data_dir()
@@ -340,14 +341,19 @@ def date_model(date_run: TrainResult) -> Checkpoint:
 
 
 def test_dates_recipe_meets_the_quick_start_target_in_a_fixed_number_of_steps(
-    date_run: TrainResult,
+    date_run: TrainResult, date_model: Checkpoint
 ) -> None:
     # The quick start trains this recipe for 150 s, about 2,200 steps on a 2-core EPYC; the
-    # target (>= 95% exact match) must hold well before that, whatever the machine's speed.
-    assert date_run.step == ALIGNMENT_STEPS and date_run.exact_match_split == "test"
+    # target (>= 95% exact match on the test split) must hold well before that, whatever the
+    # machine's speed. Training reports the validation split; the test split is measured here.
+    assert date_run.step == ALIGNMENT_STEPS and date_run.exact_match_split == "validation"
     assert date_run.exact_match is not None
-    print(f"dates recipe: {date_run.exact_match:.1%} exact match after {date_run.step} steps")
-    assert date_run.exact_match >= 0.95, f"{date_run.exact_match:.1%} after {date_run.step} steps"
+    tokenizers = date_model.tokenizers
+    test = encode_pairs(load_text_pairs(date_model.train_config.data)["test"], tokenizers.source,
+                        tokenizers.target, date_model.model_config.max_len)  # fmt: skip
+    hits = exact_match(date_run.model, test, tokenizers)[0]
+    print(f"dates recipe: {hits:.1%} exact match after {date_run.step} steps")
+    assert hits >= 0.95, f"{hits:.1%} after {date_run.step} steps"
 
 
 def numeric_dates(n: int) -> list[dict[str, str]]:

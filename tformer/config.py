@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from importlib import resources
 from typing import Any, Literal, get_args
+
+import yaml
 
 from tformer.errors import ConfigError
 
@@ -25,6 +28,11 @@ BestMetric = Literal["val_loss", "bleu", "chrf"]
 def flag(name: str) -> str:
     """The CLI flag for a config field: ``n_heads`` -> ``--n-heads``."""
     return "--" + name.replace("_", "-")
+
+
+def _field(default: Any, help: str) -> Any:
+    """A dataclass field with its one help text (the CLI option shows it)."""
+    return field(default=default, metadata={"help": help})
 
 
 def _require(ok: bool, message: str) -> None:
@@ -42,26 +50,31 @@ def _one_of(option: str, value: object, choices: Any) -> None:
 class ModelConfig:
     """The encoder-decoder architecture of "Attention Is All You Need" (Vaswani et al., 2017).
 
-    Defaults are the paper's base model (section 3, table 3 row "base").
+    Defaults are the paper's base model (section 3, table 3 row "base"). Each field's ``help``
+    is also the help of its ``tformer train`` option.
     """
 
-    src_vocab_size: int = 8000
-    tgt_vocab_size: int = 8000
-    d_model: int = 512
-    n_heads: int = 8
-    n_encoder_layers: int = 6
-    n_decoder_layers: int = 6
-    d_ff: int = 2048
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    norm: Norm = "post"
-    activation: Activation = "relu"
-    max_len: int = 256
+    src_vocab_size: int = _field(8000, "Source vocabulary size (set from the tokenizer).")
+    tgt_vocab_size: int = _field(8000, "Target vocabulary size (set from the tokenizer).")
+    d_model: int = _field(512, "Width of the model (embeddings and every sub-layer's output).")
+    n_heads: int = _field(8, "Attention heads; must divide --d-model.")
+    n_encoder_layers: int = _field(6, "Encoder layers.")
+    n_decoder_layers: int = _field(6, "Decoder layers.")
+    d_ff: int = _field(2048, "Inner width of the feed-forward sub-layers.")
+    dropout: float = _field(0.1, "Dropout on sub-layer outputs and embeddings.")
+    attention_dropout: float = _field(0.0, "Dropout on the attention weights.")
+    norm: Norm = _field("post", "post (paper) | pre: layer norm after or before each sub-layer.")
+    activation: Activation = _field("relu", "relu (paper) | gelu.")
+    max_len: int = _field(256, "Longest sequence in tokens (longer pairs skipped).")
     # Section 3.4: the two embedding layers and the pre-softmax projection share one matrix.
-    # tie_embeddings ties the decoder's input embedding to the output projection;
-    # share_embeddings also reuses it for the source (needs one shared vocabulary).
-    tie_embeddings: bool = True
-    share_embeddings: bool = True
+    tie_embeddings: bool = _field(
+        True, "Tie the decoder's input embedding to the output projection."
+    )
+    share_embeddings: bool = _field(
+        True,
+        "Also share the embedding with the source (needs one shared vocabulary; off with "
+        "--separate-vocab).",
+    )
 
     def __post_init__(self) -> None:
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
@@ -87,7 +100,8 @@ class ModelConfig:
             not self.share_embeddings or self.src_vocab_size == self.tgt_vocab_size,
             "shared source/target embeddings need one vocabulary: source has "
             f"{self.src_vocab_size} tokens, target {self.tgt_vocab_size}; "
-            "use a shared tokenizer or --no-share-embeddings",
+            "train one shared tokenizer (leave out --separate-vocab) or give the config "
+            "share_embeddings=False",
         )
 
     @property
@@ -121,98 +135,104 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     return ModelConfig(**values)
 
 
-# Recipes: an architecture plus training settings that work well together for one data set.
-# The CLI applies a recipe's values in place of the defaults; flags given still win.
-RECIPES: dict[str, dict[str, dict[str, Any]]] = {
-    # The bundled date-normalisation task: >= 95% exact match in under 3 minutes on 2 CPU cores.
-    # Small batches: the task is limited by updates, not by data, so a 512-token batch learns
-    # about as much per step as a 4096-token one at an eighth of the cost. On a 2-core AMD
-    # EPYC, 50 s (~790 steps) already reached 96.6% exact match and 75 s 97.8%, where 4096-token
-    # batches reached 74.8% in 75 s; the 150 s budget leaves room for a machine 3x slower.
-    "dates": {
-        "model": dict(PRESETS["tiny"], d_model=128, d_ff=512),
-        "train": dict(
-            lr=2e-3,
-            warmup_steps=200,
-            max_tokens=512,
-            time_budget=150.0,
-            eval_every=500,
-            save_every=1000,
-            log_every=100,
-        ),
-    },
-    # Multi30k (29k caption pairs): a small model with strong regularisation; a 2-core Xeon
-    # with bf16 (auto precision) trains it for about 44 epochs in the hour, to 37 sacreBLEU
-    # en->de on test2016 (benchmarks/multi30k.py). The
-    # learning rate falls linearly to 0 at the end of the time budget: with inverse-sqrt it was
-    # still at 80% of its peak after the hour, and the model still improving fast. The last 4
-    # checkpoints are kept for averaging (tformer average); validation BLEU picks the best.
-    "multi30k": {
-        "model": dict(PRESETS["small"], dropout=0.3, max_len=128),
-        "train": dict(
-            lr=1e-3,
-            warmup_steps=200,
-            schedule="linear",
-            max_tokens=6144,
-            label_smoothing=0.1,
-            time_budget=3600.0,
-            eval_every=400,
-            save_every=200,
-            keep_last=4,
-            log_every=50,
-            val_bleu=300,
-            best_metric="bleu",
-        ),
-    },
-}
+# Recipes: an architecture plus training settings that work well together for one data set,
+# one YAML file each in tformer/recipes/ (with the reasons for their values). `tformer train`
+# applies a recipe's values in place of the defaults; a --config file and flags given still win.
+RECIPE_SECTIONS = ("model", "train")
+
+
+def _load_recipes() -> dict[str, dict[str, dict[str, Any]]]:
+    recipes = {}
+    for entry in sorted(resources.files("tformer.recipes").iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            data = yaml.safe_load(entry.read_text(encoding="utf-8")) or {}
+            recipes[entry.name.removesuffix(".yaml")] = {
+                k: dict(data.get(k) or {}) for k in RECIPE_SECTIONS
+            }
+    return recipes
+
+
+RECIPES: dict[str, dict[str, dict[str, Any]]] = _load_recipes()
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """How to train: data, batching, optimiser, schedule, stopping and bookkeeping."""
+    """How to train: data, batching, optimiser, schedule, stopping and bookkeeping.
 
-    # Data: None means the bundled date-normalisation set in data/.
-    data: str | None = None
-    source_field: str = "source"
-    target_field: str = "target"
-    # Batching: a batch holds as many pairs as fit in max_tokens padded tokens (source or
-    # target side, whichever is longer), from pairs of similar length.
-    max_tokens: int = 4096
-    accumulate: int = 1
-    # Optimiser: Adam with the paper's beta2 = 0.98 and eps = 1e-9 (section 5.3).
-    lr: float | None = None
-    warmup_steps: int = 4000
-    schedule: Schedule = "inverse-sqrt"
-    min_lr: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.98
-    eps: float = 1e-9
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    clip_norm: float = 1.0
-    # Stopping: whichever limit comes first; with none set, training runs for `epochs`.
-    max_steps: int | None = None
-    epochs: float | None = None
-    time_budget: float | None = None
-    # Speed: mixed precision ("auto" picks per device, see tformer.training.precision) and torch.compile.
-    precision: PrecisionName = "auto"
-    compile: bool = False
-    # Validation: loss always; BLEU / chrF of greedy translations of the first `val_bleu`
-    # validation pairs when > 0. The best checkpoint and early stopping follow `best_metric`;
-    # `patience` evaluations without improvement stop the run.
-    val_bleu: int = 0
-    best_metric: BestMetric = "val_loss"
-    patience: int | None = None
-    # An exponential moving average of the weights (0 = off); when on, checkpoints, validation
-    # and the final result use the averaged weights.
-    ema_decay: float = 0.0
-    # Bookkeeping
-    eval_every: int = 500
-    save_every: int = 1000
-    log_every: int = 50
-    keep_last: int = 2
-    seed: int = 0
-    device: str = "auto"
+    Each field's ``help`` is also the help of its ``tformer train`` option.
+    """
+
+    data: str | None = _field(
+        None,
+        "A folder with train/validation/test .jsonl (or .csv, .tsv, .parquet), one such file, "
+        "or a Hugging Face dataset name. Default: the bundled date set in data/.",
+    )
+    source_field: str = _field(
+        "source",
+        "Source column; for paired text files (train.en + train.de) or translation records, "
+        "the source language.",
+    )
+    target_field: str = _field("target", "Target column, or the target language.")
+    # A batch holds as many pairs of similar length as fit in max_tokens padded tokens.
+    max_tokens: int = _field(
+        4096, "Padded tokens per batch; lower it after an out-of-memory error."
+    )
+    accumulate: int = _field(1, "Batches per optimiser step.")
+    # Adam with the paper's beta2 = 0.98 and eps = 1e-9 (section 5.3).
+    lr: float | None = _field(
+        None, "Peak learning rate (default: the paper's d_model^-0.5 * warmup^-0.5)."
+    )
+    warmup_steps: int = _field(4000, "Steps of linear learning-rate warm-up.")
+    schedule: Schedule = _field(
+        "inverse-sqrt",
+        "inverse-sqrt (paper) | cosine | linear | constant. cosine and linear decay to "
+        "--min-lr by the end of --max-steps / --epochs / --time-budget.",
+    )
+    min_lr: float = _field(0.0, "Where cosine and linear schedules end.")
+    beta1: float = _field(0.9, "Adam beta1.")
+    beta2: float = _field(0.98, "Adam beta2.")
+    eps: float = _field(1e-9, "Adam epsilon.")
+    weight_decay: float = _field(0.0, "Decoupled weight decay (AdamW) when > 0.")
+    label_smoothing: float = _field(0.1, "Label smoothing of the training loss.")
+    clip_norm: float = _field(1.0, "Clip the gradient norm to this (0 = off).")
+    # Stopping: whichever limit comes first; with none set, training runs for 10 epochs.
+    max_steps: int | None = _field(None, "Stop after this many optimizer steps.")
+    epochs: float | None = _field(None, "Stop after this many epochs (10 when no limit is set).")
+    time_budget: float | None = _field(None, "Stop after this long, e.g. 90s, 3m, 1h.")
+    precision: PrecisionName = _field(
+        "auto",
+        "auto | fp32 | bf16 | fp16. auto: bf16 autocast on GPUs that have it (else fp16 with a "
+        "grad scaler) and on CPUs with AMX / AVX-512-BF16 for models with d_model >= 256; fp32 "
+        "otherwise.",
+    )
+    compile: bool = _field(
+        False,
+        "torch.compile the model for training (compiles once, then runs faster; checkpoints "
+        "are unaffected).",
+    )
+    val_bleu: int = _field(
+        0,
+        "At each evaluation, translate this many validation pairs (greedy) and report "
+        "sacreBLEU and chrF (0 = off).",
+    )
+    best_metric: BestMetric = _field(
+        "val_loss",
+        "What best/ keeps and --patience watches: val_loss | bleu | chrf (needs --val-bleu).",
+    )
+    patience: int | None = _field(
+        None, "Stop after this many evaluations without a better --best-metric."
+    )
+    ema_decay: float = _field(
+        0.0,
+        "Keep an exponential moving average of the weights (e.g. 0.999; 0 = off); checkpoints "
+        "and validation then use the average.",
+    )
+    eval_every: int = _field(500, "Evaluate on the validation split every N steps.")
+    save_every: int = _field(1000, "Save a checkpoint every N steps.")
+    log_every: int = _field(50, "Log the training loss every N steps.")
+    keep_last: int = _field(2, "Step checkpoints to keep (the best one is kept apart in best/).")
+    seed: int = _field(0, "Random seed: the same seed gives the same run.")
+    device: str = _field("auto", "auto, cpu, cuda[:N], mps.")
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "accumulate", "eval_every", "save_every", "log_every"):

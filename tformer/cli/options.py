@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import typing
+from collections.abc import Callable
+from inspect import Parameter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 
-from tformer.config import TrainConfig
+from tformer.config import TrainConfig, flag
 from tformer.decoding.settings import DecodingConfig
 from tformer.errors import ConfigError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def default(cls: type, name: str) -> Any:
@@ -24,26 +30,28 @@ CHECKPOINT = typer.Argument(
     "or one checkpoint folder.",
     show_default=False,
 )
-DEVICE = typer.Option(default(TrainConfig, "device"), "--device", help="auto, cpu, cuda[:N], mps.")
-DATA = typer.Option(
-    None,
-    "--data",
-    help="A folder with train/validation/test .jsonl (or .csv, .tsv, .parquet), one such "
-    "file, or a Hugging Face dataset name. Default: the bundled date set in data/.",
-    show_default=False,
+
+
+def field_help(cls: type, name: str) -> str:
+    """A config field's help text (written once, in the dataclass)."""
+    return str({f.name: f for f in dataclasses.fields(cls)}[name].metadata["help"])
+
+
+DEVICE = typer.Option(
+    default(TrainConfig, "device"), "--device", help=field_help(TrainConfig, "device")
 )
+DATA = typer.Option(None, "--data", help=field_help(TrainConfig, "data"), show_default=False)
 SOURCE_FIELD = typer.Option(
     default(TrainConfig, "source_field"),
     "--source-field",
     "--src-lang",
-    help="Source column; for paired text files (train.en + train.de) or translation records, "
-    "the source language.",
+    help=field_help(TrainConfig, "source_field"),
 )
 TARGET_FIELD = typer.Option(
     default(TrainConfig, "target_field"),
     "--target-field",
     "--tgt-lang",
-    help="Target column, or the target language.",
+    help=field_help(TrainConfig, "target_field"),
 )
 TEMPERATURE = typer.Option(
     default(DecodingConfig, "temperature"),
@@ -114,3 +122,48 @@ def decoding_config(params: dict[str, Any]) -> DecodingConfig:
     config's fields), so every command that decodes takes the same flags the same way."""
     names = {f.name for f in dataclasses.fields(DecodingConfig)}
     return DecodingConfig(**{k: v for k, v in params.items() if k in names})
+
+
+def config_parameter(cls: type, name: str, *aliases: str, annotation: Any = None) -> Parameter:
+    """A command parameter for a config field: its flag, default and help come from the field.
+
+    The help text lives once, in the field's ``metadata["help"]``; ``--help`` shows the
+    dataclass default. ``Literal`` choices are taken as text (the config names the choices
+    when a value is refused).
+    """
+    spec = {f.name: f for f in dataclasses.fields(cls)}[name]
+    if annotation is None:
+        annotation = _cli_type(typing.get_type_hints(cls)[name])
+    decls = [flag(name), *aliases]
+    if annotation is bool:
+        decls = [f"{flag(name)}/--no-{name.replace('_', '-')}"]
+    option = typer.Option(
+        spec.default,
+        *decls,
+        help=spec.metadata["help"],
+        show_default=spec.default is not None,
+    )
+    return Parameter(name, Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+
+
+def _cli_type(hint: Any) -> Any:
+    """``Literal[...]`` -> str (and ``X | None`` kept optional), which Typer understands."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Literal:
+        return str
+    if type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        return _cli_type(inner[0]) | None
+    return hint
+
+
+def with_parameters(extra: list[Parameter]) -> Callable[[F], F]:
+    """Add ``extra`` keyword parameters to a command that takes them as ``**values``."""
+
+    def decorate(command: F) -> F:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.kind is not Parameter.VAR_KEYWORD]
+        command.__signature__ = signature.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
+        return command
+
+    return decorate

@@ -16,7 +16,8 @@ from rich.progress import (
 from rich.table import Table
 
 from tformer.cli.console import console, err_console
-from tformer.training.loop import Reporter, TrainResult
+from tformer.training.dryrun import DryRunReport
+from tformer.training.reporting import Reporter, TrainResult
 
 _UNITS = 1000  # progress is a fraction of whichever budget (steps or time) runs out first
 
@@ -161,3 +162,32 @@ def _length_table(summary: dict[str, Any]) -> Table:
             f"{summary['dropped'][name]:,}",
         )
     return table
+
+
+def show_dry_run(report: DryRunReport) -> None:
+    """The dry run's measurements as a table on stdout."""
+    table = Table(title="dry run (nothing was trained or written)", title_justify="left")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    gib = 1024**3
+    rows = [
+        ("device / precision", f"{report.device} / {report.precision}"),
+        ("parameters", f"{report.parameters:,}"),
+        (
+            "batch: rows x length (worst case)",
+            f"{report.rows} x {report.seq_len} = {report.tokens_per_batch:,} tokens",
+        ),
+        ("time per step", f"{report.ms_per_step:,.1f} ms (mean of {report.steps})"),
+        ("throughput", f"{report.tokens_per_s:,.0f} target tokens/s"),
+        (f"peak memory ({report.memory})", f"{report.peak_bytes / gib:.2f} GiB"),
+        ("before the batch (runtime, model, optimizer)", f"{report.baseline_bytes / gib:.2f} GiB"),
+    ]
+    if report.free_bytes is not None:
+        rows.append(("free memory", f"{report.free_bytes / gib:.2f} GiB"))
+    if report.max_tokens_fit is not None:
+        verdict = "fits" if report.max_tokens_fit >= report.max_tokens else "does NOT fit"
+        rows.append(("--max-tokens", f"{report.max_tokens:,} ({verdict})"))
+        rows.append(("largest --max-tokens (estimate)", f"{report.max_tokens_fit:,}"))
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)

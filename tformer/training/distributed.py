@@ -64,9 +64,7 @@ def init_world(device: torch.device) -> World:
     return world
 
 
-def check_gpus_per_process(
-    device: torch.device, processes: int, option: str = "--nproc"
-) -> None:
+def check_gpus_per_process(device: torch.device, processes: int, option: str = "--nproc") -> None:
     """On CUDA every data-parallel process needs a GPU of its own (NCCL cannot share one).
 
     ``option`` is what the user set the number of processes with, for the message.

@@ -12,6 +12,7 @@ import dataclasses
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +23,10 @@ from tformer.data.tokenizer import Tokenizer
 from tformer.device import resolve_device, seed_everything
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
+from tformer.training.launch import Job
 from tformer.training.loss import sequence_loss
 from tformer.training.optim import build_optimizer
-from tformer.training.precision import resolve_precision
+from tformer.training.precision import Precision, resolve_precision
 
 # Keep a tenth of the free memory as headroom: allocators fragment and batches vary.
 HEADROOM = 0.9
@@ -49,6 +51,16 @@ class DryRunReport:
     max_tokens_fit: int | None  # estimated largest --max-tokens that fits
 
 
+def dry_run(job: Job, *, tokenizer: Path | None = None) -> DryRunReport:
+    """``tformer train --dry-run``: measure the run ``job`` describes (a resumed run's own
+    architecture and vocabulary when resuming)."""
+    assert job.model is not None  # plan_job resolves the architecture, the saved one on resume
+    vocab_size = job.tokenizer.vocab_size
+    if job.resume_from is not None:
+        vocab_size = job.model.src_vocab_size
+    return measure_batch_limits(job.model, job.train, tokenizer=tokenizer, vocab_size=vocab_size)
+
+
 def measure_batch_limits(
     model_config: ModelConfig,
     train_config: TrainConfig,
@@ -68,6 +80,49 @@ def measure_batch_limits(
     precision = resolve_precision(train_config.precision, device, model_config)
     seed_everything(train_config.seed)
     model = accelerate(Transformer(model_config)).to(device).train()
+    step = _stepper(model, model_config, train_config, precision, device)
+    step()  # warm-up: allocates the optimizer state (and compiles, with --compile)
+    _synchronize(device)
+    baseline = _current_memory(device)
+    _reset_peak(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _synchronize(device)
+    elapsed = time.perf_counter() - started
+    peak = max(_peak_memory(device), baseline)
+    free = _free_memory(device)
+    seq_len = model_config.max_len
+    rows = max(1, train_config.max_tokens // seq_len)
+    tokens = rows * seq_len
+    return DryRunReport(
+        device=str(device),
+        precision=precision.name,
+        parameters=model.parameter_counts()["total"],
+        rows=rows,
+        seq_len=seq_len,
+        tokens_per_batch=tokens,
+        steps=steps,
+        ms_per_step=round(1000 * elapsed / steps, 1),
+        tokens_per_s=round(tokens * steps / max(elapsed, 1e-9), 1),
+        memory="allocated" if device.type == "cuda" else "RSS",
+        peak_bytes=peak,
+        baseline_bytes=baseline,
+        free_bytes=free,
+        max_tokens=train_config.max_tokens,
+        max_tokens_fit=_max_tokens_fit(peak - baseline, tokens, free),
+    )
+
+
+def _stepper(
+    model: Transformer,
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    precision: Precision,
+    device: torch.device,
+) -> Callable[[], None]:
+    """One optimizer step on the worst-case batch: every row ``max_len`` tokens long on both
+    sides, as many rows as ``max_tokens`` admits."""
     forward = torch.compile(model) if train_config.compile else model
     optimizer = build_optimizer(model, train_config)
     for group in optimizer.param_groups:
@@ -97,41 +152,17 @@ def measure_batch_limits(
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    step()  # warm-up: allocates the optimizer state (and compiles, with --compile)
-    _synchronize(device)
-    baseline = _current_memory(device)
-    _reset_peak(device)
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    _synchronize(device)
-    elapsed = time.perf_counter() - started
-    peak = max(_peak_memory(device), baseline)
-    free = _free_memory(device)
-    tokens = rows * seq_len
-    activations = max(peak - baseline, 1)
-    fit = None
-    if free is not None:
-        # Activation memory grows linearly with the tokens of a batch at a fixed length.
-        per_token = activations / tokens
-        fit = int(HEADROOM * (free + activations) / per_token) // 64 * 64
-    return DryRunReport(
-        device=str(device),
-        precision=precision.name,
-        parameters=model.parameter_counts()["total"],
-        rows=rows,
-        seq_len=seq_len,
-        tokens_per_batch=tokens,
-        steps=steps,
-        ms_per_step=round(1000 * elapsed / steps, 1),
-        tokens_per_s=round(tokens * steps / max(elapsed, 1e-9), 1),
-        memory="allocated" if device.type == "cuda" else "RSS",
-        peak_bytes=peak,
-        baseline_bytes=baseline,
-        free_bytes=free,
-        max_tokens=train_config.max_tokens,
-        max_tokens_fit=fit,
-    )
+    return step
+
+
+def _max_tokens_fit(activations: int, tokens: int, free: int | None) -> int | None:
+    """The largest --max-tokens whose activations fit in the free memory (with headroom)."""
+    if free is None:
+        return None
+    # Activation memory grows linearly with the tokens of a batch at a fixed length.
+    activations = max(activations, 1)
+    per_token = activations / tokens
+    return int(HEADROOM * (free + activations) / per_token) // 64 * 64
 
 
 def _synchronize(device: torch.device) -> None:

@@ -12,6 +12,9 @@ the raw training weights travel in the training state so a resumed run continues
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from tformer.model.transformer import Transformer
@@ -52,3 +55,16 @@ class WeightAverage:
         for name in self.names:
             device = self.average[name].device
             self.average[name] = tensors[name].detach().clone().float().to(device)
+
+
+@contextlib.contextmanager
+def averaged(ema: WeightAverage | None) -> Iterator[None]:
+    """The average's weights in the model for the duration (nothing changes when EMA is off)."""
+    if ema is None:
+        yield
+        return
+    ema.swap()
+    try:
+        yield
+    finally:
+        ema.swap()

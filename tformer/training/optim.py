@@ -105,8 +105,15 @@ def lr_at(
 def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Adam:
     """Adam (beta2 0.98, eps 1e-9 by default); AdamW-style decay only when asked for."""
     params = [p for p in model.parameters() if p.requires_grad]
-    kwargs = dict(lr=0.0, betas=(train.beta1, train.beta2), eps=train.eps)
+    betas = (train.beta1, train.beta2)
     # foreach updates all tensors in a few kernels instead of one Python loop per parameter.
     if train.weight_decay > 0:
-        return torch.optim.AdamW(params, weight_decay=train.weight_decay, foreach=True, **kwargs)
-    return torch.optim.Adam(params, foreach=True, **kwargs)
+        return torch.optim.AdamW(
+            params,
+            lr=0.0,
+            betas=betas,
+            eps=train.eps,
+            weight_decay=train.weight_decay,
+            foreach=True,
+        )
+    return torch.optim.Adam(params, lr=0.0, betas=betas, eps=train.eps, foreach=True)

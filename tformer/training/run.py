@@ -1,16 +1,18 @@
-"""``train()``: the whole job behind ``tformer train``.
+"""``train()``: the whole job behind ``tformer train``, so Python reproduces any CLI run.
 
-Load data, get a tokenizer, build the model, then hand over to ``TrainingLoop``
-(tformer.training.loop), which loops over token-budget batches until a budget runs out, evaluating and
-checkpointing on the way, and finally measures exact match on the test split. Progress goes
-to a ``Reporter`` so the library stays silent and the CLI decides how to show it.
+Resolve the configs (recipe, ``--config`` file, given values, or the checkpoint being resumed:
+tformer.training.configs), relaunch under torchrun when asked for processes (launch), then load
+data, get a tokenizer, build the model and hand over to ``TrainingLoop`` (loop), which trains
+until a budget runs out, evaluating and checkpointing on the way. Training ends with validation
+figures; the test split is left to ``tformer evaluate``. Progress goes to a ``Reporter`` so the
+library stays silent and the CLI decides how to show it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,25 +21,35 @@ import torch
 from tformer.checkpoint import store as ckpt
 from tformer.checkpoint.run_dir import create_output, prepare_output, resume_target
 from tformer.config import ModelConfig, TrainConfig
-from tformer.data.pairs import (
-    BatchPlan,
-    EncodedSplit,
-    bundled_data_dir,
-    data_name,
-    encode_pairs,
-    load_text_pairs,
-)
-from tformer.data.tokenizer import Tokenizer, train_tokenizer
+from tformer.data.pairs import BatchPlan, EncodedSplit, data_name, load_text_pairs
 from tformer.device import resolve_device, seed_everything
-from tformer.errors import CheckpointError, ConfigError, DataError
+from tformer.errors import CheckpointError, ConfigError
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
 from tformer.training import distributed as dist_
+from tformer.training.configs import (
+    Settings,
+    TokenizerSpec,
+    architecture,
+    changed_settings,
+    check_architecture,
+    resolve,
+    with_older_checkpoint,
+)
 from tformer.training.distributed import World
-from tformer.training.loop import Position, Reporter, TrainingLoop, TrainResult, restore_rng
+from tformer.training.inputs import (
+    check_same_tokenizer,
+    encode_splits,
+    get_tokenizers,
+    shared_tokenizers,
+)
+from tformer.training.launch import Job, RunOptions, train_data_parallel
+from tformer.training.loop import TrainingLoop
 from tformer.training.loss import sequence_loss
 from tformer.training.optim import build_optimizer
-from tformer.training.precision import resolve_precision
+from tformer.training.precision import Precision, resolve_precision
+from tformer.training.reporting import Reporter, TrainResult
+from tformer.training.state import Position, restore_rng
 from tformer.training.validation import EVAL_BATCH_TOKENS
 
 DEFAULT_EPOCHS = 10.0
@@ -46,70 +58,47 @@ DEFAULT_EPOCHS = 10.0
 __all__ = [
     "EVAL_BATCH_TOKENS",
     "Reporter",
+    "Settings",
     "TrainResult",
     "check_architecture",
+    "encode_splits",
+    "get_tokenizers",
+    "plan_job",
     "sequence_loss",
     "train",
     "with_older_checkpoint",
 ]
 
 
-def get_tokenizers(
-    tokenizer_path: Path | None,
-    texts: list[tuple[str, str]],
-    *,
-    kind: str,
-    vocab_size: int,
-    shared: bool,
-) -> ckpt.Tokenizers:
-    """Load the given tokenizer, or train one on the training pairs."""
-    if tokenizer_path is not None:
-        tok = Tokenizer.load(tokenizer_path)
-        return ckpt.Tokenizers(tok, tok)
-    if shared:
-        tok = train_tokenizer((t for pair in texts for t in pair), kind=kind, vocab_size=vocab_size)
-        return ckpt.Tokenizers(tok, tok)
-    source = train_tokenizer((s for s, _ in texts), kind=kind, vocab_size=vocab_size)
-    target = train_tokenizer((t for _, t in texts), kind=kind, vocab_size=vocab_size)
-    return ckpt.Tokenizers(source, target)
-
-
-def _total_steps(cfg: TrainConfig, batches_per_epoch: int) -> int | None:
-    limits = []
-    if cfg.max_steps is not None:
-        limits.append(cfg.max_steps)
-    epochs = cfg.epochs
-    if epochs is None and cfg.max_steps is None and cfg.time_budget is None:
-        epochs = DEFAULT_EPOCHS
-    if epochs is not None:
-        limits.append(max(1, math.ceil(epochs * batches_per_epoch / cfg.accumulate)))
-    return min(limits) if limits else None
-
-
 def train(
-    model_config: ModelConfig | None,
-    train_config: TrainConfig,
+    model_config: ModelConfig | None = None,
+    train_config: TrainConfig | None = None,
     *,
+    settings: Settings | None = None,
     out: Path | None = None,
     tokenizer: Path | None = None,
-    tokenizer_kind: str = "bpe",
-    vocab_size: int = 8000,
-    shared_vocab: bool = True,
+    tokenizer_kind: str | None = None,
+    vocab_size: int | None = None,
+    shared_vocab: bool | None = None,
     resume: bool | str | Path = False,
     overwrite: bool = False,
     strict: bool = False,
     reporter: Reporter | None = None,
     tokenized_cache: Path | None = None,
     num_proc: int | None = None,
+    nproc: int | None = None,
 ) -> TrainResult:
     """Train a model and return where it was saved and how well it did.
 
     Args:
         model_config: the architecture; vocabulary sizes are filled in from the tokenizer.
             None when resuming (the checkpoint's architecture is used).
-        train_config: data, batching, optimisation and stopping.
+        train_config: data, batching, optimisation and stopping. When None, both configs are
+            resolved from ``settings`` as `tformer train` does (recipe, config file, values).
+        settings: what `tformer train` was asked for (used when ``train_config`` is None).
         out: the run folder (default ``checkpoints/<data name>``).
-        tokenizer: a ``tokenizer.json`` to use; trained on the data when None.
+        tokenizer: a ``tokenizer.json`` to use; trained on the data when None, as
+            ``tokenizer_kind`` (bpe), ``vocab_size`` (8000), ``shared_vocab`` (True) say.
         resume: True to continue the run in ``out`` from its latest checkpoint, or the path of
             a run folder or of one of its ``step-*`` checkpoints. The run then follows exactly
             the trajectory it would have followed uninterrupted (bit for bit on a CPU).
@@ -119,47 +108,162 @@ def train(
         tokenized_cache: a folder where token ids are cached (``datasets.map``), keyed by
             data and tokenizer, so the next run over the same data skips tokenisation.
         num_proc: processes that tokenise a large corpus (with ``tokenized_cache``).
+        nproc: train data-parallel with this many processes on this machine (torchrun is
+            started for it; the result is read back from the run folder).
 
     Raises:
         ConfigError, DataError, CheckpointError, DeviceError: for users to act on.
         DivergedError: the loss or a gradient became NaN / inf (the last good checkpoint stays).
         TrainingInterrupted: SIGINT / SIGTERM; a checkpoint was written first.
     """
-    cfg = train_config
+    given = {"kind": tokenizer_kind, "vocab_size": vocab_size, "shared": shared_vocab}
+    options = RunOptions(
+        tokenizer=tokenizer,
+        overwrite=overwrite,
+        strict=strict,
+        tokenized_cache=tokenized_cache,
+        num_proc=num_proc,
+    )
+    job = plan_job(
+        model_config,
+        train_config,
+        settings=settings,
+        tokenizer={k: v for k, v in given.items() if v is not None},
+        out=out,
+        resume=resume,
+        overwrite=overwrite,
+    )
+    if nproc is not None and not dist_.launched_by_torchrun():
+        return train_data_parallel(job, options, nproc)
+    return _run(job, options, reporter or Reporter())
+
+
+def plan_job(
+    model_config: ModelConfig | None,
+    train_config: TrainConfig | None,
+    *,
+    settings: Settings | None = None,
+    tokenizer: dict[str, Any] | None = None,
+    out: Path | None = None,
+    resume: bool | str | Path = False,
+    overwrite: bool = False,
+) -> Job:
+    """The configs and folders of a run, before anything is loaded or written."""
+    if resume is not False and overwrite:
+        raise ConfigError("--resume continues a run and --overwrite replaces it; give one")
+    if resume is True and out is None:
+        raise ConfigError("--resume needs the run folder")
+    # The checkpoint to resume, as given: its own errors (missing, foreign) come first.
+    given = None if resume is False else Path(resume if resume is not True else out or "")
+    if train_config is None:
+        if model_config is not None:
+            raise ConfigError("give train() both configs, or settings to resolve them from")
+        settings = settings or Settings()
+        tokens = {**settings.tokenizer, **(tokenizer or {})}
+        resolved = resolve(dataclasses.replace(settings, tokenizer=tokens), given)
+        model_config, train_config, spec = resolved.model, resolved.train, resolved.tokenizer
+    else:
+        spec = TokenizerSpec(**(tokenizer or {}))
     resume_from: Path | None = None
     if resume is not False:
         out, resume_from = resume_target(out, resume)
-    out = Path(out) if out is not None else Path("checkpoints") / data_name(cfg.data)
+    out = Path(out) if out is not None else Path("checkpoints") / data_name(train_config.data)
+    return Job(model_config, train_config, spec, out, resume_from)
+
+
+@dataclass
+class _Setup:
+    """What ``_run`` builds before the loop starts."""
+
+    model: Transformer
+    model_config: ModelConfig
+    tokenizers: ckpt.Tokenizers
+    splits: dict[str, EncodedSplit]
+    precision: Precision
+    resumed: ckpt.Checkpoint | None
+
+
+def _run(job: Job, options: RunOptions, reporter: Reporter) -> TrainResult:
+    cfg, out = job.train, job.out
     device = resolve_device(cfg.device)
     # Under torchrun every rank runs this function; only rank 0 writes and reports.
     world = dist_.init_world(device)
     device = dist_.local_device(device, world)
-    report = (reporter or Reporter()) if world.is_main else Reporter()
+    report = reporter if world.is_main else Reporter()
     if world.is_main:
-        prepare_output(out, resume=resume_from is not None, overwrite=overwrite)
+        prepare_output(out, resume=job.resume_from is not None, overwrite=options.overwrite)
     seed_everything(cfg.seed)
+    setup = _set_up(job, options, world, device)
+    model, resumed = setup.model, setup.resumed
+    model.to(device).train()
+    optimizer = build_optimizer(model, cfg)
+    state: dict[str, Any] = {}
+    extra: dict[str, torch.Tensor] = {}
+    if resumed is not None:
+        state, rng, extra = ckpt.load_training_state(resumed.path, optimizer)
+        _apply_hyperparameters(optimizer, cfg)
+        restore_rng(state.get("rng", {}), rng)
+    pos = Position(**state["position"]) if "position" in state else Position()
+    if world.rank > 0:
+        # Rank 0 follows the single-process RNG stream; the others draw their own dropout
+        # masks, from a stream that depends only on (seed, rank, step) so a resume repeats it.
+        torch.manual_seed(cfg.seed * 1_000_003 + world.rank * 10_007 + pos.step)
+    plan = BatchPlan(setup.splits["train"].pairs, cfg.max_tokens, cfg.seed)
+    total_steps = _total_steps(cfg, len(plan.epoch(0)) * world.world_size)
 
+    # Every check has passed: only now is anything written.
+    if world.is_main:
+        create_output(out, resume_step=pos.step if resumed else None, overwrite=options.overwrite)
+    report.start(_summary(job, setup, world, device, plan, total_steps, pos))
+    if resumed is not None:
+        changes = changed_settings(resumed.train_config, cfg)
+        if changes:
+            report.message(f"changed since {resumed.path}: {', '.join(changes)}")
+    loop = TrainingLoop(
+        model,
+        optimizer,
+        cfg,
+        setup.model_config,
+        setup.tokenizers,
+        setup.splits,
+        device,
+        out,
+        report,
+        precision=setup.precision,
+        world=world,
+    )
+    loop.restore(state, extra)
+    try:
+        return loop.run(plan, pos, total_steps)
+    finally:
+        dist_.close(world)
+
+
+def _set_up(job: Job, options: RunOptions, world: World, device: torch.device) -> _Setup:
+    """Data, tokenizers, the full model config and the model (the resumed one when resuming)."""
+    cfg, model_config = job.train, job.model
     texts = load_text_pairs(cfg.data, source_field=cfg.source_field, target_field=cfg.target_field)
     resumed: ckpt.Checkpoint | None = None
-    if resume_from is not None:
-        resumed = _load_for_resume(out, resume_from)
+    if job.resume_from is not None:
+        resumed = _load_for_resume(job.out, job.resume_from)
         if model_config is not None:
-            check_architecture(resumed.model_config, _architecture(model_config))
-        if tokenizer is not None:
-            _check_same_tokenizer(tokenizer, resumed)
+            check_architecture(resumed.model_config, architecture(model_config))
+        if options.tokenizer is not None:
+            check_same_tokenizer(options.tokenizer, resumed)
         tokenizers, model_config = resumed.tokenizers, resumed.model_config
     else:
         if model_config is None:
             raise ConfigError("a model configuration is needed unless resuming")
-        tokenizers = _shared_tokenizers(
+        spec = job.tokenizer
+        tokenizers = shared_tokenizers(
             world,
             device,
             lambda: get_tokenizers(
-                tokenizer,
+                options.tokenizer,
                 texts["train"],
-                kind=tokenizer_kind,
-                vocab_size=vocab_size,
-                shared=shared_vocab,
+                kind=spec.kind,
+                vocab_size=spec.vocab_size,
+                shared=spec.shared,
             ),
         )
         model_config = dataclasses.replace(
@@ -174,132 +278,61 @@ def train(
         tokenizers,
         model_config.max_len,
         cfg.data,
-        strict=strict,
-        cache_dir=tokenized_cache,
-        num_proc=num_proc,
+        strict=options.strict,
+        cache_dir=options.tokenized_cache,
+        num_proc=options.num_proc,
     )
-
     # The speed-ups change no parameter and no result (tformer.fast), so every run has them.
     model = accelerate(resumed.model if resumed else Transformer(model_config))
-    model.to(device).train()
-    optimizer = build_optimizer(model, cfg)
-    state: dict[str, Any] = {}
-    extra: dict[str, torch.Tensor] = {}
-    if resumed is not None:
-        state, rng, extra = ckpt.load_training_state(resumed.path, optimizer)
-        _apply_hyperparameters(optimizer, cfg)
-        restore_rng(state.get("rng", {}), rng)
-    pos = Position(**state["position"]) if "position" in state else Position()
-    if world.rank > 0:
-        # Rank 0 follows the single-process RNG stream; the others draw their own dropout
-        # masks, from a stream that depends only on (seed, rank, step) so a resume repeats it.
-        torch.manual_seed(cfg.seed * 1_000_003 + world.rank * 10_007 + pos.step)
-
-    plan = BatchPlan(splits["train"].pairs, cfg.max_tokens, cfg.seed)
-    batches_per_epoch = len(plan.epoch(0))
-    total_steps = _total_steps(cfg, batches_per_epoch * world.world_size)
-
-    # Every check has passed: only now is anything written.
-    if world.is_main:
-        create_output(out, resume_step=pos.step if resumed else None, overwrite=overwrite)
-    report.start(
-        {
-            "run_dir": str(out),
-            "device": str(device),
-            "precision": precision.name,
-            "compile": cfg.compile,
-            "world_size": world.world_size,
-            "global_batch": {
-                "ranks": world.world_size,
-                "accumulate": cfg.accumulate,
-                "max_tokens": cfg.max_tokens,
-                "tokens": world.world_size * cfg.accumulate * cfg.max_tokens,
-            },
-            "model": model_config.to_dict(),
-            "parameters": model.parameter_counts()["total"],
-            "splits": {k: len(v.pairs) for k, v in splits.items()},
-            "dropped": {k: v.dropped for k, v in splits.items()},
-            "lengths": {k: v.length_percentiles() for k, v in splits.items() if v.pairs},
-            "batches_per_epoch": batches_per_epoch,
-            "padding_share": plan.padding_share(),
-            "total_steps": total_steps,
-            "time_budget": cfg.time_budget,
-            "resumed_from": pos.step if resumed else None,
-        }
-    )
-    if resumed is not None:
-        changes = changed_settings(resumed.train_config, cfg)
-        if changes:
-            report.message(f"changed since {resumed.path}: {', '.join(changes)}")
-
-    loop = TrainingLoop(
-        model,
-        optimizer,
-        cfg,
-        model_config,
-        tokenizers,
-        splits,
-        device,
-        out,
-        report,
-        precision=precision,
-        world=world,
-    )
-    loop.restore(state, extra)
-    try:
-        return loop.run(plan, pos, total_steps)
-    finally:
-        dist_.close(world)
+    return _Setup(model, model_config, tokenizers, splits, precision, resumed)
 
 
-def _shared_tokenizers(
-    world: World, device: torch.device, make: Callable[[], ckpt.Tokenizers]
-) -> ckpt.Tokenizers:
-    """The tokenizers, made once on rank 0 and sent to the other ranks as JSON text."""
-    if not world.distributed:
-        return make()
-    made = make() if world.is_main else None
-    source = dist_.broadcast_text(made.source.to_str() if made else None, world, device)
-    shared = dist_.broadcast_text(
-        ("shared" if made.shared else made.target.to_str()) if made else None, world, device
-    )
-    if made is not None:
-        return made
-    src = Tokenizer.from_str(source)
-    return ckpt.Tokenizers(src, src if shared == "shared" else Tokenizer.from_str(shared))
-
-
-def encode_splits(
-    texts: dict[str, list[tuple[str, str]]],
-    tokenizers: ckpt.Tokenizers,
-    max_len: int,
-    data: str | None,
-    *,
-    strict: bool,
-    cache_dir: Path | None = None,
-    num_proc: int | None = None,
-) -> dict[str, EncodedSplit]:
-    """Every split as ids; pairs that do not fit are dropped and counted (refused if strict)."""
-    where = f"--data {data or bundled_data_dir()}"
-    splits = {
-        name: encode_pairs(
-            pairs,
-            tokenizers.source,
-            tokenizers.target,
-            max_len,
-            strict=strict,
-            where=f"{where} ({name} split)",
-            cache_dir=cache_dir,
-            num_proc=num_proc,
-        )
-        for name, pairs in texts.items()
+def _summary(
+    job: Job,
+    setup: _Setup,
+    world: World,
+    device: torch.device,
+    plan: BatchPlan,
+    total_steps: int | None,
+    pos: Position,
+) -> dict[str, Any]:
+    """What the reporter shows before the first step."""
+    cfg, splits = job.train, setup.splits
+    return {
+        "run_dir": str(job.out),
+        "device": str(device),
+        "precision": setup.precision.name,
+        "compile": cfg.compile,
+        "world_size": world.world_size,
+        "global_batch": {
+            "ranks": world.world_size,
+            "accumulate": cfg.accumulate,
+            "max_tokens": cfg.max_tokens,
+            "tokens": world.world_size * cfg.accumulate * cfg.max_tokens,
+        },
+        "model": setup.model_config.to_dict(),
+        "parameters": setup.model.parameter_counts()["total"],
+        "splits": {k: len(v.pairs) for k, v in splits.items()},
+        "dropped": {k: v.dropped for k, v in splits.items()},
+        "lengths": {k: v.length_percentiles() for k, v in splits.items() if v.pairs},
+        "batches_per_epoch": len(plan.epoch(0)),
+        "padding_share": plan.padding_share(),
+        "total_steps": total_steps,
+        "time_budget": cfg.time_budget,
+        "resumed_from": pos.step if setup.resumed else None,
     }
-    if not splits["train"].pairs:
-        raise DataError(
-            f"{where}: no training pair fits --max-len {max_len} "
-            f"(all {splits['train'].dropped} were dropped)"
-        )
-    return splits
+
+
+def _total_steps(cfg: TrainConfig, batches_per_epoch: int) -> int | None:
+    limits = []
+    if cfg.max_steps is not None:
+        limits.append(cfg.max_steps)
+    epochs = cfg.epochs
+    if epochs is None and cfg.max_steps is None and cfg.time_budget is None:
+        epochs = DEFAULT_EPOCHS
+    if epochs is not None:
+        limits.append(max(1, math.ceil(epochs * batches_per_epoch / cfg.accumulate)))
+    return min(limits) if limits else None
 
 
 def _load_for_resume(run: Path, folder: Path) -> ckpt.Checkpoint:
@@ -307,28 +340,6 @@ def _load_for_resume(run: Path, folder: Path) -> ckpt.Checkpoint:
         return ckpt.load_checkpoint(folder, "cpu")
     except CheckpointError as error:
         raise with_older_checkpoint(error, run, folder) from error
-
-
-def with_older_checkpoint(error: CheckpointError, run: Path, folder: Path) -> CheckpointError:
-    """``error`` about a damaged checkpoint, naming the newest older one to resume instead."""
-    step = ckpt.step_of(folder)
-    older = [p for p in ckpt.step_dirs(run) if step is not None and (ckpt.step_of(p) or 0) < step]
-    if not older:
-        return error
-    return CheckpointError(
-        f"{error}; resume from an earlier checkpoint instead: --resume {older[-1]}"
-    )
-
-
-def _check_same_tokenizer(path: Path, resumed: ckpt.Checkpoint) -> None:
-    given = Tokenizer.load(path)
-    saved = resumed.tokenizers.source
-    if given.sha256() != saved.sha256():
-        name = resumed.tokenizers.files()["source"]
-        raise CheckpointError(
-            f"--tokenizer {path} differs from {resumed.path / name}, which the run was trained "
-            "with; drop --tokenizer to resume with the saved one"
-        )
 
 
 def _apply_hyperparameters(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> None:
@@ -339,31 +350,3 @@ def _apply_hyperparameters(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -
         group["eps"] = cfg.eps
         if "weight_decay" in group:
             group["weight_decay"] = cfg.weight_decay
-
-
-def changed_settings(saved: TrainConfig, current: TrainConfig) -> list[str]:
-    """Training flags that differ from the checkpoint, as ``--flag old -> new``."""
-    before, after = saved.to_dict(), current.to_dict()
-    return [
-        f"--{key.replace('_', '-')} {before[key]} -> {after[key]}"
-        for key in after
-        if before.get(key) != after[key]
-    ]
-
-
-_DERIVED = ("src_vocab_size", "tgt_vocab_size", "share_embeddings")
-
-
-def _architecture(config: ModelConfig) -> dict[str, Any]:
-    return {k: v for k, v in config.to_dict().items() if k not in _DERIVED}
-
-
-def check_architecture(saved: ModelConfig, requested: dict[str, Any]) -> None:
-    """On resume the saved architecture wins; a requested value that contradicts it is refused."""
-    for name, want in requested.items():
-        have = getattr(saved, name)
-        if name not in _DERIVED and want is not None and want != have:
-            raise ConfigError(
-                f"--{name.replace('_', '-')} {want} conflicts with the checkpoint being "
-                f"resumed ({have}); drop the flag to keep the saved architecture"
-            )

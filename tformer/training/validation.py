@@ -67,7 +67,11 @@ def exact_match(
     """Share of greedy outputs equal to the reference target, with a few samples."""
     pairs = split.pairs[:limit] if limit else split.pairs
     texts = split.texts[: len(pairs)]
-    hyps = decode_texts(model, [s for s, _ in pairs], DecodingConfig(max_new_tokens=256))
+    # An output much longer than every reference cannot equal one: stop decoding there, so an
+    # undertrained model that never emits <eos> does not run on to the length limit.
+    longest = max((len(t) for _, t in pairs), default=0)
+    max_new = min(256, 2 * longest + 8)
+    hyps = decode_texts(model, [s for s, _ in pairs], DecodingConfig(max_new_tokens=max_new))
     outputs = tokenizers.target.decode_batch([h[0].ids for h in hyps])
     # Compare in the tokenizer's normal form so NFKC-equivalent strings count as equal.
     references = tokenizers.target.decode_batch([t for _, t in pairs])

@@ -1,0 +1,1 @@
+"""Recipes: named architecture + training settings, one YAML file each."""

@@ -1,0 +1,233 @@
+"""From what a user asks for to the configs of a run, as `tformer train` and ``train()`` share.
+
+A new run: dataclass defaults < recipe < ``--config`` file < values given (flags). A resumed
+run: the checkpoint's configs < ``--config`` file < values given, where architecture values
+must match the checkpoint's. ``dump_config`` writes the resolved configs as YAML that
+``--config`` reads back, so a printed config reproduces its run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tformer.checkpoint import store as ckpt
+from tformer.config import (
+    DEFAULT_PRESET,
+    PRESETS,
+    RECIPES,
+    ModelConfig,
+    TrainConfig,
+    flag,
+    parse_duration,
+)
+from tformer.errors import CheckpointError, ConfigError
+
+MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
+TRAIN_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
+# A stopping rule given later (file, flag) replaces an earlier one (the recipe's) as a whole.
+STOPS = ("max_steps", "epochs", "time_budget")
+# Architecture values set from the tokenizer at run time, not chosen by the user.
+DERIVED = ("src_vocab_size", "tgt_vocab_size", "share_embeddings")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerSpec:
+    """How an automatic tokenizer is trained (a given ``tokenizer.json`` is used as it is)."""
+
+    kind: str = "bpe"
+    vocab_size: int = 8000
+    shared: bool = True
+
+
+TOKENIZER_FIELDS = frozenset(f.name for f in dataclasses.fields(TokenizerSpec))
+SECTIONS = {"model": MODEL_FIELDS, "train": TRAIN_FIELDS, "tokenizer": TOKENIZER_FIELDS}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """What `tformer train` was asked for, before resolution.
+
+    Attributes:
+        recipe: a name in ``RECIPES``, "none", or None ('dates' for the bundled data).
+        preset: an architecture preset given explicitly (beats the recipe's architecture).
+        config_file: a YAML file with ``model`` / ``train`` / ``tokenizer`` sections.
+        values: values given explicitly, by ``ModelConfig`` / ``TrainConfig`` field name
+            (and ``n_layers`` for both depths); they win over everything else.
+        tokenizer: ``TokenizerSpec`` fields given explicitly.
+    """
+
+    recipe: str | None = None
+    preset: str | None = None
+    config_file: Path | None = None
+    values: Mapping[str, Any] = field(default_factory=dict)
+    tokenizer: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    model: ModelConfig
+    train: TrainConfig
+    tokenizer: TokenizerSpec
+
+
+def read_config_file(path: Path) -> dict[str, dict[str, Any]]:
+    """The sections of a ``--config`` YAML file; unknown sections or keys are refused."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ConfigError(f"--config {path}: cannot read it ({error.strerror})") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"--config {path}: not valid YAML ({error})") from error
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected sections {', '.join(SECTIONS)}")
+    sections: dict[str, dict[str, Any]] = {}
+    for name, values in data.items():
+        if name not in SECTIONS:
+            raise ConfigError(
+                f"--config {path}: unknown key {name!r}; the sections are {', '.join(SECTIONS)}"
+            )
+        values = values or {}
+        unknown = sorted(set(values) - SECTIONS[name])
+        if unknown:
+            raise ConfigError(
+                f"--config {path}: unknown key '{name}.{unknown[0]}'; see `tformer train "
+                "--print-config` for every key"
+            )
+        sections[name] = dict(values)
+    train = sections.get("train", {})
+    if isinstance(train.get("time_budget"), str):
+        train["time_budget"] = parse_duration(train["time_budget"], option=f"{path}: time_budget")
+    return sections
+
+
+def dump_config(model: ModelConfig | None, train: TrainConfig, tokenizer: TokenizerSpec) -> str:
+    """Configs as YAML that ``tformer train --config`` reads back (no model: the checkpoint's)."""
+    data: dict[str, Any] = {} if model is None else {"model": model.to_dict()}
+    data["train"] = train.to_dict()
+    data["tokenizer"] = dataclasses.asdict(tokenizer)
+    header = "# tformer train --config FILE (vocabulary sizes are set by the tokenizer)\n"
+    return header + yaml.safe_dump(data, sort_keys=False)
+
+
+def resolve(settings: Settings, resume: Path | None = None) -> Resolved:
+    """The configs of the run ``settings`` ask for (of the run in ``resume`` when resuming)."""
+    sections = read_config_file(settings.config_file) if settings.config_file else {}
+    values = dict(settings.values)
+    n_layers = values.pop("n_layers", None)
+    if n_layers is not None:
+        for name in ("n_encoder_layers", "n_decoder_layers"):
+            values.setdefault(name, n_layers)
+    given_model = {k: v for k, v in values.items() if k in MODEL_FIELDS}
+    given_train = {k: v for k, v in values.items() if k in TRAIN_FIELDS}
+    unknown = sorted(set(values) - MODEL_FIELDS - TRAIN_FIELDS)
+    if unknown:
+        raise ConfigError(f"unknown setting {unknown[0]!r}: not a ModelConfig or TrainConfig field")
+    tokenizer = TokenizerSpec(**{**sections.get("tokenizer", {}), **settings.tokenizer})
+    if resume is not None:
+        model, train = _resume(resume, sections, given_model, given_train)
+        return Resolved(model, train, tokenizer)
+    file_train = sections.get("train", {})
+    recipe = _recipe(settings.recipe, {**file_train, **given_train}.get("data"))
+    train_values = _layered(recipe["train"], file_train, given_train)
+    base = PRESETS[_preset_name(settings.preset)] if settings.preset else None
+    model_values = {
+        **(recipe["model"] or PRESETS[DEFAULT_PRESET]),
+        **sections.get("model", {}),
+        **(base or {}),
+        **given_model,
+    }
+    return Resolved(ModelConfig(**model_values), TrainConfig(**train_values), tokenizer)
+
+
+def _preset_name(name: str) -> str:
+    if name not in PRESETS:
+        raise ConfigError(f"--preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
+    return name
+
+
+def _recipe(name: str | None, data: str | None) -> dict[str, dict[str, Any]]:
+    """The recipe's values; with no recipe named, 'dates' for the bundled data."""
+    if name is None and data is None:
+        name = "dates"
+    if name is None or name == "none":
+        return {"model": {}, "train": {}}
+    if name not in RECIPES:
+        raise ConfigError(
+            f"--recipe {name!r} is unknown; choose one of {', '.join(RECIPES)} or none"
+        )
+    return RECIPES[name]
+
+
+def _layered(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Later layers win; one that sets any stopping rule drops the earlier layers' stops."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        if any(k in layer for k in STOPS):
+            merged = {k: v for k, v in merged.items() if k not in STOPS}
+        merged.update(layer)
+    return merged
+
+
+def _resume(
+    run: Path,
+    sections: dict[str, dict[str, Any]],
+    given_model: dict[str, Any],
+    given_train: dict[str, Any],
+) -> tuple[ModelConfig, TrainConfig]:
+    """The saved configs, with the file's and the given training values on top."""
+    folder = ckpt.resolve(run)
+    try:
+        config = ckpt.read_verified_config(folder)
+    except CheckpointError as error:
+        if not ckpt.is_run_dir(folder.parent):
+            raise
+        raise with_older_checkpoint(error, folder.parent, folder) from error
+    saved_model, saved_train, _ = ckpt.parse_configs(folder, config)
+    check_architecture(saved_model, {**sections.get("model", {}), **given_model})
+    # No stopping rule is dropped here: a resumed run keeps the limits it was not given anew.
+    merged = {**saved_train.to_dict(), **sections.get("train", {}), **given_train}
+    return saved_model, TrainConfig.from_dict(merged, source=str(run))
+
+
+def with_older_checkpoint(error: CheckpointError, run: Path, folder: Path) -> CheckpointError:
+    """``error`` about a damaged checkpoint, naming the newest older one to resume instead."""
+    step = ckpt.step_of(folder)
+    older = [p for p in ckpt.step_dirs(run) if step is not None and (ckpt.step_of(p) or 0) < step]
+    if not older:
+        return error
+    return CheckpointError(
+        f"{error}; resume from an earlier checkpoint instead: --resume {older[-1]}"
+    )
+
+
+def architecture(config: ModelConfig) -> dict[str, Any]:
+    """The values of ``config`` a user chooses (not those set from the tokenizer)."""
+    return {k: v for k, v in config.to_dict().items() if k not in DERIVED}
+
+
+def check_architecture(saved: ModelConfig, requested: Mapping[str, Any]) -> None:
+    """On resume the saved architecture wins; a requested value that contradicts it is refused."""
+    for name, want in requested.items():
+        have = getattr(saved, name)
+        if name not in DERIVED and want is not None and want != have:
+            raise ConfigError(
+                f"{flag(name)} {want} conflicts with the checkpoint being "
+                f"resumed ({have}); drop the flag to keep the saved architecture"
+            )
+
+
+def changed_settings(saved: TrainConfig, current: TrainConfig) -> list[str]:
+    """Training flags that differ from the checkpoint, as ``--flag old -> new``."""
+    before, after = saved.to_dict(), current.to_dict()
+    return [
+        f"{flag(key)} {before[key]} -> {after[key]}"
+        for key in after
+        if before.get(key) != after[key]
+    ]
