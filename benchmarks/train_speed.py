@@ -9,8 +9,8 @@ Prints one JSON line per measurement, then a Markdown table. Measures:
 
 Every configuration runs with ``THP_MEM_ALLOC_ENABLE=1`` (large tensors on transparent huge
 pages) and with freed memory kept for reuse (``tformer.fast.malloc``): the settings the command
-line makes for itself (``tformer.configure_process``), unless the caller's environment says otherwise (``THP_MEM_ALLOC_ENABLE=0``,
-``TFORMER_KEEP_FREED_MEMORY=0``).
+line makes for itself (``tformer.configure_process``), unless the caller's environment says
+otherwise (``THP_MEM_ALLOC_ENABLE=0``, ``TFORMER_KEEP_FREED_MEMORY=0``).
 
 Shapes (the performance issue): S = d_model 256, 4 heads, 3+3 layers, d_ff 1024, vocab 8000;
 B = the paper's base, 512, 8 heads, 6+6, 2048, vocab 32000; batches of 64 pairs of length 32.
