@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from tformer.config import BOS_ID, EOS_ID, PAD_ID
-from tformer.decoding.logits import mask_special_tokens, run_stages
+from tformer.decoding.logits import Stage, mask_special_tokens, run_stages
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.decoding.steppers import make_stepper, step_limit
 from tformer.model import Transformer
@@ -82,6 +83,50 @@ def _source_rows(src: Tensor) -> list[list[int]]:
     return [[t for t in row if t != PAD_ID] for row in src.tolist()]
 
 
+@dataclass
+class _Outputs:
+    """What each hypothesis (source x sample) has produced so far, and which rows are live."""
+
+    active: list[int]  # the hypothesis of each live row
+    ids: list[list[int]] = field(default_factory=list)
+    logps: list[list[float]] = field(default_factory=list)
+    finished: list[bool] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.ids = [[] for _ in self.active]
+        self.logps = [[] for _ in self.active]
+        self.finished = [False] * len(self.active)
+
+    def record(self, tokens: list[int], logps: list[float]) -> list[int]:
+        """Add one step's token per live row; returns the rows that go on (no <eos> yet)."""
+        keep: list[int] = []
+        for row, (h, token, logp) in enumerate(zip(self.active, tokens, logps, strict=True)):
+            self.logps[h].append(logp)
+            if token == EOS_ID:
+                self.finished[h] = True
+            else:
+                self.ids[h].append(token)
+                keep.append(row)
+        return keep
+
+    def hypotheses(self, per_source: int) -> list[list[Hypothesis]]:
+        hyps = [
+            Hypothesis(i, lp, f)
+            for i, lp, f in zip(self.ids, self.logps, self.finished, strict=True)
+        ]
+        return [hyps[i : i + per_source] for i in range(0, len(hyps), per_source)]
+
+
+def _choose(scores: Tensor, history: Tensor, warpers: list[Stage], uniforms: list[float]) -> Tensor:
+    """(R, V) processed scores -> (R,) next tokens: sampled through ``warpers`` with one
+    uniform number per row, else greedy."""
+    if warpers:
+        u = torch.tensor(uniforms, dtype=torch.float64)
+        return sample_from_logits(run_stages(scores, history, warpers), u)
+    # max(dim) gives the same first-maximum index as argmax, about 3x faster on a CPU
+    return scores.max(dim=-1).indices
+
+
 @torch.inference_mode()  # lighter than no_grad: no version counters
 def sample_steps(
     model: Transformer, src: Tensor, config: DecodingConfig, samples: Sequence[int] | None = None
@@ -104,12 +149,9 @@ def sample_steps(
     constraints, warpers = config.constraints(), config.sampling()
     stepper = make_stepper(model, src, config.use_cache)
 
-    active = list(range(n_src * n))  # the hypothesis (source x sample) of each live row
+    out = _Outputs(list(range(n_src * n)))
     history = torch.empty(n_src, 0, dtype=torch.long, device=device)  # (R, t)
     last = torch.full((n_src,), BOS_ID, dtype=torch.long, device=device)
-    ids: list[list[int]] = [[] for _ in active]
-    logps: list[list[float]] = [[] for _ in active]
-    finished = [False] * len(active)
     limit = step_limit(model, config)
 
     for step in range(limit):
@@ -120,36 +162,20 @@ def sample_steps(
             stepper.reorder(expand)
         model_logp = logits.log_softmax(dim=-1)
         scores = run_stages(logits, history, constraints)
-        if warpers:
-            scores = run_stages(scores, history, warpers)
-            u = torch.tensor([uniform(seed, keys[h], step) for h in active], dtype=torch.float64)
-            chosen = sample_from_logits(scores, u)
-        else:
-            # max(dim) gives the same first-maximum index as argmax, about 3x faster on a CPU
-            chosen = scores.max(dim=-1).indices
+        u = [uniform(seed, keys[h], step) for h in out.active] if warpers else []
+        chosen = _choose(scores, history, warpers, u)
         chosen_logp = model_logp.gather(1, chosen[:, None])[:, 0]
-
         tokens = chosen.tolist()
-        keep: list[int] = []
-        for row, (h, token, logp) in enumerate(
-            zip(active, tokens, chosen_logp.tolist(), strict=True)
-        ):
-            logps[h].append(logp)
-            if token == EOS_ID:
-                finished[h] = True
-            else:
-                ids[h].append(token)
-                keep.append(row)
-        yield active, tokens
+        keep = out.record(tokens, chosen_logp.tolist())
+        yield out.active, tokens
         if not keep or step == limit - 1:
             break
         history = torch.cat([history, chosen[:, None]], dim=1)
-        if len(keep) < len(active):  # finished rows stop costing compute
+        if len(keep) < len(out.active):  # finished rows stop costing compute
             index = torch.tensor(keep, device=device)
-            active = [active[row] for row in keep]
+            out.active = [out.active[row] for row in keep]
             chosen, history = chosen.index_select(0, index), history.index_select(0, index)
             stepper.reorder(index)
         last = chosen
 
-    hyps = [Hypothesis(ids[h], logps[h], finished[h]) for h in range(len(ids))]
-    return [hyps[i * n : (i + 1) * n] for i in range(n_src)]
+    return out.hypotheses(n)
