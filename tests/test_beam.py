@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.checkpoint import Checkpoint, load_checkpoint
 from tformer.data.pairs import pad
 from tformer.data.tokenizer import BOS_ID, EOS_ID
 from tformer.decoding.beam import beam_search

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from tests.test_cli import TINY
 from tests.test_precision import _train as train_losses
-from tformer.checkpoint.store import WEIGHTS, load_checkpoint, resolve
+from tformer.checkpoint import WEIGHTS, load_checkpoint, resolve
 from tformer.cli import app
 from tformer.config import ModelConfig
 from tformer.decoding.sampling import DecodingConfig, decode

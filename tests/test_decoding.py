@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.checkpoint import Checkpoint, load_checkpoint
 from tformer.data.pairs import pad
 from tformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from tformer.decoding.logits import (

@@ -11,8 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from tformer.analysis.evaluate import corpus_scores
-from tformer.checkpoint.averaging import average_checkpoints
-from tformer.checkpoint.store import load_checkpoint
+from tformer.checkpoint import average_checkpoints, load_checkpoint
 from tformer.cli import app
 from tformer.errors import CheckpointError
 from tformer.training.run import TrainResult

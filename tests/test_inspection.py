@@ -22,7 +22,7 @@ from tformer.analysis.attention import (
     load_attention,
     save_attention,
 )
-from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.checkpoint import Checkpoint, load_checkpoint
 from tformer.config import RECIPES, ModelConfig, TrainConfig, preset
 from tformer.data.pairs import bundled_data_dir
 from tformer.data.tokenizer import PAD_ID

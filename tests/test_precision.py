@@ -19,7 +19,7 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from tests.conftest import tiny_model
-from tformer.checkpoint.store import WEIGHTS, load_checkpoint, resolve
+from tformer.checkpoint import WEIGHTS, load_checkpoint, resolve
 from tformer.cli import app
 from tformer.config import ModelConfig, TrainConfig, preset
 from tformer.errors import ConfigError

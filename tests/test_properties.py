@@ -19,15 +19,15 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from tformer.checkpoint.store import (
+from tformer.checkpoint import (
     MANIFEST,
     Tokenizers,
     load_checkpoint,
     parse_configs,
-    read_manifest,
     save_checkpoint,
     verify_checkpoint,
 )
+from tformer.checkpoint.files import read_manifest
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.pairs import encode_pairs, load_text_pairs
 from tformer.data.tokenizer import UNK_ID, Tokenizer, train_tokenizer

@@ -22,7 +22,8 @@ import torch
 from typer.testing import CliRunner
 
 from tests.conftest import digit_pairs, write_jsonl
-from tformer.checkpoint.store import LATEST, SLOW_SAVE_ENV, load_checkpoint, verify_checkpoint
+from tformer.checkpoint import LATEST, load_checkpoint, verify_checkpoint
+from tformer.checkpoint.store import SLOW_SAVE_ENV
 from tformer.cli import app
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import tiny_model
-from tformer.checkpoint.store import load_checkpoint
+from tformer.checkpoint import load_checkpoint
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.tokenizer import PAD_ID
 from tformer.training.loss import sequence_loss

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from tests.conftest import tiny_model
-from tformer.checkpoint.store import BEST, load_checkpoint, read_config, resolve
+from tformer.checkpoint import BEST, load_checkpoint, read_config, resolve
 from tformer.cli import app
 from tformer.config import TrainConfig
 from tformer.errors import ConfigError

@@ -21,10 +21,10 @@ from tformer.analysis.attention import (
     save_attention,
 )
 from tformer.analysis.evaluate import Evaluation, corpus_scores, evaluate
-from tformer.checkpoint.averaging import average_checkpoints
-from tformer.checkpoint.store import (
+from tformer.checkpoint import (
     Checkpoint,
     Tokenizers,
+    average_checkpoints,
     load_checkpoint,
     save_checkpoint,
     verify_checkpoint,

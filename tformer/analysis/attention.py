@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tformer.checkpoint.store import Tokenizers
+from tformer.checkpoint import Tokenizers
 from tformer.data.tokenizer import BOS_ID, EOS, EOS_ID
 from tformer.decoding.sampling import DecodingConfig, decode_texts
 from tformer.errors import ConfigError, DataError

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from tformer.checkpoint.store import Checkpoint, write_text_atomic
+from tformer.checkpoint import Checkpoint, write_text_atomic
 from tformer.data.pairs import BatchPlan, TextPair, encode_pairs
 from tformer.decoding.sampling import DecodingConfig, decode_texts
 from tformer.device import cpuinfo

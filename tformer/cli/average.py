@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from tformer.checkpoint.averaging import average_checkpoints
+from tformer.checkpoint import average_checkpoints
 from tformer.cli import app
 from tformer.cli.console import console
 

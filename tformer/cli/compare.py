@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.checkpoint import Checkpoint, load_checkpoint
 from tformer.cli import app
 from tformer.cli.console import console
 from tformer.cli.options import CHECKPOINT, DEVICE, MAX_NEW_TOKENS, default

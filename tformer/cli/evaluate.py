@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tformer.analysis.evaluate import evaluate, result_card, write_results
-from tformer.checkpoint.store import load_checkpoint
+from tformer.checkpoint import load_checkpoint
 from tformer.cli import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from rich.markup import escape
 from rich.table import Table
 
-from tformer.checkpoint.store import Tokenizers
+from tformer.checkpoint import Tokenizers
 from tformer.decoding.sampling import DecodingConfig, Hypothesis, StepExplanation
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.checkpoint import Checkpoint, load_checkpoint
 from tformer.cli import app
 from tformer.cli.compare import default_settings, print_comparison
 from tformer.cli.console import console

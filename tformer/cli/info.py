@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from tformer.checkpoint.store import load_checkpoint
+from tformer.checkpoint import load_checkpoint
 from tformer.cli import app
 from tformer.cli.console import console
 from tformer.config import DEFAULT_PRESET, PRESETS, preset

@@ -15,7 +15,7 @@ from tformer.analysis.attention import (
     head_statistics,
     inspect_attention,
 )
-from tformer.checkpoint.store import load_checkpoint
+from tformer.checkpoint import load_checkpoint
 from tformer.cli import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import CHECKPOINT, DEVICE, SEED, TEMPERATURE

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tformer.checkpoint.store import BEST, Check, step_dirs, verify_checkpoint
+from tformer.checkpoint import BEST, Check, step_dirs, verify_checkpoint
 from tformer.cli import app
 from tformer.cli.console import console
 from tformer.cli.options import CHECKPOINT

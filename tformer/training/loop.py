@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tformer.checkpoint import store as ckpt
+from tformer import checkpoint as ckpt
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.pairs import BatchPlan, EncodedSplit, collate
 from tformer.errors import (

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from tformer.checkpoint import store as ckpt
+from tformer import checkpoint as ckpt
 from tformer.checkpoint.run_dir import create_output, prepare_output, resume_target
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.pairs import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tformer.checkpoint import store as ckpt
+from tformer import checkpoint as ckpt
 from tformer.data.pairs import BatchPlan, EncodedSplit
 from tformer.decoding.sampling import DecodingConfig, decode_texts
 from tformer.model import Transformer
