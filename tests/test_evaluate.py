@@ -10,10 +10,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tformer.analysis.evaluate import corpus_scores
 from tformer.checkpoint import average_checkpoints, load_checkpoint
 from tformer.cli import app
 from tformer.errors import CheckpointError
+from tformer.metrics import corpus_scores
 from tformer.training.run import TrainResult
 
 

@@ -1,8 +1,5 @@
-"""Evaluation: translate a split, score it with sacreBLEU / chrF, and write a result card.
-
-sacreBLEU is the reference implementation of both metrics; its signatures (tokeniser, casing,
-smoothing, version) are reported with every score so figures can be compared across papers.
-"""
+"""Evaluation: translate a split, score it with sacreBLEU / chrF (``tformer.metrics``), and
+write a result card."""
 
 from __future__ import annotations
 
@@ -23,37 +20,9 @@ from tformer.checkpoint import Checkpoint, write_text_atomic
 from tformer.data.pairs import BatchPlan, TextPair, encode_pairs
 from tformer.decoding.sampling import DecodingConfig, decode_texts
 from tformer.device import cpuinfo
+from tformer.metrics import EVAL_BATCH_TOKENS, Scores, corpus_scores
 from tformer.training.loss import sequence_loss
-from tformer.training.validation import EVAL_BATCH_TOKENS
 from tformer.version import __version__
-
-
-@dataclass
-class Scores:
-    """Corpus-level scores with the sacreBLEU signatures that define them."""
-
-    bleu: float
-    chrf: float
-    bleu_signature: str
-    chrf_signature: str
-    bleu_detail: str
-
-
-def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
-    """sacreBLEU BLEU and chrF of detokenised hypotheses against one reference each."""
-    from sacrebleu.metrics import BLEU, CHRF
-
-    bleu, chrf = BLEU(), CHRF()
-    refs = [list(references)]
-    bleu_score = bleu.corpus_score(list(hypotheses), refs)
-    chrf_score = chrf.corpus_score(list(hypotheses), refs)
-    return Scores(
-        bleu=round(bleu_score.score, 2),
-        chrf=round(chrf_score.score, 2),
-        bleu_signature=str(bleu.get_signature()),
-        chrf_signature=str(chrf.get_signature()),
-        bleu_detail=str(bleu_score),
-    )
 
 
 @torch.no_grad()

@@ -13,7 +13,16 @@ from rich.table import Table
 from tformer.checkpoint import Checkpoint, load_checkpoint
 from tformer.cli import app
 from tformer.cli.console import console
-from tformer.cli.options import CHECKPOINT, DEVICE, MAX_NEW_TOKENS, default
+from tformer.cli.options import (
+    BATCH_SIZE,
+    CHECKPOINT,
+    DEVICE,
+    INPUT_FILE,
+    MAX_NEW_TOKENS,
+    TEXTS,
+    default,
+    read_inputs,
+)
 from tformer.decoding.sampling import DecodingConfig, Hypothesis, decode_texts
 from tformer.device import resolve_device
 from tformer.errors import ConfigError
@@ -122,12 +131,8 @@ def print_comparison(
 @app.command("compare")
 def compare_command(
     checkpoint: Path = CHECKPOINT,
-    texts: list[str] | None = typer.Argument(
-        None, help="Inputs (default: --input-file or stdin, one a line).", show_default=False
-    ),
-    input_file: Path | None = typer.Option(
-        None, "--input-file", "-i", help="Inputs, one a line.", show_default=False
-    ),
+    texts: list[str] | None = TEXTS,
+    input_file: Path | None = INPUT_FILE,
     beam_size: int = typer.Option(4, "--beam-size", "-b", help="Beam row; 1 leaves it out."),
     temperatures: str = typer.Option(
         "0.5,1,1.5", "--temperatures", help="Sampling rows, comma-separated; '' for none."
@@ -137,7 +142,7 @@ def compare_command(
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of every sampling row."),
     max_new_tokens: int = MAX_NEW_TOKENS,
-    batch_size: int = typer.Option(64, "--batch-size", help="Rows decoded together."),
+    batch_size: int = BATCH_SIZE,
     as_json: bool = typer.Option(
         False, "--json", help="One JSON record per input and setting instead of tables."
     ),
@@ -155,8 +160,6 @@ def compare_command(
 
       tformer compare checkpoints/dates "6 Mar. 2025" --beam-size 8 --temperatures 0.3,2
     """
-    from tformer.cli.generate import read_inputs  # generate imports this module
-
     if batch_size < 1:
         raise ConfigError(f"--batch-size {batch_size} must be >= 1")
     if not 0.0 < top_p <= 1.0:

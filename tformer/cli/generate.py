@@ -17,9 +17,11 @@ from tformer.cli.compare import default_settings, print_comparison
 from tformer.cli.console import console
 from tformer.cli.explain import explanation_table
 from tformer.cli.options import (
+    BATCH_SIZE,
     BEAM_SIZE,
     CHECKPOINT,
     DEVICE,
+    INPUT_FILE,
     LENGTH_PENALTY,
     MAX_NEW_TOKENS,
     MIN_NEW_TOKENS,
@@ -29,11 +31,12 @@ from tformer.cli.options import (
     REPETITION_PENALTY,
     SEED,
     TEMPERATURE,
+    TEXTS,
     TOP_K,
     TOP_P,
     decoding_config,
     default,
-    existing_file,
+    read_inputs,
 )
 from tformer.decoding.sampling import (
     DecodingConfig,
@@ -43,42 +46,18 @@ from tformer.decoding.sampling import (
     stream_tokens,
 )
 from tformer.device import resolve_device
-from tformer.errors import ConfigError, DataError
+from tformer.errors import ConfigError
 
-INPUT_FILE = typer.Option(
-    None, "--input-file", "-i", help="Inputs, one a line.", show_default=False
-)
 NUM_SAMPLES = typer.Option(
     default(DecodingConfig, "num_samples"), "--num-samples", "-n", help="Samples per input."
 )
-
-
-def read_inputs(texts: list[str] | None, input_file: Path | None) -> list[str]:
-    """Inputs from arguments, else ``--input-file``, else stdin; one input a line."""
-    if texts and input_file is not None:
-        raise ConfigError("give inputs as arguments or with --input-file, not both")
-    if texts:
-        return list(texts)
-    if input_file is not None:
-        existing_file(input_file, "--input-file")
-        try:
-            return input_file.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as error:
-            raise DataError(f"--input-file {input_file}: not UTF-8 text ({error})") from error
-    if sys.stdin is None or sys.stdin.isatty():
-        raise ConfigError(
-            "no input: give TEXT arguments, --input-file FILE, pipe lines in, or use --interactive"
-        )
-    return sys.stdin.read().splitlines()
 
 
 @app.command("generate")
 def generate_command(
     ctx: typer.Context,
     checkpoint: Path = CHECKPOINT,
-    texts: list[str] | None = typer.Argument(
-        None, help="Inputs (default: --input-file or stdin, one a line).", show_default=False
-    ),
+    texts: list[str] | None = TEXTS,
     input_file: Path | None = INPUT_FILE,
     temperature: float = TEMPERATURE,
     top_k: int = TOP_K,
@@ -93,7 +72,7 @@ def generate_command(
     max_new_tokens: int = MAX_NEW_TOKENS,
     num_samples: int = NUM_SAMPLES,
     seed: int | None = SEED,
-    batch_size: int = typer.Option(64, "--batch-size", help="Rows decoded together."),
+    batch_size: int = BATCH_SIZE,
     as_json: bool = typer.Option(
         False,
         "--json",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import typer
 
 from tformer.config import TrainConfig
 from tformer.decoding.sampling import DecodingConfig
-from tformer.errors import ConfigError
+from tformer.errors import ConfigError, DataError
 
 
 def default(cls: type, name: str) -> Any:
@@ -65,6 +66,15 @@ MAX_NEW_TOKENS = typer.Option(default(DecodingConfig, "max_new_tokens"), "--max-
 SEED = typer.Option(None, "--seed", help="Random seed: the same seed gives the same output.")
 
 
+TEXTS = typer.Argument(
+    None, help="Inputs (default: --input-file or stdin, one a line).", show_default=False
+)
+INPUT_FILE = typer.Option(
+    None, "--input-file", "-i", help="Inputs, one a line.", show_default=False
+)
+BATCH_SIZE = typer.Option(64, "--batch-size", help="Rows decoded together.")
+
+
 def existing_file(path: Path | None, option: str) -> Path | None:
     """Refuse a missing file with a message naming the option."""
     if path is not None and not path.is_file():
@@ -114,3 +124,22 @@ def decoding_config(params: dict[str, Any]) -> DecodingConfig:
     config's fields), so every command that decodes takes the same flags the same way."""
     names = {f.name for f in dataclasses.fields(DecodingConfig)}
     return DecodingConfig(**{k: v for k, v in params.items() if k in names})
+
+
+def read_inputs(texts: list[str] | None, input_file: Path | None) -> list[str]:
+    """Inputs from arguments, else ``--input-file``, else stdin; one input a line."""
+    if texts and input_file is not None:
+        raise ConfigError("give inputs as arguments or with --input-file, not both")
+    if texts:
+        return list(texts)
+    if input_file is not None:
+        existing_file(input_file, "--input-file")
+        try:
+            return input_file.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as error:
+            raise DataError(f"--input-file {input_file}: not UTF-8 text ({error})") from error
+    if sys.stdin is None or sys.stdin.isatty():
+        raise ConfigError(
+            "no input: give TEXT arguments, --input-file FILE, pipe lines in, or use --interactive"
+        )
+    return sys.stdin.read().splitlines()

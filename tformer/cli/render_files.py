@@ -52,6 +52,7 @@ def _panels(selection: AttentionSelection) -> list[tuple[str, Tensor]]:
 
 def save_png(path: Path, selection: AttentionSelection, *, values: bool = False) -> None:
     """A labelled heatmap, or a grid of them (one row per layer when all layers are selected)."""
+    # Lazy: matplotlib is an optional extra and slow to import; only --png needs it.
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed

@@ -7,12 +7,10 @@ import torch
 from tformer import checkpoint as ckpt
 from tformer.data.pairs import BatchPlan, EncodedSplit
 from tformer.decoding.sampling import DecodingConfig, decode_texts
+from tformer.metrics import EVAL_BATCH_TOKENS, corpus_scores
 from tformer.model import Transformer
 from tformer.training.loss import sequence_loss
 from tformer.training.precision import Precision
-
-# Padded tokens per evaluation batch: larger than training batches (no activations are kept).
-EVAL_BATCH_TOKENS = 8192
 
 
 @torch.no_grad()
@@ -44,8 +42,6 @@ def translation_scores(
     model: Transformer, split: EncodedSplit, tokenizers: ckpt.Tokenizers, limit: int
 ) -> dict[str, float]:
     """sacreBLEU BLEU and chrF of greedy translations of the split's first ``limit`` pairs."""
-    from tformer.analysis.evaluate import corpus_scores  # local: evaluate builds on this module
-
     pairs = split.pairs[:limit]
     references = [t for _, t in split.texts[: len(pairs)]]
     max_new = max(8, model.config.max_len)
