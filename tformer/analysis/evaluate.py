@@ -17,8 +17,11 @@ from typing import Any
 import torch
 
 from tformer.checkpoint import Checkpoint, write_text_atomic
-from tformer.data.pairs import BatchPlan, TextPair, encode_pairs
-from tformer.decoding.sampling import DecodingConfig, decode_texts
+from tformer.data.batching import BatchPlan
+from tformer.data.pairs import encode_pairs
+from tformer.data.sources import TextPair
+from tformer.decoding.api import translate
+from tformer.decoding.sampling import DecodingConfig
 from tformer.device import cpuinfo
 from tformer.metrics import EVAL_BATCH_TOKENS, Scores, corpus_scores
 from tformer.training.loss import sequence_loss
@@ -64,11 +67,11 @@ def evaluate(
     """Translate ``pairs``' sources and score them against their targets."""
     decoding = decoding or DecodingConfig()
     started = time.perf_counter()
-    src = [ckpt.tokenizers.source.encode(s) for s, _ in pairs]
-    hyps = decode_texts(ckpt.model, src, decoding, batch_size=batch_size)
-    outputs = ckpt.tokenizers.target.decode_batch([h[0].ids for h in hyps])
+    sources = [s for s, _ in pairs]
+    generations = translate(ckpt.model, ckpt.tokenizers, sources, decoding, batch_size=batch_size)
+    outputs = [g[0].text for g in generations]
     decode_time = time.perf_counter() - started
-    new_tokens = sum(len(h[0].ids) + 1 for h in hyps)
+    new_tokens = sum(len(g[0].hypothesis.ids) + 1 for g in generations)
     loss, _ = teacher_forced_loss(ckpt, pairs)
     return Evaluation(
         split=split,

@@ -23,7 +23,8 @@ from tformer.cli.options import (
     default,
     read_inputs,
 )
-from tformer.decoding.sampling import DecodingConfig, Hypothesis, decode_texts
+from tformer.decoding.api import Generation, translate
+from tformer.decoding.sampling import DecodingConfig
 from tformer.device import resolve_device
 from tformer.errors import ConfigError
 
@@ -71,27 +72,28 @@ def parse_temperatures(text: str) -> list[float]:
 
 def compare_outputs(
     loaded: Checkpoint, inputs: list[str], settings: list[Setting], *, batch_size: int = 64
-) -> list[list[tuple[str, Hypothesis]]]:
+) -> list[list[tuple[str, Generation]]]:
     """For each input, the first output of each setting, in settings order."""
-    src = [loaded.tokenizers.source.encode(t) for t in inputs]
     per_setting = [
-        decode_texts(loaded.model, src, config, batch_size=batch_size) for _, config in settings
+        translate(loaded.model, loaded.tokenizers, inputs, config, batch_size=batch_size)
+        for _, config in settings
     ]
     return [
-        [(label, hyps[i][0]) for (label, _), hyps in zip(settings, per_setting, strict=True)]
+        [(label, outputs[i][0]) for (label, _), outputs in zip(settings, per_setting, strict=True)]
         for i in range(len(inputs))
     ]
 
 
-def comparison_table(text: str, rows: list[tuple[str, Hypothesis]], loaded: Checkpoint) -> Table:
+def comparison_table(text: str, rows: list[tuple[str, Generation]]) -> Table:
     table = Table(title=escape(text), title_justify="left")
     table.add_column("setting", no_wrap=True)
     table.add_column("output")
     table.add_column("log p", justify="right")
     table.add_column("per token", justify="right")
     table.add_column("tokens", justify="right")
-    for label, hyp in rows:
-        output = escape(loaded.tokenizers.target.decode(hyp.ids))
+    for label, generation in rows:
+        hyp = generation.hypothesis
+        output = escape(generation.text)
         if not hyp.finished:
             output += " [dim](cut off)[/]"
         per_token = hyp.logprob / max(len(hyp.token_logprobs), 1)
@@ -112,13 +114,14 @@ def print_comparison(
         inputs, compare_outputs(loaded, inputs, settings, batch_size=batch_size), strict=True
     ):
         if not as_json:
-            console.print(comparison_table(text, rows, loaded))
+            console.print(comparison_table(text, rows))
             continue
-        for label, hyp in rows:
+        for label, generation in rows:
+            hyp = generation.hypothesis
             record = {
                 "input": text,
                 "setting": label,
-                "output": loaded.tokenizers.target.decode(hyp.ids),
+                "output": generation.text,
                 "ids": hyp.ids,
                 "logprob": round(hyp.logprob, 6),
                 "score": round(hyp.score, 6),

@@ -38,13 +38,8 @@ from tformer.cli.options import (
     default,
     read_inputs,
 )
-from tformer.decoding.sampling import (
-    DecodingConfig,
-    Hypothesis,
-    decode_texts,
-    explain,
-    stream_tokens,
-)
+from tformer.decoding.api import Generation, translate
+from tformer.decoding.sampling import DecodingConfig, explain, stream_tokens
 from tformer.device import resolve_device
 from tformer.errors import ConfigError
 
@@ -198,11 +193,11 @@ def stdout_is_terminal() -> bool:
 
 
 def _records(
-    text: str, hyps: list[Hypothesis], config: DecodingConfig, loaded: Checkpoint
+    text: str, outputs: list[Generation], config: DecodingConfig
 ) -> Iterable[dict[str, Any]]:
-    tgt = loaded.tokenizers.target
-    for index, hyp in enumerate(hyps):
-        record: dict[str, Any] = {"input": text, "output": tgt.decode(hyp.ids)}
+    for index, generation in enumerate(outputs):
+        hyp = generation.hypothesis
+        record: dict[str, Any] = {"input": text, "output": generation.text}
         record["rank" if config.beam_size > 1 else "sample"] = index
         record |= {
             "ids": hyp.ids,
@@ -223,10 +218,9 @@ def _print_outputs(
     batch_size: int,
     as_json: bool,
 ) -> None:
-    src = [loaded.tokenizers.source.encode(t) for t in inputs]
-    hyps = decode_texts(loaded.model, src, config, batch_size=batch_size)
-    for text, outputs in zip(inputs, hyps, strict=True):
-        for record in _records(text, outputs, config, loaded):
+    generations = translate(loaded.model, loaded.tokenizers, inputs, config, batch_size=batch_size)
+    for text, outputs in zip(inputs, generations, strict=True):
+        for record in _records(text, outputs, config):
             typer.echo(json.dumps(record, ensure_ascii=False) if as_json else record["output"])
 
 
@@ -251,13 +245,13 @@ def _stream(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
 
 def _explain(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
     src = loaded.tokenizers.source.encode(text)
-    hyps = decode_texts(loaded.model, [src], config)[0]
-    for index, hyp in enumerate(hyps):
+    outputs = translate(loaded.model, loaded.tokenizers, [text], config)[0]
+    for index, generation in enumerate(outputs):
+        hyp = generation.hypothesis
         steps = explain(loaded.model, src, hyp, config)
-        output = loaded.tokenizers.target.decode(hyp.ids)
-        title = f"{text!r} -> {output!r}"
-        if len(hyps) > 1:
-            title = f"output {index + 1}/{len(hyps)}: {title}"
+        title = f"{text!r} -> {generation.text!r}"
+        if len(outputs) > 1:
+            title = f"output {index + 1}/{len(outputs)}: {title}"
         console.print(explanation_table(steps, src, loaded.tokenizers, config, hyp, title=title))
 
 
