@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from tformer.checkpoint import Checkpoint, load_checkpoint
-from tformer.data.pairs import pad
+from tformer.data.batching import pad
 from tformer.data.tokenizer import BOS_ID, EOS_ID
 from tformer.decoding.beam import beam_search
 from tformer.decoding.sampling import DecodingConfig, decode, decode_texts

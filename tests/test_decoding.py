@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tformer.checkpoint import Checkpoint, load_checkpoint
-from tformer.data.pairs import pad
+from tformer.data.batching import pad
 from tformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from tformer.decoding.logits import (
     apply_repetition_penalty,

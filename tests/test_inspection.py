@@ -24,7 +24,7 @@ from tformer.analysis.attention import (
 )
 from tformer.checkpoint import Checkpoint, load_checkpoint
 from tformer.config import RECIPES, ModelConfig, TrainConfig, preset
-from tformer.data.pairs import bundled_data_dir
+from tformer.data.sources import bundled_data_dir
 from tformer.data.tokenizer import PAD_ID
 from tformer.errors import ConfigError, DataError
 from tformer.model import Transformer

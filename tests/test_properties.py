@@ -29,7 +29,8 @@ from tformer.checkpoint import (
 )
 from tformer.checkpoint.files import read_manifest
 from tformer.config import ModelConfig, TrainConfig
-from tformer.data.pairs import encode_pairs, load_text_pairs
+from tformer.data.pairs import encode_pairs
+from tformer.data.sources import load_text_pairs
 from tformer.data.tokenizer import UNK_ID, Tokenizer, train_tokenizer
 from tformer.errors import CheckpointError, ConfigError, DataError, TformerError
 from tformer.model import Transformer

@@ -153,7 +153,7 @@ def test_time_budget_stops_training(toy_data: Path, tmp_path: Path) -> None:
 
 def test_gradient_accumulation_equals_a_bigger_batch(toy_data: Path, tmp_path: Path) -> None:
     """Two accumulated half-batches give the same update as the two batches at once."""
-    from tformer.data.pairs import collate
+    from tformer.data.batching import collate
     from tformer.model import Transformer
 
     torch.manual_seed(0)

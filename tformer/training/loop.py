@@ -28,7 +28,8 @@ import torch
 
 from tformer import checkpoint as ckpt
 from tformer.config import ModelConfig, TrainConfig
-from tformer.data.pairs import BatchPlan, EncodedSplit, collate
+from tformer.data.batching import BatchPlan, collate
+from tformer.data.pairs import EncodedSplit
 from tformer.errors import (
     Aborted,
     CheckpointError,

@@ -19,14 +19,9 @@ import torch
 from tformer import checkpoint as ckpt
 from tformer.checkpoint.run_dir import create_output, prepare_output, resume_target
 from tformer.config import ModelConfig, TrainConfig
-from tformer.data.pairs import (
-    BatchPlan,
-    EncodedSplit,
-    bundled_data_dir,
-    data_name,
-    encode_pairs,
-    load_text_pairs,
-)
+from tformer.data.batching import BatchPlan
+from tformer.data.pairs import EncodedSplit, encode_pairs
+from tformer.data.sources import bundled_data_dir, data_name, load_text_pairs
 from tformer.data.tokenizer import Tokenizer, train_tokenizer
 from tformer.device import resolve_device, seed_everything
 from tformer.errors import CheckpointError, ConfigError, DataError

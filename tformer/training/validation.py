@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from tformer import checkpoint as ckpt
-from tformer.data.pairs import BatchPlan, EncodedSplit
+from tformer.data.batching import BatchPlan
+from tformer.data.pairs import EncodedSplit
 from tformer.decoding.sampling import DecodingConfig, decode_texts
 from tformer.metrics import EVAL_BATCH_TOKENS, corpus_scores
 from tformer.model import Transformer
