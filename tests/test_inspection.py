@@ -14,14 +14,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from tformer.analysis.attention import (
-    AttentionResult,
-    eos_column,
-    head_statistics,
-    inspect_attention,
-    load_attention,
-    save_attention,
-)
+from tformer.analysis.attention import AttentionResult, inspect_attention
+from tformer.analysis.attention_files import load_attention, save_attention
+from tformer.analysis.head_stats import eos_column, head_statistics
 from tformer.checkpoint import Checkpoint, load_checkpoint
 from tformer.config import RECIPES, ModelConfig, TrainConfig, preset
 from tformer.data.sources import bundled_data_dir

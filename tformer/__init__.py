@@ -11,16 +11,10 @@ The command line is a thin layer over this API::
 
 from __future__ import annotations
 
-from tformer.analysis.attention import (
-    AttentionResult,
-    AttentionSelection,
-    HeadStats,
-    head_statistics,
-    inspect_attention,
-    load_attention,
-    save_attention,
-)
+from tformer.analysis.attention import AttentionResult, AttentionSelection, inspect_attention
+from tformer.analysis.attention_files import load_attention, save_attention
 from tformer.analysis.evaluate import Evaluation, corpus_scores, evaluate
+from tformer.analysis.head_stats import HeadStats, head_statistics
 from tformer.checkpoint import (
     Checkpoint,
     Tokenizers,

@@ -7,14 +7,8 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from tformer.analysis.attention import (
-    KINDS,
-    Head,
-    Layer,
-    eos_column,
-    head_statistics,
-    inspect_attention,
-)
+from tformer.analysis.attention import KINDS, Head, Layer, inspect_attention
+from tformer.analysis.head_stats import eos_column, head_statistics
 from tformer.checkpoint import load_checkpoint
 from tformer.cli import app
 from tformer.cli.console import console, err_console

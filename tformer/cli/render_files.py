@@ -7,7 +7,8 @@ from pathlib import Path
 
 from torch import Tensor
 
-from tformer.analysis.attention import AttentionResult, AttentionSelection, save_attention
+from tformer.analysis.attention import AttentionResult, AttentionSelection
+from tformer.analysis.attention_files import save_attention
 from tformer.cli.render_html import write_html
 from tformer.errors import ConfigError
 
