@@ -142,7 +142,7 @@ def _load_folder(folder: Path, source_field: str, target_field: str) -> dict[str
 
 def _quiet_datasets() -> object:
     """Import HF datasets with its per-file progress bars off: the CLI has its own display."""
-    import datasets
+    import datasets  # lazy: slow to import, and only file / hub loading needs it
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
@@ -235,7 +235,7 @@ def _read_json_lines(path: Path, source_field: str, target_field: str) -> Any:
     The generic JSON loader infers types, which turns a target like "2025-03-06" into a
     timestamp; an explicit Arrow schema for the text fields keeps the text exactly.
     """
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: comes with datasets, needed only for JSON Lines
     import pyarrow.json as paj
 
     datasets: Any = _quiet_datasets()
