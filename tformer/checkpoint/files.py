@@ -14,7 +14,7 @@ import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tformer.errors import CheckpointError
 from tformer.version import __version__
@@ -127,7 +127,7 @@ def read_manifest(folder: Path) -> dict[str, dict[str, Any]]:
         )
     if text != _manifest_text(manifest):
         raise CheckpointError(f"{path}: altered after saving (it is not as tformer wrote it)")
-    return files
+    return cast(dict[str, dict[str, Any]], files)  # checked by ``ok`` above
 
 
 def manifest_problem(folder: Path, name: str, entry: dict[str, Any], *, hashes: bool) -> str | None:

@@ -271,7 +271,8 @@ def load_tokenizers(folder: Path, config: dict[str, Any]) -> Tokenizers:
         CheckpointError: naming the tokenizer file and config.json when they disagree.
     """
     files = _tokenizer_files(folder, config)
-    identity = config.get("tokenizer") if isinstance(config.get("tokenizer"), dict) else {}
+    recorded = config.get("tokenizer")
+    identity: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
     source = Tokenizer.load(folder / files["source"])
     target = (
         source if files["target"] == files["source"] else Tokenizer.load(folder / files["target"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ def verify_checkpoint(path: str | Path) -> tuple[Path, list[Check]]:
 
     files = run(MANIFEST, lambda: _verify_manifest(folder))
     for name, entry in (files or {}).items():
-        run(f"file {name}", lambda n=name, e=entry: _verify_file(folder, n, e))
+        run(f"file {name}", partial(_verify_file, folder, name, entry))
     if files is not None:
         unlisted = sorted(
             p.name for p in folder.iterdir() if p.is_file() and p.name not in {*files, MANIFEST}

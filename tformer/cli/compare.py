@@ -43,16 +43,17 @@ def default_settings(
 
     A beam size of 1 or a top-p of 1 leaves that setting out.
     """
-    limit = {"max_new_tokens": max_new_tokens}
-    settings: list[Setting] = [("greedy", DecodingConfig(**limit))]
+    limit = max_new_tokens
+    settings: list[Setting] = [("greedy", DecodingConfig(max_new_tokens=limit))]
     if beam_size > 1:
-        settings.append((f"beam {beam_size}", DecodingConfig(beam_size=beam_size, **limit)))
+        beam = DecodingConfig(beam_size=beam_size, max_new_tokens=limit)
+        settings.append((f"beam {beam_size}", beam))
     for t in temperatures:
-        settings.append((f"T={t:g}", DecodingConfig(temperature=t, seed=seed, **limit)))
+        sampled = DecodingConfig(temperature=t, seed=seed, max_new_tokens=limit)
+        settings.append((f"T={t:g}", sampled))
     if top_p < 1.0:
-        settings.append(
-            (f"top-p {top_p:g}", DecodingConfig(temperature=1.0, top_p=top_p, seed=seed, **limit))
-        )
+        nucleus = DecodingConfig(temperature=1.0, top_p=top_p, seed=seed, max_new_tokens=limit)
+        settings.append((f"top-p {top_p:g}", nucleus))
     return settings
 
 
