@@ -18,7 +18,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import tformer.data.pairs
+import tformer.data.sources
 from tests.conftest import digit_pairs, write_jsonl
 from tformer.cli.commands import app
 from tformer.data.tokenizer import train_tokenizer
@@ -167,7 +167,7 @@ def test_bad_input_is_answered_clearly_and_changes_nothing(
     code: int,
     message: str,
 ) -> None:
-    if "paired" in command and not hasattr(tformer.data.pairs, "_paired_text_files"):
+    if "paired" in command and not hasattr(tformer.data.sources, "_paired_text_files"):
         pytest.skip("paired text files are not supported by this tformer")
     monkeypatch.chdir(tmp_path)  # a default --out would land here: nothing may
     before = tree(world)

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.config import BOS_ID, EOS_ID
-from tformer.data.pairs import pad
+from tformer.data.batching import pad
 from tformer.decoding.api import decode, decode_texts
 from tformer.decoding.beam import beam_search
 from tformer.decoding.settings import DecodingConfig

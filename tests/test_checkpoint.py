@@ -12,12 +12,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tformer.checkpoint.store import (
+from tformer.checkpoint import (
     CONFIG,
     LATEST,
     MANIFEST,
-    OPTIMIZER,
-    TRAINER_STATE,
     WEIGHTS,
     Tokenizers,
     load_checkpoint,
@@ -25,8 +23,8 @@ from tformer.checkpoint.store import (
     resolve,
     save_checkpoint,
     verify_checkpoint,
-    write_manifest,
 )
+from tformer.checkpoint.files import OPTIMIZER, TRAINER_STATE, write_manifest
 from tformer.cli.commands import app
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.tokenizer import train_tokenizer

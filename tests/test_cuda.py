@@ -23,7 +23,9 @@ from typer.testing import CliRunner
 
 from tests.test_cli import TINY
 from tests.test_precision import _train as train_losses
-from tformer.checkpoint.store import WEIGHTS, load_checkpoint, resolve
+from tformer.checkpoint.files import WEIGHTS
+from tformer.checkpoint.run_dir import resolve
+from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.commands import app
 from tformer.config import ModelConfig
 from tformer.decoding.api import decode

@@ -9,14 +9,9 @@ import pytest
 
 from tests.conftest import digit_pairs, write_jsonl
 from tformer.config import BOS_ID, EOS_ID, PAD_ID
-from tformer.data.pairs import (
-    BatchPlan,
-    bucket_batches,
-    collate,
-    encode_pairs,
-    load_text_pairs,
-    shift_right,
-)
+from tformer.data.batching import BatchPlan, bucket_batches, collate, shift_right
+from tformer.data.pairs import encode_pairs
+from tformer.data.sources import load_text_pairs
 from tformer.data.tokenizer import train_tokenizer
 from tformer.errors import DataError
 

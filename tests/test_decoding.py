@@ -10,7 +10,7 @@ import torch
 from tformer.analysis.explain import explain
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.config import BOS_ID, EOS_ID, PAD_ID
-from tformer.data.pairs import pad
+from tformer.data.batching import pad
 from tformer.decoding.api import decode, decode_texts, stream_tokens
 from tformer.decoding.logits import (
     apply_repetition_penalty,

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import digit_pairs, write_jsonl
 from tests.ddp_worker import model_config, train_config
-from tformer.checkpoint.store import load_checkpoint, resolve
+from tformer.checkpoint import load_checkpoint, resolve
 from tformer.training.run import train
 
 pytestmark = [

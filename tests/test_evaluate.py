@@ -10,11 +10,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tformer.analysis.evaluate import corpus_scores
 from tformer.checkpoint.averaging import average_checkpoints
 from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.commands import app
 from tformer.errors import CheckpointError
+from tformer.metrics import corpus_scores
 from tformer.training.run import TrainResult
 
 

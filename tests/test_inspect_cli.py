@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tformer.analysis.attention import load_attention
+from tformer.analysis.attention_files import load_attention
 from tformer.cli.commands import app
 from tformer.training.run import TrainResult
 

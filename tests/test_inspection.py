@@ -16,15 +16,14 @@ from torch import Tensor
 
 from tformer.analysis.attention import (
     AttentionResult,
-    eos_column,
-    head_statistics,
     inspect_attention,
-    load_attention,
-    save_attention,
 )
+from tformer.analysis.attention_files import load_attention, save_attention
+from tformer.analysis.head_stats import eos_column, head_statistics
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.config import PAD_ID, RECIPES, ModelConfig, TrainConfig, preset
-from tformer.data.pairs import bundled_data_dir, encode_pairs, load_text_pairs
+from tformer.data.pairs import encode_pairs
+from tformer.data.sources import bundled_data_dir, load_text_pairs
 from tformer.errors import ConfigError, DataError
 from tformer.model import Transformer
 from tformer.model.attention import MultiHeadAttention

@@ -19,7 +19,9 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from tests.conftest import tiny_model
-from tformer.checkpoint.store import WEIGHTS, load_checkpoint, resolve
+from tformer.checkpoint.files import WEIGHTS
+from tformer.checkpoint.run_dir import resolve
+from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.commands import app
 from tformer.config import ModelConfig, TrainConfig, preset
 from tformer.errors import ConfigError

@@ -19,17 +19,18 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from tformer.checkpoint.store import (
+from tformer.checkpoint import (
     MANIFEST,
     Tokenizers,
     load_checkpoint,
     parse_configs,
-    read_manifest,
     save_checkpoint,
     verify_checkpoint,
 )
+from tformer.checkpoint.files import read_manifest
 from tformer.config import UNK_ID, ModelConfig, TrainConfig
-from tformer.data.pairs import encode_pairs, load_text_pairs
+from tformer.data.pairs import encode_pairs
+from tformer.data.sources import load_text_pairs
 from tformer.data.tokenizer import Tokenizer, train_tokenizer
 from tformer.errors import CheckpointError, ConfigError, DataError, TformerError
 from tformer.model import Transformer

@@ -18,14 +18,8 @@ import torch
 from typer.testing import CliRunner
 
 from tests.conftest import digit_pairs, write_jsonl
-from tformer.checkpoint.store import (
-    LATEST,
-    load_checkpoint,
-    read_metrics,
-    resolve,
-    rewind_run,
-    save_checkpoint,
-)
+from tformer.checkpoint.run_dir import LATEST, read_metrics, resolve, rewind_run
+from tformer.checkpoint.store import load_checkpoint, save_checkpoint
 from tformer.cli.commands import app
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tformer"

@@ -14,7 +14,8 @@ import pytest
 import torch
 from rich.console import Console, RenderableType
 
-from tformer.analysis.attention import AttentionResult, head_statistics
+from tformer.analysis.attention import AttentionResult
+from tformer.analysis.head_stats import head_statistics
 from tformer.cli.render import (
     head_grid,
     heatmap,

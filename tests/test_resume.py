@@ -22,7 +22,9 @@ import torch
 from typer.testing import CliRunner
 
 from tests.conftest import digit_pairs, write_jsonl
-from tformer.checkpoint.store import LATEST, SLOW_SAVE_ENV, load_checkpoint, verify_checkpoint
+from tformer.checkpoint.run_dir import LATEST
+from tformer.checkpoint.store import SLOW_SAVE_ENV, load_checkpoint
+from tformer.checkpoint.verify import verify_checkpoint
 from tformer.cli.commands import app
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

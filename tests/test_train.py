@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from tests.conftest import tiny_model
 from tformer.checkpoint.store import load_checkpoint
 from tformer.config import PAD_ID, ModelConfig, TrainConfig
-from tformer.data.pairs import encode_pairs, load_text_pairs
+from tformer.data.pairs import encode_pairs
+from tformer.data.sources import load_text_pairs
 from tformer.training.loss import sequence_loss
 from tformer.training.optim import cosine_lr, inverse_sqrt_lr, lr_at
 from tformer.training.run import TrainResult, train
@@ -162,7 +163,7 @@ def test_time_budget_stops_training(toy_data: Path, tmp_path: Path) -> None:
 
 def test_gradient_accumulation_equals_a_bigger_batch(toy_data: Path, tmp_path: Path) -> None:
     """Two accumulated half-batches give the same update as the two batches at once."""
-    from tformer.data.pairs import collate
+    from tformer.data.batching import collate
     from tformer.model import Transformer
 
     torch.manual_seed(0)

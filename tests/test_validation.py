@@ -10,7 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from tests.conftest import tiny_model
-from tformer.checkpoint.store import BEST, load_checkpoint, read_config, resolve
+from tformer.checkpoint.run_dir import BEST, resolve
+from tformer.checkpoint.store import load_checkpoint, read_config
 from tformer.cli.commands import app
 from tformer.config import TrainConfig
 from tformer.errors import ConfigError

@@ -25,7 +25,7 @@ _EXPORTS: dict[str, str] = {
     "AttentionMaps": "tformer.model",
     "AttentionResult": "tformer.analysis.attention",
     "AttentionSelection": "tformer.analysis.attention",
-    "Checkpoint": "tformer.checkpoint.store",
+    "Checkpoint": "tformer.checkpoint",
     "CheckpointError": "tformer.errors",
     "ConfigError": "tformer.errors",
     "DataError": "tformer.errors",
@@ -33,55 +33,54 @@ _EXPORTS: dict[str, str] = {
     "DeviceError": "tformer.errors",
     "DryRunReport": "tformer.training.dryrun",
     "Evaluation": "tformer.analysis.evaluate",
-    "HeadStats": "tformer.analysis.attention",
+    "Generation": "tformer.decoding.text",
+    "HeadStats": "tformer.analysis.head_stats",
     "Hypothesis": "tformer.decoding.settings",
     "ModelConfig": "tformer.config",
     "PRESETS": "tformer.config",
     "RECIPES": "tformer.config",
+    "Settings": "tformer.training.configs",
+    "StepExplanation": "tformer.analysis.explain",
     "TformerError": "tformer.errors",
     "Tokenizer": "tformer.data.tokenizer",
-    "Tokenizers": "tformer.checkpoint.store",
+    "Tokenizers": "tformer.checkpoint",
     "TrainConfig": "tformer.config",
-    "TrainResult": "tformer.training.run",
+    "TrainResult": "tformer.training.reporting",
     "Transformer": "tformer.model",
     "accelerate": "tformer.fast.accelerate",
-    "average_checkpoints": "tformer.checkpoint.averaging",
+    "average_checkpoints": "tformer.checkpoint",
     "configure_process": "tformer.fast.process",
-    "corpus_scores": "tformer.analysis.evaluate",
+    "corpus_scores": "tformer.metrics",
     "decode_texts": "tformer.decoding.api",
     "evaluate": "tformer.analysis.evaluate",
     "explain": "tformer.analysis.explain",
     "generate": "tformer.decoding.text",
-    "head_statistics": "tformer.analysis.attention",
+    "head_statistics": "tformer.analysis.head_stats",
     "inspect_attention": "tformer.analysis.attention",
-    "load_attention": "tformer.analysis.attention",
-    "load_checkpoint": "tformer.checkpoint.store",
+    "load_attention": "tformer.analysis.attention_files",
+    "load_checkpoint": "tformer.checkpoint",
     "measure_batch_limits": "tformer.training.dryrun",
+    "plan_job": "tformer.training.run",
     "preset": "tformer.config",
-    "save_attention": "tformer.analysis.attention",
-    "save_checkpoint": "tformer.checkpoint.store",
+    "save_attention": "tformer.analysis.attention_files",
+    "save_checkpoint": "tformer.checkpoint",
     "stream_tokens": "tformer.decoding.api",
     "train": "tformer.training.run",
     "train_tokenizer": "tformer.data.tokenizer",
-    "verify_checkpoint": "tformer.checkpoint.store",
+    "translate": "tformer.decoding.text",
+    "verify_checkpoint": "tformer.checkpoint",
 }
 
 if TYPE_CHECKING:
-    from tformer.analysis.attention import (
-        AttentionResult,
-        AttentionSelection,
-        HeadStats,
-        head_statistics,
-        inspect_attention,
-        load_attention,
-        save_attention,
-    )
-    from tformer.analysis.evaluate import Evaluation, corpus_scores, evaluate
-    from tformer.analysis.explain import explain
-    from tformer.checkpoint.averaging import average_checkpoints
-    from tformer.checkpoint.store import (
+    from tformer.analysis.attention import AttentionResult, AttentionSelection, inspect_attention
+    from tformer.analysis.attention_files import load_attention, save_attention
+    from tformer.analysis.evaluate import Evaluation, evaluate
+    from tformer.analysis.explain import StepExplanation, explain
+    from tformer.analysis.head_stats import HeadStats, head_statistics
+    from tformer.checkpoint import (
         Checkpoint,
         Tokenizers,
+        average_checkpoints,
         load_checkpoint,
         save_checkpoint,
         verify_checkpoint,
@@ -90,13 +89,16 @@ if TYPE_CHECKING:
     from tformer.data.tokenizer import Tokenizer, train_tokenizer
     from tformer.decoding.api import decode_texts, stream_tokens
     from tformer.decoding.settings import DecodingConfig, Hypothesis
-    from tformer.decoding.text import generate
+    from tformer.decoding.text import Generation, generate, translate
     from tformer.errors import CheckpointError, ConfigError, DataError, DeviceError, TformerError
     from tformer.fast.accelerate import accelerate
     from tformer.fast.process import configure_process
+    from tformer.metrics import corpus_scores
     from tformer.model import AttentionMaps, Transformer
+    from tformer.training.configs import Settings
     from tformer.training.dryrun import DryRunReport, measure_batch_limits
-    from tformer.training.run import TrainResult, train
+    from tformer.training.reporting import TrainResult
+    from tformer.training.run import plan_job, train
 
 
 def __getattr__(name: str) -> Any:
@@ -124,11 +126,14 @@ __all__ = [
     "DeviceError",
     "DryRunReport",
     "Evaluation",
+    "Generation",
     "HeadStats",
     "Hypothesis",
     "ModelConfig",
     "PRESETS",
     "RECIPES",
+    "Settings",
+    "StepExplanation",
     "TformerError",
     "Tokenizer",
     "Tokenizers",
@@ -149,11 +154,13 @@ __all__ = [
     "load_attention",
     "load_checkpoint",
     "measure_batch_limits",
+    "plan_job",
     "preset",
     "save_attention",
     "save_checkpoint",
     "stream_tokens",
     "train",
     "train_tokenizer",
+    "translate",
     "verify_checkpoint",
 ]

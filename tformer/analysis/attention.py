@@ -5,28 +5,24 @@ R / C the rows / columns of one map (queries / keys).
 Rows of decoder and cross maps are decoder *input* positions: row i is the position that
 predicts target token i (row 0 reads BOS).
 
-Three parts: ``inspect_attention`` runs the pass and returns an ``AttentionResult``;
-``head_statistics`` summarises each head and names its dominant pattern (a pure function of
-the maps); ``save_attention`` / ``load_attention`` write and read a selection of maps as JSON
-or NumPy ``.npz`` (no pickle).
+``inspect_attention`` runs the pass and returns an ``AttentionResult``, whose ``selection``
+picks the maps a user asked for. ``head_stats`` summarises each head and names its dominant
+pattern; ``attention_files`` writes and reads a selection as JSON or NumPy ``.npz``.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from tformer.checkpoint.store import Tokenizers
-from tformer.config import BOS_ID, EOS, EOS_ID
-from tformer.decoding.api import decode_texts
+from tformer.config import BOS_ID, EOS_ID
 from tformer.decoding.settings import DecodingConfig
-from tformer.errors import ConfigError, DataError
+from tformer.decoding.text import translate
+from tformer.errors import ConfigError
 from tformer.model import Transformer
 
 Kind = Literal["encoder", "decoder", "cross"]
@@ -205,9 +201,8 @@ def _inspect(
     src_ids = tokenizers.source.encode(source) or [EOS_ID]
     generated = target is None
     if target is None:
-        hyp = decode_texts(model, [src_ids], decoding or DecodingConfig())[0][0]
-        tgt_ids = hyp.ids
-        target = tokenizers.target.decode(tgt_ids)
+        output = translate(model, tokenizers, [source], decoding)[0][0]
+        tgt_ids, target = output.hypothesis.ids, output.text
     else:
         tgt_ids = tokenizers.target.encode(target)
     limit = model.config.max_len
@@ -230,199 +225,3 @@ def _inspect(
         target_text=target,
         generated=generated,
     )
-
-
-# -- head statistics --------------------------------------------------------------------------
-
-# A head is named for a positional pattern when at least this share of its weight follows it.
-POSITIONAL_SHARE = 0.5
-# ... "broad" when its rows spread this evenly (entropy / log(keys it can see)) ...
-BROAD_ENTROPY = 0.75
-# ... and "focused" (content-based: sharp, but not at a fixed offset) when rows peak this high.
-FOCUSED_PEAK = 0.5
-PATTERNS = ("diagonal", "previous-token", "first-token", "eos", "broad", "focused", "mixed")
-
-
-@dataclass(frozen=True)
-class HeadStats:
-    """How one head spreads its weight, averaged over the rows (queries) of its map.
-
-    Shares are the mean weight a row puts on that key: ``diagonal`` its own position,
-    ``previous`` the one before, ``first`` key 0 (an "attention sink"), ``eos`` the
-    end-of-sequence key. ``entropy`` is in nats; ``spread`` is entropy / log(keys the row can
-    see), 0 for one-hot rows and 1 for uniform ones; ``max_weight`` is a row's largest weight.
-    """
-
-    layer: int
-    head: int
-    entropy: float
-    spread: float
-    diagonal: float
-    previous: float
-    first: float
-    eos: float
-    max_weight: float
-    pattern: str
-
-
-def eos_column(columns: list[str]) -> int:
-    """The end-of-sequence key: the last ``<eos>`` column if there is one, else the last one."""
-    found = [i for i, token in enumerate(columns) if token == EOS]
-    return found[-1] if found else len(columns) - 1
-
-
-def head_statistics(
-    maps: Tensor, *, causal: bool = False, eos: int | None = None
-) -> list[HeadStats]:
-    """Statistics and a pattern tag for every head of (L, H, R, C) maps.
-
-    Args:
-        causal: row i sees keys 0..i only (decoder self-attention). Rows that can see a single
-            key have no choice to make and are left out of the averages.
-        eos: the end-of-sequence column (default: the last one).
-
-    Returns:
-        One ``HeadStats`` per (layer, head), layer-major.
-    """
-    n_layers, n_heads, n_rows, n_cols = maps.shape
-    maps = maps.double()
-    row = torch.arange(n_rows)
-    r, c = row[:, None], torch.arange(n_cols)[None, :]
-    visible = c <= r if causal else torch.ones(n_rows, n_cols, dtype=torch.bool)
-    n_keys = visible.sum(-1)  # (R,)
-    used = n_keys > 1
-    if not used.any():
-        used = torch.ones(n_rows, dtype=torch.bool)
-    eos = n_cols - 1 if eos is None else eos
-
-    def share(keys: Tensor, valid: Tensor) -> Tensor:  # (L, H): mean weight on ``keys``
-        valid = valid & used
-        if not valid.any():
-            return maps.new_zeros(n_layers, n_heads)
-        return (maps * keys).sum(-1)[..., valid].mean(-1)
-
-    entropy = -torch.special.xlogy(maps, maps).sum(-1)  # (L, H, R)
-    log_keys = n_keys.double().clamp(min=2).log()
-    spread = torch.where(n_keys > 1, entropy / log_keys, torch.zeros_like(entropy))
-    measures = {
-        "diagonal": share(c == r, row < n_cols),
-        "previous": share(c == r - 1, (row >= 1) & (row - 1 < n_cols)),
-        "first": share(c == 0, used),
-        "eos": share(c == eos, visible[:, eos]),
-        "entropy": entropy[..., used].mean(-1),
-        "spread": spread[..., used].mean(-1),
-        "max_weight": maps.amax(-1)[..., used].mean(-1),
-    }
-    stats = []
-    for layer in range(n_layers):
-        for head in range(n_heads):
-            values = {name: float(v[layer, head]) for name, v in measures.items()}
-            stats.append(
-                HeadStats(layer=layer, head=head, pattern=head_pattern(**values), **values)
-            )
-    return stats
-
-
-def head_pattern(
-    *,
-    diagonal: float,
-    previous: float,
-    first: float,
-    eos: float,
-    spread: float,
-    max_weight: float,
-    **_: float,
-) -> str:
-    """The dominant pattern of a head from its statistics (one of ``PATTERNS``)."""
-    positional = {
-        "diagonal": diagonal,
-        "previous-token": previous,
-        "first-token": first,
-        "eos": eos,
-    }
-    name, best = max(positional.items(), key=lambda item: item[1])
-    if best >= POSITIONAL_SHARE:
-        return name
-    if spread >= BROAD_ENTROPY:
-        return "broad"
-    if max_weight >= FOCUSED_PEAK:
-        return "focused"
-    return "mixed"
-
-
-# -- files: JSON and NPZ ----------------------------------------------------------------------
-
-
-def save_attention(path: Path, selection: AttentionSelection) -> None:
-    """Write ``selection`` as ``.json`` (one object) or ``.npz`` (arrays, loadable without pickle).
-
-    Raises:
-        ConfigError: another file type.
-    """
-    suffix = path.suffix.lower()
-    meta = selection.metadata()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if suffix == ".json":
-        record = {
-            **meta,
-            "rows": selection.rows,
-            "columns": selection.columns,
-            "weights": selection.weights.tolist(),
-        }
-        path.write_text(json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
-    elif suffix == ".npz":
-        with open(path, "wb") as handle:  # a file object: numpy would append .npz to a name
-            np.savez(
-                handle,
-                weights=selection.weights.detach().cpu().numpy().astype(np.float32),
-                rows=np.array(selection.rows, dtype=np.str_),
-                columns=np.array(selection.columns, dtype=np.str_),
-                meta=np.array([json.dumps(meta, ensure_ascii=False)], dtype=np.str_),
-            )
-    else:
-        raise ConfigError(f"--save {path}: {suffix or 'no suffix'} is not .json or .npz")
-
-
-def load_attention(path: Path) -> AttentionSelection:
-    """Read a file written by ``save_attention`` (``.json`` or ``.npz``).
-
-    Raises:
-        DataError: a missing, unreadable or foreign file.
-    """
-    path = Path(path)
-    try:
-        if path.suffix.lower() == ".npz":
-            with np.load(path, allow_pickle=False) as arrays:
-                meta = json.loads(str(arrays["meta"][0]))
-                _check_format(path, meta)
-                rows = [str(t) for t in arrays["rows"]]
-                columns = [str(t) for t in arrays["columns"]]
-                weights = torch.from_numpy(arrays["weights"].copy())
-        else:
-            meta = json.loads(path.read_text(encoding="utf-8"))
-            _check_format(path, meta)
-            rows, columns = list(meta["rows"]), list(meta["columns"])
-            weights = torch.tensor(meta["weights"], dtype=torch.float32)
-        return AttentionSelection(
-            kind=meta["kind"],
-            layer=meta["layer"],
-            head=meta["head"],
-            dims=tuple(meta["dims"]),
-            weights=weights.reshape(meta["shape"]),
-            rows=rows,
-            columns=columns,
-            source=meta["source"],
-            target=meta["target"],
-            generated=meta["target_generated"],
-            checkpoint=meta["checkpoint"],
-        )
-    except (OSError, ValueError, KeyError, IndexError, TypeError, RuntimeError) as error:
-        raise DataError(f"{path}: cannot read attention maps ({error})") from error
-
-
-def _check_format(path: Path, meta: Any) -> None:
-    if not isinstance(meta, dict) or (meta.get("format"), meta.get("version")) != (
-        FILE_FORMAT,
-        FILE_VERSION,
-    ):
-        raise DataError(f"{path}: not a {FILE_FORMAT} file, version {FILE_VERSION}")

@@ -1,8 +1,5 @@
-"""Evaluation: translate a split, score it with sacreBLEU / chrF, and write a result card.
-
-sacreBLEU is the reference implementation of both metrics; its signatures (tokeniser, casing,
-smoothing, version) are reported with every score so figures can be compared across papers.
-"""
+"""Evaluation: translate a split, score it with sacreBLEU / chrF (``tformer.metrics``), and
+write a result card."""
 
 from __future__ import annotations
 
@@ -19,42 +16,17 @@ from typing import Any
 
 import torch
 
-from tformer.checkpoint.store import Checkpoint, write_text_atomic
-from tformer.data.pairs import BatchPlan, TextPair, encode_pairs
-from tformer.decoding.api import decode_texts
+from tformer.checkpoint.files import write_text_atomic
+from tformer.checkpoint.store import Checkpoint
+from tformer.data.batching import BatchPlan
+from tformer.data.pairs import encode_pairs
+from tformer.data.sources import TextPair
 from tformer.decoding.settings import DecodingConfig
+from tformer.decoding.text import translate
 from tformer.device import cpuinfo
+from tformer.metrics import EVAL_BATCH_TOKENS, Scores, corpus_scores
 from tformer.training.loss import sequence_loss
-from tformer.training.validation import EVAL_BATCH_TOKENS
 from tformer.version import __version__
-
-
-@dataclass
-class Scores:
-    """Corpus-level scores with the sacreBLEU signatures that define them."""
-
-    bleu: float
-    chrf: float
-    bleu_signature: str
-    chrf_signature: str
-    bleu_detail: str
-
-
-def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
-    """sacreBLEU BLEU and chrF of detokenised hypotheses against one reference each."""
-    from sacrebleu.metrics import BLEU, CHRF
-
-    bleu, chrf = BLEU(), CHRF()
-    refs = [list(references)]
-    bleu_score = bleu.corpus_score(list(hypotheses), refs)
-    chrf_score = chrf.corpus_score(list(hypotheses), refs)
-    return Scores(
-        bleu=round(bleu_score.score, 2),
-        chrf=round(chrf_score.score, 2),
-        bleu_signature=str(bleu.get_signature()),
-        chrf_signature=str(chrf.get_signature()),
-        bleu_detail=str(bleu_score),
-    )
 
 
 @torch.no_grad()
@@ -96,11 +68,11 @@ def evaluate(
     """Translate ``pairs``' sources and score them against their targets."""
     decoding = decoding or DecodingConfig()
     started = time.perf_counter()
-    src = [ckpt.tokenizers.source.encode(s) for s, _ in pairs]
-    hyps = decode_texts(ckpt.model, src, decoding, batch_size=batch_size)
-    outputs = ckpt.tokenizers.target.decode_batch([h[0].ids for h in hyps])
+    sources = [s for s, _ in pairs]
+    generations = translate(ckpt.model, ckpt.tokenizers, sources, decoding, batch_size=batch_size)
+    outputs = [g[0].text for g in generations]
     decode_time = time.perf_counter() - started
-    new_tokens = sum(len(h[0].ids) + 1 for h in hyps)
+    new_tokens = sum(len(g[0].hypothesis.ids) + 1 for g in generations)
     loss, _ = teacher_forced_loss(ckpt, pairs)
     return Evaluation(
         split=split,

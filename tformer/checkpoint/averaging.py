@@ -7,33 +7,32 @@ from pathlib import Path
 
 import torch
 
-from tformer.checkpoint.store import load_checkpoint, save_checkpoint
+from tformer.checkpoint.store import Checkpoint, load_checkpoint, save_checkpoint
 from tformer.errors import CheckpointError
 
 
 @torch.no_grad()
 def average_checkpoints(paths: Sequence[Path], out: Path) -> Path:
-    """Average the weights of ``paths`` (same architecture and tokenizer) into run ``out``.
+    """Average the weights of ``paths`` (same architecture and tokenizers) into run ``out``.
 
     Returns:
         The written checkpoint folder.
 
     Raises:
-        CheckpointError: fewer than two checkpoints, or ones that do not share an architecture
-            and tokenizer.
+        CheckpointError: fewer than two checkpoints, or ones that differ in their model
+            configuration or in either tokenizer (naming the two checkpoints and what differs).
     """
     if len(paths) < 2:
         raise CheckpointError("average needs at least two checkpoints")
     loaded = [load_checkpoint(p) for p in paths]
     first = loaded[0]
     for other in loaded[1:]:
-        if other.model_config != first.model_config:
+        difference = _difference(first, other)
+        if difference:
             raise CheckpointError(
-                f"{other.path}: architecture differs from {first.path}; only checkpoints of one "
-                "model can be averaged"
+                f"{other.path}: {difference} from {first.path}; only checkpoints of one model "
+                "and one vocabulary can be averaged"
             )
-        if other.tokenizers.source.sha256() != first.tokenizers.source.sha256():
-            raise CheckpointError(f"{other.path}: tokenizer differs from {first.path}")
     states = [c.model.state_dict() for c in loaded]
     averaged = {
         name: torch.stack([s[name].float() for s in states]).mean(0).to(tensor.dtype)
@@ -47,3 +46,21 @@ def average_checkpoints(paths: Sequence[Path], out: Path) -> Path:
         tokenizers=first.tokenizers,
         step=max(c.step for c in loaded),
     )
+
+
+def _difference(first: Checkpoint, other: Checkpoint) -> str | None:
+    """What keeps ``other`` from being averaged with ``first``, or None when nothing does."""
+    mine, theirs = first.model_config.to_dict(), other.model_config.to_dict()
+    fields = [name for name in mine if mine[name] != theirs.get(name)]
+    if fields:
+        shown = ", ".join(f"{n} {theirs.get(n)!r} vs {mine[n]!r}" for n in fields[:3])
+        more = f" and {len(fields) - 3} more" if len(fields) > 3 else ""
+        return f"the model configuration differs ({shown}{more})"
+    sides = [
+        side
+        for side in ("source", "target")
+        if getattr(other.tokenizers, side).sha256() != getattr(first.tokenizers, side).sha256()
+    ]
+    if sides:
+        return f"the {' and '.join(sides)} tokenizer differs (another vocabulary)"
+    return None

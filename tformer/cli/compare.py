@@ -13,9 +13,18 @@ from rich.table import Table
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console
-from tformer.cli.options import CHECKPOINT, DEVICE, MAX_NEW_TOKENS, default
-from tformer.decoding.api import decode_texts
-from tformer.decoding.settings import DecodingConfig, Hypothesis
+from tformer.cli.options import (
+    BATCH_SIZE,
+    CHECKPOINT,
+    DEVICE,
+    INPUT_FILE,
+    MAX_NEW_TOKENS,
+    TEXTS,
+    default,
+    read_inputs,
+)
+from tformer.decoding.settings import DecodingConfig
+from tformer.decoding.text import Generation, translate
 from tformer.device import resolve_device
 from tformer.errors import ConfigError
 
@@ -34,16 +43,17 @@ def default_settings(
 
     A beam size of 1 or a top-p of 1 leaves that setting out.
     """
-    limit = {"max_new_tokens": max_new_tokens}
-    settings: list[Setting] = [("greedy", DecodingConfig(**limit))]
+    limit = max_new_tokens
+    settings: list[Setting] = [("greedy", DecodingConfig(max_new_tokens=limit))]
     if beam_size > 1:
-        settings.append((f"beam {beam_size}", DecodingConfig(beam_size=beam_size, **limit)))
+        beam = DecodingConfig(beam_size=beam_size, max_new_tokens=limit)
+        settings.append((f"beam {beam_size}", beam))
     for t in temperatures:
-        settings.append((f"T={t:g}", DecodingConfig(temperature=t, seed=seed, **limit)))
+        sampled = DecodingConfig(temperature=t, seed=seed, max_new_tokens=limit)
+        settings.append((f"T={t:g}", sampled))
     if top_p < 1.0:
-        settings.append(
-            (f"top-p {top_p:g}", DecodingConfig(temperature=1.0, top_p=top_p, seed=seed, **limit))
-        )
+        nucleus = DecodingConfig(temperature=1.0, top_p=top_p, seed=seed, max_new_tokens=limit)
+        settings.append((f"top-p {top_p:g}", nucleus))
     return settings
 
 
@@ -63,27 +73,28 @@ def parse_temperatures(text: str) -> list[float]:
 
 def compare_outputs(
     loaded: Checkpoint, inputs: list[str], settings: list[Setting], *, batch_size: int = 64
-) -> list[list[tuple[str, Hypothesis]]]:
+) -> list[list[tuple[str, Generation]]]:
     """For each input, the first output of each setting, in settings order."""
-    src = [loaded.tokenizers.source.encode(t) for t in inputs]
     per_setting = [
-        decode_texts(loaded.model, src, config, batch_size=batch_size) for _, config in settings
+        translate(loaded.model, loaded.tokenizers, inputs, config, batch_size=batch_size)
+        for _, config in settings
     ]
     return [
-        [(label, hyps[i][0]) for (label, _), hyps in zip(settings, per_setting, strict=True)]
+        [(label, outputs[i][0]) for (label, _), outputs in zip(settings, per_setting, strict=True)]
         for i in range(len(inputs))
     ]
 
 
-def comparison_table(text: str, rows: list[tuple[str, Hypothesis]], loaded: Checkpoint) -> Table:
+def comparison_table(text: str, rows: list[tuple[str, Generation]]) -> Table:
     table = Table(title=escape(text), title_justify="left")
     table.add_column("setting", no_wrap=True)
     table.add_column("output")
     table.add_column("log p", justify="right")
     table.add_column("per token", justify="right")
     table.add_column("tokens", justify="right")
-    for label, hyp in rows:
-        output = escape(loaded.tokenizers.target.decode(hyp.ids))
+    for label, generation in rows:
+        hyp = generation.hypothesis
+        output = escape(generation.text)
         if not hyp.finished:
             output += " [dim](cut off)[/]"
         per_token = hyp.logprob / max(len(hyp.token_logprobs), 1)
@@ -104,13 +115,14 @@ def print_comparison(
         inputs, compare_outputs(loaded, inputs, settings, batch_size=batch_size), strict=True
     ):
         if not as_json:
-            console.print(comparison_table(text, rows, loaded))
+            console.print(comparison_table(text, rows))
             continue
-        for label, hyp in rows:
+        for label, generation in rows:
+            hyp = generation.hypothesis
             record = {
                 "input": text,
                 "setting": label,
-                "output": loaded.tokenizers.target.decode(hyp.ids),
+                "output": generation.text,
                 "ids": hyp.ids,
                 "logprob": round(hyp.logprob, 6),
                 "score": round(hyp.score, 6),
@@ -123,12 +135,8 @@ def print_comparison(
 @app.command("compare")
 def compare_command(
     checkpoint: Path = CHECKPOINT,
-    texts: list[str] | None = typer.Argument(
-        None, help="Inputs (default: --input-file or stdin, one a line).", show_default=False
-    ),
-    input_file: Path | None = typer.Option(
-        None, "--input-file", "-i", help="Inputs, one a line.", show_default=False
-    ),
+    texts: list[str] | None = TEXTS,
+    input_file: Path | None = INPUT_FILE,
     beam_size: int = typer.Option(4, "--beam-size", "-b", help="Beam row; 1 leaves it out."),
     temperatures: str = typer.Option(
         "0.5,1,1.5", "--temperatures", help="Sampling rows, comma-separated; '' for none."
@@ -138,7 +146,7 @@ def compare_command(
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of every sampling row."),
     max_new_tokens: int = MAX_NEW_TOKENS,
-    batch_size: int = typer.Option(64, "--batch-size", help="Rows decoded together."),
+    batch_size: int = BATCH_SIZE,
     as_json: bool = typer.Option(
         False, "--json", help="One JSON record per input and setting instead of tables."
     ),
@@ -156,8 +164,6 @@ def compare_command(
 
       tformer compare checkpoints/dates "6 Mar. 2025" --beam-size 8 --temperatures 0.3,2
     """
-    from tformer.cli.generate import read_inputs  # generate imports this module
-
     if batch_size < 1:
         raise ConfigError(f"--batch-size {batch_size} must be >= 1")
     if not 0.0 < top_p <= 1.0:

@@ -31,7 +31,7 @@ from tformer.cli.options import (
     TOP_P,
     decoding_config,
 )
-from tformer.data.pairs import load_text_pairs
+from tformer.data.sources import load_text_pairs
 from tformer.device import resolve_device
 from tformer.errors import ConfigError, DataError
 

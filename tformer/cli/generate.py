@@ -12,15 +12,17 @@ from typing import Any
 import typer
 
 from tformer.analysis.explain import explain
-from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.checkpoint import Checkpoint, load_checkpoint
 from tformer.cli.app import app
 from tformer.cli.compare import default_settings, print_comparison
 from tformer.cli.console import console
 from tformer.cli.explain import explanation_table
 from tformer.cli.options import (
+    BATCH_SIZE,
     BEAM_SIZE,
     CHECKPOINT,
     DEVICE,
+    INPUT_FILE,
     LENGTH_PENALTY,
     MAX_NEW_TOKENS,
     MIN_NEW_TOKENS,
@@ -30,51 +32,29 @@ from tformer.cli.options import (
     REPETITION_PENALTY,
     SEED,
     TEMPERATURE,
+    TEXTS,
     TOP_K,
     TOP_P,
     decoding_config,
     default,
-    existing_file,
+    read_inputs,
 )
-from tformer.decoding.api import decode_texts, stream_tokens
-from tformer.decoding.settings import DecodingConfig, Hypothesis
+from tformer.decoding.api import stream_tokens
+from tformer.decoding.settings import DecodingConfig
+from tformer.decoding.text import Generation, translate
 from tformer.device import resolve_device
-from tformer.errors import ConfigError, DataError
+from tformer.errors import ConfigError
 
-INPUT_FILE = typer.Option(
-    None, "--input-file", "-i", help="Inputs, one a line.", show_default=False
-)
 NUM_SAMPLES = typer.Option(
     default(DecodingConfig, "num_samples"), "--num-samples", "-n", help="Samples per input."
 )
-
-
-def read_inputs(texts: list[str] | None, input_file: Path | None) -> list[str]:
-    """Inputs from arguments, else ``--input-file``, else stdin; one input a line."""
-    if texts and input_file is not None:
-        raise ConfigError("give inputs as arguments or with --input-file, not both")
-    if texts:
-        return list(texts)
-    if input_file is not None:
-        existing_file(input_file, "--input-file")
-        try:
-            return input_file.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as error:
-            raise DataError(f"--input-file {input_file}: not UTF-8 text ({error})") from error
-    if sys.stdin is None or sys.stdin.isatty():
-        raise ConfigError(
-            "no input: give TEXT arguments, --input-file FILE, pipe lines in, or use --interactive"
-        )
-    return sys.stdin.read().splitlines()
 
 
 @app.command("generate")
 def generate_command(
     ctx: typer.Context,
     checkpoint: Path = CHECKPOINT,
-    texts: list[str] | None = typer.Argument(
-        None, help="Inputs (default: --input-file or stdin, one a line).", show_default=False
-    ),
+    texts: list[str] | None = TEXTS,
     input_file: Path | None = INPUT_FILE,
     temperature: float = TEMPERATURE,
     top_k: int = TOP_K,
@@ -89,7 +69,7 @@ def generate_command(
     max_new_tokens: int = MAX_NEW_TOKENS,
     num_samples: int = NUM_SAMPLES,
     seed: int | None = SEED,
-    batch_size: int = typer.Option(64, "--batch-size", help="Rows decoded together."),
+    batch_size: int = BATCH_SIZE,
     as_json: bool = typer.Option(
         False,
         "--json",
@@ -215,11 +195,11 @@ def stdout_is_terminal() -> bool:
 
 
 def _records(
-    text: str, hyps: list[Hypothesis], config: DecodingConfig, loaded: Checkpoint
+    text: str, outputs: list[Generation], config: DecodingConfig
 ) -> Iterable[dict[str, Any]]:
-    tgt = loaded.tokenizers.target
-    for index, hyp in enumerate(hyps):
-        record: dict[str, Any] = {"input": text, "output": tgt.decode(hyp.ids)}
+    for index, generation in enumerate(outputs):
+        hyp = generation.hypothesis
+        record: dict[str, Any] = {"input": text, "output": generation.text}
         record["rank" if config.beam_size > 1 else "sample"] = index
         record |= {
             "ids": hyp.ids,
@@ -240,10 +220,9 @@ def _print_outputs(
     batch_size: int,
     as_json: bool,
 ) -> None:
-    src = [loaded.tokenizers.source.encode(t) for t in inputs]
-    hyps = decode_texts(loaded.model, src, config, batch_size=batch_size)
-    for text, outputs in zip(inputs, hyps, strict=True):
-        for record in _records(text, outputs, config, loaded):
+    generations = translate(loaded.model, loaded.tokenizers, inputs, config, batch_size=batch_size)
+    for text, outputs in zip(inputs, generations, strict=True):
+        for record in _records(text, outputs, config):
             typer.echo(json.dumps(record, ensure_ascii=False) if as_json else record["output"])
 
 
@@ -268,13 +247,13 @@ def _stream(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
 
 def _explain(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
     src = loaded.tokenizers.source.encode(text)
-    hyps = decode_texts(loaded.model, [src], config)[0]
-    for index, hyp in enumerate(hyps):
+    outputs = translate(loaded.model, loaded.tokenizers, [text], config)[0]
+    for index, generation in enumerate(outputs):
+        hyp = generation.hypothesis
         steps = explain(loaded.model, src, hyp, config)
-        output = loaded.tokenizers.target.decode(hyp.ids)
-        title = f"{text!r} -> {output!r}"
-        if len(hyps) > 1:
-            title = f"output {index + 1}/{len(hyps)}: {title}"
+        title = f"{text!r} -> {generation.text!r}"
+        if len(outputs) > 1:
+            title = f"output {index + 1}/{len(outputs)}: {title}"
         console.print(explanation_table(steps, src, loaded.tokenizers, config, hyp, title=title))
 
 

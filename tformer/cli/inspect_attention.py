@@ -11,10 +11,9 @@ from tformer.analysis.attention import (
     KINDS,
     Head,
     Layer,
-    eos_column,
-    head_statistics,
     inspect_attention,
 )
+from tformer.analysis.head_stats import eos_column, head_statistics
 from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 import typing
 from collections.abc import Callable
 from inspect import Parameter
@@ -14,7 +15,7 @@ import typer
 
 from tformer.config import TrainConfig, flag
 from tformer.decoding.settings import DecodingConfig
-from tformer.errors import ConfigError
+from tformer.errors import ConfigError, DataError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,6 +72,15 @@ TOP_P = typer.Option(
 )
 MAX_NEW_TOKENS = typer.Option(default(DecodingConfig, "max_new_tokens"), "--max-new-tokens")
 SEED = typer.Option(None, "--seed", help="Random seed: the same seed gives the same output.")
+
+
+TEXTS = typer.Argument(
+    None, help="Inputs (default: --input-file or stdin, one a line).", show_default=False
+)
+INPUT_FILE = typer.Option(
+    None, "--input-file", "-i", help="Inputs, one a line.", show_default=False
+)
+BATCH_SIZE = typer.Option(64, "--batch-size", help="Rows decoded together.")
 
 
 def existing_file(path: Path | None, option: str) -> Path | None:
@@ -167,3 +177,20 @@ def with_parameters(extra: list[Parameter]) -> Callable[[F], F]:
         return command
 
     return decorate
+def read_inputs(texts: list[str] | None, input_file: Path | None) -> list[str]:
+    """Inputs from arguments, else ``--input-file``, else stdin; one input a line."""
+    if texts and input_file is not None:
+        raise ConfigError("give inputs as arguments or with --input-file, not both")
+    if texts:
+        return list(texts)
+    if input_file is not None:
+        existing_file(input_file, "--input-file")
+        try:
+            return input_file.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as error:
+            raise DataError(f"--input-file {input_file}: not UTF-8 text ({error})") from error
+    if sys.stdin is None or sys.stdin.isatty():
+        raise ConfigError(
+            "no input: give TEXT arguments, --input-file FILE, pipe lines in, or use --interactive"
+        )
+    return sys.stdin.read().splitlines()

@@ -18,7 +18,8 @@ from rich.table import Table
 from rich.text import Text
 from torch import Tensor
 
-from tformer.analysis.attention import AttentionSelection, HeadStats
+from tformer.analysis.attention import AttentionSelection
+from tformer.analysis.head_stats import HeadStats
 from tformer.config import SPECIAL_TOKENS
 
 # A viridis-like ramp: dark for ~0, bright for ~1, readable on dark and light terminals.

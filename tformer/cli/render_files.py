@@ -7,7 +7,8 @@ from pathlib import Path
 
 from torch import Tensor
 
-from tformer.analysis.attention import AttentionResult, AttentionSelection, save_attention
+from tformer.analysis.attention import AttentionResult, AttentionSelection
+from tformer.analysis.attention_files import save_attention
 from tformer.cli.render_html import write_html
 from tformer.errors import ConfigError
 
@@ -52,6 +53,7 @@ def _panels(selection: AttentionSelection) -> list[tuple[str, Tensor]]:
 
 def save_png(path: Path, selection: AttentionSelection, *, values: bool = False) -> None:
     """A labelled heatmap, or a grid of them (one row per layer when all layers are selected)."""
+    # Lazy: matplotlib is an optional extra and slow to import; only --png needs it.
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed

@@ -10,7 +10,7 @@ from rich.markup import escape
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD
-from tformer.data.pairs import load_text_pairs
+from tformer.data.sources import load_text_pairs
 from tformer.data.tokenizer import TOKENIZER_KINDS, train_tokenizer
 
 

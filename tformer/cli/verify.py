@@ -8,7 +8,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tformer.checkpoint.store import BEST, Check, step_dirs, verify_checkpoint
+from tformer.checkpoint.run_dir import BEST, step_dirs
+from tformer.checkpoint.verify import Check, verify_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console
 from tformer.cli.options import CHECKPOINT

@@ -240,7 +240,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m tformer.data.dates [--out data] [--seed 0] [--train 20000] ...``."""
+    """Command line: ``python -m tformer.data.dates [--out data] [--seed 0] [--train N] ...``."""
     args = _parse_args(argv)
     sizes = {split: getattr(args, split) for split in SPLIT_NAMES}
     for split, path in write_splits(args.out, args.seed, sizes).items():

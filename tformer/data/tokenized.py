@@ -65,7 +65,7 @@ def encode_texts(
     """Token ids of ``texts``; through a ``datasets.map`` cache in ``cache_dir`` when given."""
     if cache_dir is None:
         return tokenizer.encode_batch(list(texts))
-    import datasets
+    import datasets  # lazy: slow to import, and only a cached corpus needs it
 
     key = texts_key(texts, tokenizer)
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from tformer.config import EOS_ID
-from tformer.data.pairs import pad
+from tformer.data.batching import pad
 from tformer.decoding.beam import beam_search
 from tformer.decoding.sampling import StepEvents, sample_steps
 from tformer.decoding.settings import DecodingConfig, Hypothesis

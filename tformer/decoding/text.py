@@ -1,25 +1,53 @@
-"""Text in, text out: encode with the source tokenizer, decode, detokenize with the target's."""
+"""Text in, text out: encode with the source tokenizer, decode, detokenise with the target one.
+
+Every caller that starts from text (the CLI's generate / compare, ``tformer evaluate``, the
+public ``tformer.generate``) goes through ``translate``, so the three steps are written once.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from tformer.checkpoint.store import Checkpoint
+from tformer.checkpoint import Checkpoint, Tokenizers
 from tformer.decoding.api import decode_texts
-from tformer.decoding.settings import DecodingConfig
-from tformer.fast.accelerate import accelerate
+from tformer.decoding.settings import DecodingConfig, Hypothesis
+from tformer.model import Transformer
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One output for one input: its text and the hypothesis it was decoded from."""
+
+    text: str
+    hypothesis: Hypothesis
+
+
+def translate(
+    model: Transformer,
+    tokenizers: Tokenizers,
+    texts: Sequence[str],
+    config: DecodingConfig | None = None,
+    *,
+    batch_size: int = 64,
+) -> list[list[Generation]]:
+    """Decode ``texts`` with ``model``; outputs per input in the order ``decode_texts`` gives.
+
+    Args:
+        batch_size: rows decoded together (each input takes num_samples or beam_size rows).
+    Returns:
+        For each input, ``config.num_samples`` generations, or the ``n_best`` of beam search.
+    """
+    src = [tokenizers.source.encode(text) for text in texts]
+    hyps = decode_texts(model, src, config or DecodingConfig(), batch_size=batch_size)
+    flat = [hyp for per_input in hyps for hyp in per_input]
+    decoded = iter(tokenizers.target.decode_batch([hyp.ids for hyp in flat]))
+    return [[Generation(next(decoded), hyp) for hyp in per_input] for per_input in hyps]
 
 
 def generate(
     checkpoint: Checkpoint, texts: Sequence[str], config: DecodingConfig | None = None
 ) -> list[list[str]]:
-    """Decode ``texts`` with a loaded checkpoint; ``num_samples`` strings per input.
-
-    The checkpoint's model gets tformer's speed-ups (``tformer.fast.accelerate``) first.
-    """
-    config = config or DecodingConfig()
-    accelerate(checkpoint.model)
-    src = [checkpoint.tokenizers.source.encode(t) for t in texts]
-    hyps = decode_texts(checkpoint.model, src, config)
-    target = checkpoint.tokenizers.target
-    return [[target.decode(h.ids) for h in per_input] for per_input in hyps]
+    """Decode ``texts`` with a loaded checkpoint; ``num_samples`` strings per input."""
+    outputs = translate(checkpoint.model, checkpoint.tokenizers, texts, config)
+    return [[g.text for g in per_input] for per_input in outputs]

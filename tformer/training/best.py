@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from tformer.checkpoint import store as ckpt
+from tformer import checkpoint as ckpt
 from tformer.config import TrainConfig
 from tformer.data.pairs import EncodedSplit
 from tformer.errors import CheckpointError

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tformer.checkpoint import store as ckpt
+from tformer import checkpoint as ckpt
 from tformer.config import (
     DEFAULT_PRESET,
     PRESETS,

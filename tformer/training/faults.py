@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from tformer.checkpoint import store as ckpt
+from tformer import checkpoint as ckpt
 from tformer.errors import CheckpointError, DivergedError
 
 # Mixed precision skips a step whose gradients overflowed; this many in a row means divergence.

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
-from tformer.checkpoint import store as ckpt
-from tformer.data.pairs import EncodedSplit, bundled_data_dir, encode_pairs
+from tformer import checkpoint as ckpt
+from tformer.data.pairs import EncodedSplit, encode_pairs
+from tformer.data.sources import bundled_data_dir
 from tformer.data.tokenizer import Tokenizer, train_tokenizer
 from tformer.errors import CheckpointError, DataError
 from tformer.training import distributed as dist_

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tformer.checkpoint import store as ckpt
+from tformer import checkpoint as ckpt
 from tformer.config import ModelConfig, TrainConfig
 from tformer.device import resolve_device
 from tformer.errors import TformerError

@@ -18,10 +18,14 @@ from typing import Any
 
 import torch
 
-from tformer.checkpoint import store as ckpt
+from tformer import checkpoint as ckpt
 from tformer.config import ModelConfig, TrainConfig
-from tformer.data.pairs import Batch, BatchPlan, EncodedSplit, collate
-from tformer.errors import OutOfMemoryError, TrainingInterrupted
+from tformer.data.batching import Batch, BatchPlan, collate
+from tformer.data.pairs import EncodedSplit
+from tformer.errors import (
+    OutOfMemoryError,
+    TrainingInterrupted,
+)
 from tformer.model import Transformer
 from tformer.training import distributed as dist_
 from tformer.training.best import BestKeeper

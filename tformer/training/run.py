@@ -18,10 +18,12 @@ from typing import Any
 
 import torch
 
-from tformer.checkpoint import store as ckpt
+from tformer import checkpoint as ckpt
 from tformer.checkpoint.run_dir import create_output, prepare_output, resume_target
 from tformer.config import ModelConfig, TrainConfig
-from tformer.data.pairs import BatchPlan, EncodedSplit, data_name, load_text_pairs
+from tformer.data.batching import BatchPlan
+from tformer.data.pairs import EncodedSplit
+from tformer.data.sources import data_name, load_text_pairs
 from tformer.device import resolve_device, seed_everything
 from tformer.errors import CheckpointError, ConfigError
 from tformer.fast.accelerate import accelerate

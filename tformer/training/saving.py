@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from tformer.checkpoint import store as ckpt
+from tformer import checkpoint as ckpt
 from tformer.config import TrainConfig
 from tformer.model import Transformer
 from tformer.training.ema import WeightAverage, averaged

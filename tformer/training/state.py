@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tformer.data.pairs import BatchPlan
+from tformer.data.batching import BatchPlan
 
 
 @dataclass

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from tformer.checkpoint import store as ckpt
-from tformer.data.pairs import BatchPlan, EncodedSplit
+from tformer import checkpoint as ckpt
+from tformer.data.batching import BatchPlan
+from tformer.data.pairs import EncodedSplit
 from tformer.decoding.api import decode_texts
 from tformer.decoding.settings import DecodingConfig
+from tformer.metrics import EVAL_BATCH_TOKENS, corpus_scores
 from tformer.model import Transformer
 from tformer.training.loss import sequence_loss
 from tformer.training.precision import Precision
-
-# Padded tokens per evaluation batch: larger than training batches (no activations are kept).
-EVAL_BATCH_TOKENS = 8192
 
 
 @torch.no_grad()
@@ -45,8 +44,6 @@ def translation_scores(
     model: Transformer, split: EncodedSplit, tokenizers: ckpt.Tokenizers, limit: int
 ) -> dict[str, float]:
     """sacreBLEU BLEU and chrF of greedy translations of the split's first ``limit`` pairs."""
-    from tformer.analysis.evaluate import corpus_scores  # local: evaluate builds on this module
-
     pairs = split.pairs[:limit]
     references = [t for _, t in split.texts[: len(pairs)]]
     max_new = max(8, model.config.max_len)

@@ -1,0 +1,91 @@
+"""The training state of a checkpoint: what ``--resume`` needs besides the weights.
+
+``optimizer.safetensors`` holds the optimizer's tensors, the RNG states (``rng.*``) and extra
+tensors (``extra.*``, e.g. the raw weights behind an averaged model); ``trainer_state.json``
+holds the rest: the trainer's position and the optimizer's scalars and parameter groups.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from tformer.checkpoint.files import OPTIMIZER, TRAINER_STATE, check_manifest, first_line
+from tformer.errors import CheckpointError
+
+
+def _optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], Any]:
+    """Split an optimizer state dict into flat tensors (safetensors) and the rest (JSON)."""
+    state = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for index, values in state["state"].items():
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{index}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(index), {})[key] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _optimizer_from_files(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value
+    for index, values in meta.get("scalars", {}).items():
+        state.setdefault(int(index), {}).update(values)
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def write_training_state(
+    folder: Path,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict[str, Any],
+    more_tensors: dict[str, torch.Tensor],
+) -> None:
+    """What --resume needs besides the weights: optimizer, RNG and trainer state."""
+    tensors, meta = _optimizer_to_files(optimizer)
+    tensors.update({k: v.contiguous() for k, v in more_tensors.items()})
+    save_file(tensors, str(folder / OPTIMIZER))
+    state = {**trainer_state, "optimizer": meta}
+    (folder / TRAINER_STATE).write_text(json.dumps(state) + "\n", encoding="utf-8")
+
+
+def load_training_state(
+    folder: Path, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Restore ``optimizer`` in place; return the trainer state, RNG and extra tensors."""
+    state_path, tensors_path = folder / TRAINER_STATE, folder / OPTIMIZER
+    if not state_path.is_file() or not tensors_path.is_file():
+        raise CheckpointError(
+            f"{folder}: holds no training state ({TRAINER_STATE}, {OPTIMIZER}), so it cannot be "
+            "resumed; resume from a step-* checkpoint of the run"
+        )
+    check_manifest(folder, [TRAINER_STATE, OPTIMIZER])
+    try:
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+        tensors = load_file(str(tensors_path))
+        rng = {k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")}
+        extra = {k.removeprefix("extra."): v for k, v in tensors.items() if k.startswith("extra.")}
+        opt_tensors = {k: v for k, v in tensors.items() if not k.startswith(("rng.", "extra."))}
+        optimizer.load_state_dict(_optimizer_from_files(opt_tensors, state.pop("optimizer")))
+    except (
+        OSError,
+        UnicodeDecodeError,
+        json.JSONDecodeError,
+        SafetensorError,
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,
+    ) as error:
+        raise CheckpointError(
+            f"{folder}: training state unreadable ({first_line(error)})"
+        ) from error
+    return state, rng, extra

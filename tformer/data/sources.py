@@ -1,0 +1,341 @@
+"""Where text pairs come from: the bundled data, local files (JSON Lines, CSV / TSV, Parquet,
+paired plain-text files) or Hugging Face datasets -> {split: [(source, target), ...]}.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+from tformer.data.dates import write_splits
+from tformer.errors import DataError
+
+SPLITS = ("train", "validation", "test")
+# Names people give the held-out splits; the first of each list that exists is used.
+_SPLIT_NAMES = {
+    "train": ("train",),
+    "validation": ("validation", "valid", "val", "dev"),
+    "test": ("test",),
+}
+_LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
+
+TextPair = tuple[str, str]
+
+
+def bundled_data_dir() -> Path:
+    """The date-normalisation data set: ``data/`` of a source checkout, else generated once."""
+    repo_data = Path(__file__).resolve().parents[2] / "data"  # tformer/data/ -> the checkout
+    if (repo_data / "train.jsonl").is_file():
+        return repo_data
+    # Installed from a wheel: regenerate the same files (the generator is deterministic).
+    cache = Path.home() / ".cache" / "tformer" / "dates"
+    if not (cache / "train.jsonl").is_file():
+        write_splits(cache)
+    return cache
+
+
+def data_name(spec: str | None) -> str:
+    """A short name for a data set, used for the default output folder."""
+    if spec is None:
+        return "dates"
+    path = Path(spec)
+    name = path.stem if path.is_file() else path.name
+    return name.replace("/", "-") or "data"
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def load_text_pairs(
+    spec: str | None, *, source_field: str = "source", target_field: str = "target"
+) -> dict[str, list[TextPair]]:
+    """Load every available split as (source, target) text pairs.
+
+    Args:
+        spec: None for the bundled data; a folder with ``train.jsonl`` / ``validation.jsonl`` /
+            ``test.jsonl`` (or .csv / .tsv / .parquet); one such file (it becomes the train
+            split); or a Hugging Face hub data set name.
+
+    Raises:
+        DataError: naming the file or data set and what is wrong.
+    """
+    if spec is None:
+        return _load_folder(bundled_data_dir(), source_field, target_field)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _load_folder(path, source_field, target_field)
+    if path.is_file():
+        return {"train": _load_file(path, source_field, target_field)}
+    if path.suffix.lower() in _LOADERS or spec.startswith((".", "/", "~")):
+        raise DataError(f"--data {spec}: no such file or folder")
+    return _load_hub(spec, source_field, target_field)
+
+
+def _split_files(folder: Path) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for split, names in _SPLIT_NAMES.items():
+        for name in names:
+            for suffix in _LOADERS:
+                candidate = folder / f"{name}{suffix}"
+                if candidate.is_file() and split not in found:
+                    found[split] = candidate
+    return found
+
+
+def _paired_text_files(folder: Path, src: str, tgt: str) -> dict[str, tuple[Path, Path]]:
+    """Split -> (source file, target file) for a folder like ``train.en`` + ``train.de``.
+
+    ``val`` / ``valid`` / ``dev`` name the validation split; any ``test*`` prefix the test
+    split (``test2016.en`` as in Multi30k; the first in name order when there are several).
+    """
+    found: dict[str, tuple[Path, Path]] = {}
+    prefixes = sorted({p.name[: -len(src) - 1] for p in folder.glob(f"*.{src}")})
+    for prefix in prefixes:
+        pair = (folder / f"{prefix}.{src}", folder / f"{prefix}.{tgt}")
+        if not pair[1].is_file():
+            continue
+        for split, names in _SPLIT_NAMES.items():
+            matches = prefix in names or (split == "test" and prefix.startswith("test"))
+            if matches and split not in found:
+                found[split] = pair
+    return found
+
+
+def _load_paired_text(source: Path, target: Path) -> list[TextPair]:
+    """Two line-aligned text files -> pairs, through the HF datasets ``text`` loader."""
+    datasets: Any = _quiet_datasets()
+    sides = []
+    for path in (source, target):
+        raw = path.read_bytes()
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = raw[: error.start].count(b"\n") + 1
+            raise DataError(f"{path}: line {line}: invalid UTF-8 (byte {error.start})") from error
+        if not raw:
+            raise DataError(f"{path}: the file is empty")
+        loaded = datasets.load_dataset("text", data_files=str(path), split="train")
+        sides.append(loaded["text"])
+    if len(sides[0]) != len(sides[1]):
+        raise DataError(
+            f"{source} has {len(sides[0]):,} lines but {target} has {len(sides[1]):,}; "
+            "paired files must be aligned line by line"
+        )
+    return list(zip(sides[0], sides[1], strict=True))
+
+
+def _load_folder(folder: Path, source_field: str, target_field: str) -> dict[str, list[TextPair]]:
+    paired = _paired_text_files(folder, source_field, target_field)
+    if "train" in paired:
+        return {split: _load_paired_text(*files) for split, files in paired.items()}
+    files = _split_files(folder)
+    if "train" not in files:
+        raise DataError(
+            f"--data {folder}: no train file; expected train.jsonl (or .csv, .tsv, .parquet) "
+            "with optional validation.* and test.*"
+        )
+    return {split: _load_file(path, source_field, target_field) for split, path in files.items()}
+
+
+def _quiet_datasets() -> object:
+    """Import HF datasets with its per-file progress bars off: the CLI has its own display."""
+    import datasets  # lazy: slow to import, and only file / hub loading needs it
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    try:  # the hub client logs each failed request itself; our error says it once
+        from huggingface_hub.utils import logging as hub_logging
+
+        hub_logging.set_verbosity_error()
+    except ImportError:
+        pass
+    return datasets
+
+
+def _load_file(path: Path, source_field: str, target_field: str) -> list[TextPair]:
+    loader = _LOADERS.get(path.suffix.lower())
+    if loader is None:
+        raise DataError(
+            f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json, .csv, .tsv "
+            "or .parquet"
+        )
+    if path.stat().st_size == 0:
+        raise DataError(f"{path}: the file is empty")
+    if loader == "json":
+        return _pairs_from_columns(
+            _read_json_lines(path, source_field, target_field),
+            str(path),
+            source_field,
+            target_field,
+        )
+    if loader == "csv":
+        return _read_delimited(path, source_field, target_field)
+    datasets: Any = _quiet_datasets()
+    try:
+        dataset = datasets.load_dataset(loader, data_files=str(path), split="train")
+    except Exception as error:  # datasets raises many types; all mean "cannot parse"
+        raise DataError(f"{path}: cannot be read as {loader}: {_first_line(error)}") from error
+    return _pairs_from_columns(dataset, str(path), source_field, target_field)
+
+
+def _utf8_text(path: Path) -> str:
+    """The file's text; invalid UTF-8 is an error naming the line."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise DataError(f"{path}: cannot be read ({error.strerror or error})") from error
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise DataError(f"{path}: line {line}: invalid UTF-8 (byte {error.start})") from error
+
+
+def _read_delimited(path: Path, source_field: str, target_field: str) -> list[TextPair]:
+    """CSV / TSV with a header line, read with the standard library so every cell stays text
+    exactly as written ("NA", "007" and "2025-03-06" are not turned into nulls, numbers or
+    dates, as a type-inferring reader would)."""
+    kind = "TSV" if path.suffix.lower() == ".tsv" else "CSV"
+    text = _utf8_text(path).removeprefix("\ufeff")
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if kind == "TSV" else ",")
+    limit = csv.field_size_limit()
+    csv.field_size_limit(2**31 - 1)  # a very long line is data, not an error
+    try:
+        columns = list(reader.fieldnames or [])
+        if not columns:
+            raise DataError(f"{path}: no header line naming the columns")
+        for option, field in (("--source-field", source_field), ("--target-field", target_field)):
+            if field not in columns:
+                raise DataError(f"{path}: no column {field!r} ({option}); columns are {columns}")
+        pairs = []
+        for row in reader:
+            src, tgt = row.get(source_field), row.get(target_field)
+            if src is None or tgt is None:
+                missing = source_field if src is None else target_field
+                raise DataError(
+                    f"{path}: line {reader.line_num}: no value for {missing!r} (fewer cells "
+                    "than the header has columns)"
+                )
+            pairs.append((src, tgt))
+    except csv.Error as error:
+        raise DataError(f"{path}: line {reader.line_num}: invalid {kind} ({error})") from error
+    finally:
+        csv.field_size_limit(limit)
+    if not pairs:
+        raise DataError(f"{path}: no rows")
+    return pairs
+
+
+def _read_json_lines(path: Path, source_field: str, target_field: str) -> Any:
+    """JSON Lines -> ``datasets.Dataset``, the two text fields read as strings.
+
+    The generic JSON loader infers types, which turns a target like "2025-03-06" into a
+    timestamp; an explicit Arrow schema for the text fields keeps the text exactly.
+    """
+    import pyarrow as pa  # lazy: comes with datasets, needed only for JSON Lines
+    import pyarrow.json as paj
+
+    datasets: Any = _quiet_datasets()
+    _utf8_text(path)
+    schema = pa.schema([(source_field, pa.string()), (target_field, pa.string())])
+    options = paj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer")
+    try:
+        table = paj.read_json(path, parse_options=options)
+    except pa.ArrowInvalid as error:
+        message = str(error)
+        match = re.search(r"in row (\d+)", message)
+        where = f"line {int(match.group(1)) + 1}: " if match else ""
+        message = re.sub(r"^JSON parse error: | in row \d+", "", message)
+        raise DataError(f"{path}: {where}invalid JSON Lines ({message})") from error
+    if table.num_rows == 0:
+        raise DataError(f"{path}: no records (only blank lines); expected one JSON object a line")
+    for name in (source_field, target_field):
+        # A field no record has (e.g. "en" in {"translation": {...}} records) is not a column.
+        if table.column(name).null_count == table.num_rows:
+            table = table.drop_columns([name])
+    return datasets.Dataset(table)
+
+
+def _load_hub(name: str, source_field: str, target_field: str) -> dict[str, list[TextPair]]:
+    datasets: Any = _quiet_datasets()
+
+    # NAME[:CONFIG][@REVISION], e.g. "wmt16:de-en@main".
+    spec, _, revision = name.partition("@")
+    repo, _, config = spec.partition(":")
+    try:
+        loaded = datasets.load_dataset(repo, config or None, revision=revision or None)
+    except Exception as error:
+        raise DataError(
+            f"--data {name}: not a local file or folder, and loading it from the Hugging Face "
+            f"hub failed ({_first_line(error)}); check the name, or the network / cache"
+        ) from error
+    splits: dict[str, list[TextPair]] = {}
+    for split, names in _SPLIT_NAMES.items():
+        for candidate in names:
+            if candidate in loaded:
+                splits[split] = _pairs_from_columns(
+                    loaded[candidate], f"{name}[{candidate}]", source_field, target_field
+                )
+                break
+    if "train" not in splits:
+        raise DataError(f"--data {name}: has no train split (splits: {list(loaded)})")
+    return splits
+
+
+def _pairs_from_columns(
+    dataset: object, where: str, source_field: str, target_field: str
+) -> list[TextPair]:
+    columns = list(getattr(dataset, "column_names", []))
+    if "translation" in columns and source_field not in columns:
+        return _pairs_from_translation(dataset, where, source_field, target_field)
+    for option, field in (("--source-field", source_field), ("--target-field", target_field)):
+        if field not in columns:
+            raise DataError(f"{where}: no column {field!r} ({option}); columns are {columns}")
+    sources = dataset[source_field]  # type: ignore[index]
+    targets = dataset[target_field]  # type: ignore[index]
+    if len(sources) == 0:
+        raise DataError(f"{where}: no rows")
+    pairs = []
+    for option, field, values in (
+        ("--source-field", source_field, sources),
+        ("--target-field", target_field, targets),
+    ):
+        if all(v is None for v in values):
+            raise DataError(f"{where}: no field {field!r} ({option}) in any row")
+    for row, (src, tgt) in enumerate(zip(sources, targets, strict=True), start=1):
+        if src is None or tgt is None:
+            missing = source_field if src is None else target_field
+            raise DataError(f"{where}: row {row}: no field {missing!r}")
+        if not isinstance(src, str) or not isinstance(tgt, str):
+            raise DataError(
+                f"{where}: row {row}: {source_field!r} and {target_field!r} must be text, "
+                f"got {type(src).__name__} and {type(tgt).__name__}"
+            )
+        pairs.append((src, tgt))
+    return pairs
+
+
+def _pairs_from_translation(
+    dataset: object, where: str, src_lang: str, tgt_lang: str
+) -> list[TextPair]:
+    """Records shaped ``{"translation": {"en": ..., "de": ...}}`` (the HF translation layout)."""
+    pairs = []
+    for row, record in enumerate(dataset["translation"], start=1):  # type: ignore[index]
+        if not isinstance(record, dict) or src_lang not in record or tgt_lang not in record:
+            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise DataError(
+                f"{where}: row {row}: 'translation' has no {src_lang!r} / {tgt_lang!r} "
+                f"(--src-lang / --tgt-lang); it has {keys}"
+            )
+        pairs.append((str(record[src_lang]), str(record[tgt_lang])))
+    if not pairs:
+        raise DataError(f"{where}: no rows")
+    return pairs
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

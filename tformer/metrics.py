@@ -1,0 +1,44 @@
+"""Translation quality scores: sacreBLEU BLEU and chrF, with the signatures that define them.
+
+sacreBLEU is the reference implementation of both metrics; its signatures (tokeniser, casing,
+smoothing, version) are reported with every score so figures can be compared across papers.
+This module sits on the bottom floor so that training (validation scores) and analysis
+(``tformer evaluate``) both use it without importing each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Padded tokens per evaluation batch: larger than training batches (no activations are kept).
+EVAL_BATCH_TOKENS = 8192
+
+
+@dataclass
+class Scores:
+    """Corpus-level scores with the sacreBLEU signatures that define them."""
+
+    bleu: float
+    chrf: float
+    bleu_signature: str
+    chrf_signature: str
+    bleu_detail: str
+
+
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
+    """sacreBLEU BLEU and chrF of detokenised hypotheses against one reference each."""
+    # Lazy: sacrebleu is slow to import and only scoring needs it (not `import tformer`).
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu, chrf = BLEU(), CHRF()
+    refs = [list(references)]
+    bleu_score = bleu.corpus_score(list(hypotheses), refs)
+    chrf_score = chrf.corpus_score(list(hypotheses), refs)
+    return Scores(
+        bleu=round(bleu_score.score, 2),
+        chrf=round(chrf_score.score, 2),
+        bleu_signature=str(bleu.get_signature()),
+        chrf_signature=str(chrf.get_signature()),
+        bleu_detail=str(bleu_score),
+    )
