@@ -98,6 +98,7 @@ def save_png(path: Path, selection: AttentionSelection, *, values: bool = False)
                     fontsize=6,
                     color="black" if v > 0.55 else "white",
                 )
+    assert image is not None  # at least one panel
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
     fig.suptitle(
         f"{selection.kind} attention, layer {selection.layer}, head {selection.head}\n"

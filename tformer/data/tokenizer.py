@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from pathlib import Path
+from typing import Any
 
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
@@ -197,7 +198,8 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
 
 
 def _pipeline(kind: str) -> tokenizers.Tokenizer:
-    metaspace = {"replacement": _SPACE, "prepend_scheme": "always"}
+    metaspace: dict[str, Any] = {"replacement": _SPACE, "prepend_scheme": "always"}
+    decoder: decoders.Decoder
     if kind == "bpe":
         inner = tokenizers.Tokenizer(models.BPE(unk_token=UNK))
         decoder = decoders.Metaspace(**metaspace)
@@ -232,17 +234,27 @@ def _trainer(
 ) -> trainers.Trainer:
     # The specials go first and in this order: that is what gives them ids 0..3. BPE and
     # WordPiece keep every character seen (limit_alphabet is unset), so no initial_alphabet.
-    common = {
-        "vocab_size": vocab_size,
-        "special_tokens": list(SPECIAL_TOKENS),
-        "show_progress": show_progress,
-    }
+    specials = list(SPECIAL_TOKENS)
     if kind == "bpe":
-        return trainers.BpeTrainer(min_frequency=min_frequency, **common)
+        return trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            show_progress=show_progress,
+            min_frequency=min_frequency,
+        )
     if kind == "unigram":
-        return trainers.UnigramTrainer(unk_token=UNK, **common)
+        return trainers.UnigramTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            show_progress=show_progress,
+            unk_token=UNK,
+        )
     return trainers.WordPieceTrainer(
-        min_frequency=min_frequency, continuing_subword_prefix=_WORDPIECE_PREFIX, **common
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        show_progress=show_progress,
+        min_frequency=min_frequency,
+        continuing_subword_prefix=_WORDPIECE_PREFIX,
     )
 
 
