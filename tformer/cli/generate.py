@@ -44,6 +44,7 @@ from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
 from tformer.device import resolve_device
 from tformer.errors import ConfigError
+from tformer.fast.accelerate import accelerate
 
 NUM_SAMPLES = typer.Option(
     default(DecodingConfig, "num_samples"), "--num-samples", "-n", help="Samples per input."
@@ -122,12 +123,14 @@ def generate_command(
         if texts or input_file is not None:
             raise ConfigError("--interactive reads inputs at a prompt: drop TEXT / --input-file")
         loaded = load_checkpoint(checkpoint, resolve_device(device))
+        accelerate(loaded.model)
         _interactive(loaded, config, as_json=as_json, stream=stream)
         return
     inputs = read_inputs(texts, input_file)
     if explain_steps and len(inputs) != 1:
         raise ConfigError(f"--explain shows one input at a time; got {len(inputs)}")
     loaded = load_checkpoint(checkpoint, resolve_device(device))
+    accelerate(loaded.model)
     if compare:
         settings = default_settings(max_new_tokens=max_new_tokens, seed=seed or 0)
         print_comparison(loaded, inputs, settings, batch_size=batch_size, as_json=as_json)
