@@ -21,8 +21,8 @@ import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from tests.test_cli import TINY
-from tests.test_precision import _train as train_losses
+from tests.cli.test_cli import TINY
+from tests.training.test_precision import _train as train_losses
 from tformer.checkpoint.files import WEIGHTS
 from tformer.checkpoint.run_dir import resolve
 from tformer.checkpoint.store import load_checkpoint

@@ -283,7 +283,7 @@ def test_a_best_checkpoint_cannot_be_resumed_but_can_be_used(
 
 
 def test_save_checkpoint_keeps_numeric_order(tmp_path: Path) -> None:
-    from tests.test_checkpoint import _model_and_tokenizers
+    from tests.checkpoint.test_checkpoint import _model_and_tokenizers
     from tformer.config import TrainConfig
 
     model, toks = _model_and_tokenizers()

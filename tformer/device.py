@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tformer.errors import DeviceError
+from tformer.errors import ConfigError, DeviceError
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -63,8 +63,6 @@ def set_threads(threads: int) -> None:
     Raises:
         ConfigError: N < 1.
     """
-    from tformer.errors import ConfigError
-
     if threads < 1:
         raise ConfigError(f"--threads {threads} must be >= 1")
     torch.set_num_threads(threads)

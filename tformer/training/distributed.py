@@ -124,6 +124,7 @@ def close(world: World) -> None:
 
 def launch(nproc: int, argv: list[str]) -> int:
     """``tformer train --nproc N ...``: re-run the same command under torchrun on this node."""
+    # Lazy: torchrun's module is needed only for this launch.
     from torch.distributed.run import main as torchrun_main
 
     if nproc < 1:

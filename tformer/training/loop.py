@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from tformer import checkpoint as ckpt
 from tformer.config import ModelConfig, TrainConfig
@@ -54,8 +55,6 @@ def wrap_for_training(
     """
     forward: torch.nn.Module = model
     if world.distributed:
-        from torch.nn.parallel import DistributedDataParallel
-
         # The only buffer is the fixed sinusoid table: no need to sync it every forward.
         parameters = inspect.signature(DistributedDataParallel).parameters
         sync_flag = (

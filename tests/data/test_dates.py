@@ -16,7 +16,7 @@ import pytest
 
 from tformer.data import dates
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 SMALL = {"train": 300, "validation": 50, "test": 50}
 
 # strptime patterns for each format after ``_normalise``. %y uses the POSIX pivot (69-99 ->

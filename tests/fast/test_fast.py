@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_model import tiny
+from tests.model.test_model import tiny
 from tformer.config import BOS_ID, PAD_ID, ModelConfig
 from tformer.decoding.api import decode
 from tformer.decoding.settings import DecodingConfig

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import digit_pairs, write_jsonl
-from tests.ddp_worker import model_config, train_config
+from tests.training.ddp_worker import model_config, train_config
 from tformer.checkpoint import load_checkpoint, resolve
 from tformer.training.run import train
 
@@ -31,7 +31,7 @@ pytestmark = [
     ),
 ]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8
 CLI_ARGS = [
     "--preset", "tiny", "--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--d-ff", "64",
@@ -73,7 +73,7 @@ def losses(run: Path) -> list[float]:
 def ddp_run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two ranks, STEPS steps, each rank's final weights dumped."""
     root = tmp_path_factory.mktemp("ddp")
-    worker = str(ROOT / "tests" / "ddp_worker.py")
+    worker = str(ROOT / "tests" / "training" / "ddp_worker.py")
     result = torchrun(worker, "--data", str(data), "--out", str(root / "run"),
                       "--dump", str(root / "dump"), "--steps", str(STEPS))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -127,7 +127,7 @@ def test_encode_pairs_drops_what_does_not_fit() -> None:
     assert tok.decode(split.pairs[0][1]) == "one two three"
 
 
-SHARED_MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+SHARED_MULTI30K = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
 
 
 def _paired_folder(tmp_path: Path, records: list[dict[str, str]]) -> Path:
