@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tformer.fast.linear import direct, linear, unpacked_linear
-from tformer.model.attention import MultiHeadAttention, scaled_dot_product_attention
+from tformer.model.attention import MultiHeadAttention
 from tformer.model.cache import KVCache
 
 
@@ -80,26 +80,8 @@ class FoldedSource:
 class FastMultiHeadAttention(MultiHeadAttention):
     """:class:`MultiHeadAttention` with ``step`` for cached decoding; same parameters."""
 
-    def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        *,
-        causal: bool,
-        need_weights: bool,
-    ) -> tuple[Tensor, Tensor | None]:
-        return scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            mask,
-            causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights,
-            fused=not fused_backward_is_slow(q),
-        )
+    def fused_kernel(self, q: Tensor) -> bool:
+        return not fused_backward_is_slow(q)
 
     def step(
         self,

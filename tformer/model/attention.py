@@ -171,4 +171,9 @@ class MultiHeadAttention(nn.Module):
             causal=causal,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights,
+            fused=self.fused_kernel(q),
         )
+
+    def fused_kernel(self, q: Tensor) -> bool:
+        """Whether attention that returns no weights runs torch's fused kernel (here: always)."""
+        return True
