@@ -17,7 +17,7 @@ from tformer.decoding.steppers import CachedStepper
 from tformer.fast.accelerate import accelerate, is_accelerated, plain
 from tformer.fast.attention import FastMultiHeadAttention, FoldedSource, FoldingKVCache
 from tformer.fast.step import FastDecoderLayer, FastTransformer
-from tformer.model import DecoderCache, Transformer
+from tformer.model import DecoderCache, MultiHeadAttention, Transformer
 
 
 def accelerated(config: ModelConfig) -> FastTransformer:
