@@ -179,7 +179,7 @@ def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, parts: int) -> 
     blocks = weight.view(parts, out // parts, inputs)  # a view: nothing copied
     # x as each block's (inputs x rows) right-hand side, stored column by column (strides
     # (1, inputs)): BLAS takes it as it is, where a (1, 1) stride for one row made torch
-    # fall back to a kernel 2.5x slower.
+    # fall back to a much slower kernel.
     x = x.contiguous()
     columns = x.as_strided((parts, inputs, rows), (0, 1, inputs))
     if bias is None:

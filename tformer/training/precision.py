@@ -7,7 +7,7 @@
 - CPU: bf16 autocast when the CPU has native bf16 matrix instructions (AMX or AVX-512-BF16) and
   the model is wide enough to gain from them. Autocast copies each weight to bf16 on every
   forward pass; below ``d_model`` 256 those copies cost more than the faster matmuls save
-  (measured: a 128-wide model steps 1.4x slower in bf16, a 256-wide one 1.6x faster).
+  (docs/performance.md has the measurements).
 - MPS: fp32.
 
 Weights, gradients and optimizer state stay fp32 in every mode; only the forward computation
