@@ -1,4 +1,7 @@
-"""Checkpoint averaging: the mean of several checkpoints' weights (Vaswani et al., section 6.1)."""
+"""Checkpoint averaging: the mean of several checkpoints' weights (Vaswani et al., section 6.1).
+
+The average goes into a run folder of its own: it never writes over a run's checkpoints or
+into a folder that is not a tformer run (see ``average_checkpoints``)."""
 
 from __future__ import annotations
 
@@ -7,23 +10,68 @@ from pathlib import Path
 
 import torch
 
+from tformer.checkpoint.lock import RunLock
+from tformer.checkpoint.run_dir import create_output, prepare_output
 from tformer.checkpoint.store import Checkpoint, load_checkpoint, save_checkpoint
-from tformer.errors import CheckpointError
+from tformer.errors import CheckpointError, ConfigError
+from tformer.paths import excerpt, inside
 
 
-@torch.no_grad()
-def average_checkpoints(paths: Sequence[Path], out: Path) -> Path:
+def average_checkpoints(paths: Sequence[Path], out: Path, *, overwrite: bool = False) -> Path:
     """Average the weights of ``paths`` (same architecture and tokenizers) into run ``out``.
+
+    ``out`` must be a new or empty folder, or (with ``overwrite``) a tformer run, which is
+    replaced as ``tformer train --overwrite`` replaces one: only the files tformer wrote go.
+    A folder that is not a tformer run, one checkpoint of a run, or a run holding one of the
+    checkpoints being averaged is refused; a refusal writes nothing.
 
     Returns:
         The written checkpoint folder.
 
     Raises:
+        ConfigError: ``out`` is refused (see above), or another process writes it.
         CheckpointError: fewer than two checkpoints, or ones that differ in their model
             configuration or in either tokenizer (naming the two checkpoints and what differs).
     """
     if len(paths) < 2:
         raise CheckpointError("average needs at least two checkpoints")
+    lock = RunLock(out)
+    try:
+        if out.is_dir():
+            lock.acquire()
+        prepare_output(out, resume=False, overwrite=overwrite, again=_AGAIN)
+        _refuse_inputs_inside(paths, out)
+        first = _average(paths)
+        create_output(out, resume_step=None, overwrite=overwrite, lock=lock)
+        return save_checkpoint(
+            out,
+            model=first.model,
+            train_config=first.train_config,
+            tokenizers=first.tokenizers,
+            step=first.step,
+        )
+    finally:
+        lock.release()
+
+
+_AGAIN = "--overwrite to replace it (only the files tformer wrote go), or choose another --out"
+
+
+def _refuse_inputs_inside(paths: Sequence[Path], out: Path) -> None:
+    """With ``--overwrite``, the run being replaced must not hold a checkpoint being averaged."""
+    if not out.is_dir():
+        return
+    for path in paths:
+        if inside(out, Path(path)):
+            raise ConfigError(
+                f"--out {out}: holds {path}, one of the checkpoints being averaged; "
+                "write the average to another --out"
+            )
+
+
+@torch.no_grad()
+def _average(paths: Sequence[Path]) -> Checkpoint:
+    """The first checkpoint, its model holding the average (step: the latest of them all)."""
     loaded = [load_checkpoint(p) for p in paths]
     first = loaded[0]
     for other in loaded[1:]:
@@ -39,13 +87,8 @@ def average_checkpoints(paths: Sequence[Path], out: Path) -> Path:
         for name, tensor in states[0].items()
     }
     first.model.load_state_dict(averaged)
-    return save_checkpoint(
-        out,
-        model=first.model,
-        train_config=first.train_config,
-        tokenizers=first.tokenizers,
-        step=max(c.step for c in loaded),
-    )
+    first.step = max(c.step for c in loaded)
+    return first
 
 
 def _difference(first: Checkpoint, other: Checkpoint) -> str | None:
@@ -53,7 +96,7 @@ def _difference(first: Checkpoint, other: Checkpoint) -> str | None:
     mine, theirs = first.model_config.to_dict(), other.model_config.to_dict()
     fields = [name for name in mine if mine[name] != theirs.get(name)]
     if fields:
-        shown = ", ".join(f"{n} {theirs.get(n)!r} vs {mine[n]!r}" for n in fields[:3])
+        shown = ", ".join(f"{n} {excerpt(theirs.get(n))} vs {excerpt(mine[n])}" for n in fields[:3])
         more = f" and {len(fields) - 3} more" if len(fields) > 3 else ""
         return f"the model configuration differs ({shown}{more})"
     sides = [

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from tformer.errors import CheckpointError
+from tformer.paths import check_replaceable, excerpt, first_line, replace_file
 from tformer.version import __version__
 
 FORMAT = "tformer-checkpoint"
@@ -31,12 +32,6 @@ SOURCE_TOKENIZER = "source_tokenizer.json"
 TARGET_TOKENIZER = "target_tokenizer.json"
 _HASH_CHUNK = 1 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of an error's message (or its type), to quote it in one-line errors."""
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
 
 
 def write_failure(where: Path, error: OSError) -> str:
@@ -122,8 +117,8 @@ def read_manifest(folder: Path) -> dict[str, dict[str, Any]]:
         raise CheckpointError(f"{path}: not a tformer manifest (corrupt or foreign)")
     if manifest["format_version"] != FORMAT_VERSION:
         raise CheckpointError(
-            f"{path}: format version {manifest['format_version']!r} is not supported by this "
-            f"tformer ({__version__}, format {FORMAT_VERSION})"
+            f"{path}: format version {excerpt(manifest['format_version'])} is not supported by "
+            f"this tformer ({__version__}, format {FORMAT_VERSION})"
         )
     if text != _manifest_text(manifest):
         raise CheckpointError(f"{path}: altered after saving (it is not as tformer wrote it)")
@@ -161,6 +156,58 @@ def check_manifest(
             raise CheckpointError(problem)
 
 
+def written_files(folder: Path) -> set[str] | None:
+    """The names of the files tformer wrote into checkpoint ``folder`` (those its manifest
+    lists, and the manifest), or None when it has no valid manifest (then none is ours)."""
+    if os.path.islink(folder) or not folder.is_dir():
+        return None
+    try:
+        return {*read_manifest(folder), MANIFEST}
+    except CheckpointError:
+        return None
+
+
+def foreign_files(folder: Path) -> list[Path]:
+    """What lies in checkpoint ``folder`` that tformer did not write (every entry when the
+    folder has no valid manifest; the path itself when it is not a folder or is a link)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return [folder]
+    ours = written_files(folder) or set()
+    return sorted(p for p in folder.iterdir() if p.name not in ours or not _plain_file(p))
+
+
+def _plain_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
+def remove_checkpoint(folder: Path, *, hashes: bool = True) -> bool:
+    """Delete the files tformer wrote into checkpoint ``folder``, then the folder if that
+    emptied it. A file goes only when its manifest lists it and its size (and, with
+    ``hashes``, its SHA-256) still match; anything else (a file a user put there or changed,
+    a folder with no valid manifest) stays.
+
+    Returns:
+        Whether the folder is gone.
+    """
+    if os.path.islink(folder) or not folder.is_dir():
+        return False  # a link is not a checkpoint tformer wrote, wherever it points
+    try:
+        files = read_manifest(folder)
+    except CheckpointError:
+        files = {}
+    for name, entry in files.items():
+        path = folder / name
+        if _plain_file(path) and manifest_problem(folder, name, entry, hashes=hashes) is None:
+            path.unlink()
+    if files:
+        (folder / MANIFEST).unlink()
+    try:
+        folder.rmdir()
+    except OSError:
+        return False  # not empty: what is left is not ours
+    return True
+
+
 # -- atomic writes ----------------------------------------------------------------------------
 
 
@@ -187,7 +234,13 @@ def fsync_files(folder: Path) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    """Write ``text`` to ``path`` through a temporary file and a rename.
+
+    Raises:
+        CheckpointError: ``path`` exists and is not a regular file (a symlink, FIFO, device or
+            folder, which the rename would replace); nothing is written.
+    """
+    check_replaceable(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.chmod(tmp, 0o644)  # mkstemp makes it private; these are ordinary files
@@ -195,7 +248,7 @@ def write_text_atomic(path: Path, text: str) -> None:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        replace_file(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

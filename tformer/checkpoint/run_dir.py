@@ -27,11 +27,15 @@ from typing import Any
 from tformer.checkpoint.files import (
     CONFIG,
     FORMAT,
-    first_line,
+    MANIFEST,
+    remove_checkpoint,
     write_failure,
     write_text_atomic,
+    written_files,
 )
+from tformer.checkpoint.lock import LOCK, RunLock
 from tformer.errors import CheckpointError, ConfigError
+from tformer.paths import check_replaceable, excerpt, file_kind, inside, read_small_text
 
 LATEST = "latest"
 METRICS = "metrics.jsonl"
@@ -50,15 +54,22 @@ def step_of(path: Path) -> int | None:
 
 
 def step_dirs(run_dir: Path) -> list[Path]:
-    """The ``step-*`` checkpoint folders of a run, oldest first."""
-    found = [(step_of(p), p) for p in run_dir.glob("step-*") if p.is_dir()]
+    """The ``step-*`` checkpoint folders of a run, oldest first (no link out of the run)."""
+    found = [(step_of(p), p) for p in run_dir.glob("step-*") if p.is_dir() and inside(run_dir, p)]
     return [p for step, p in sorted((s, p) for s, p in found if s is not None)]
 
 
 def prune(run_dir: Path, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` step checkpoints."""
-    for old in step_dirs(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    """Delete all but the newest ``keep_last`` step checkpoints (only the files tformer wrote).
+
+    Folders that hold no manifest (what a deletion left, e.g. a user's files) are not counted.
+    """
+    checkpoints = [p for p in step_dirs(run_dir) if (p / MANIFEST).is_file()]
+    for old in checkpoints[:-keep_last]:
+        try:
+            remove_checkpoint(old, hashes=False)  # the run's own recent saves: sizes suffice
+        except OSError:
+            pass  # pruning is housekeeping: a file that will not go away stops nothing
 
 
 def point_latest(run_dir: Path, step: int) -> None:
@@ -68,6 +79,7 @@ def point_latest(run_dir: Path, step: int) -> None:
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
     path = run_dir / METRICS
+    check_replaceable(path)  # appending to a FIFO would block, to a link would write elsewhere
     try:
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -109,10 +121,11 @@ def rewind_run(run_dir: Path, step: int) -> None:
             write_text_atomic(run_dir / METRICS, "".join(json.dumps(r) + "\n" for r in kept))
         for folder in step_dirs(run_dir):
             if (step_of(folder) or 0) > step:
-                shutil.rmtree(folder)
+                remove_checkpoint(folder)
         best = run_dir / BEST
         if best.is_dir() and any((step_of(p) or 0) > step for p in step_dirs(best)):
-            shutil.rmtree(best)
+            _remove_checkpoints(best)
+            _remove_if_empty(best)
         clean_temporaries(run_dir)
     except OSError as error:
         raise CheckpointError(write_failure(run_dir, error)) from error
@@ -130,38 +143,71 @@ def clean_temporaries(run_dir: Path) -> None:
 
 
 def remove_run(run_dir: Path) -> None:
-    """Delete what tformer wrote into a run folder; anything else in it is left alone."""
+    """Delete what tformer wrote into a run folder; anything else in it is left alone.
+
+    In each checkpoint only the files its manifest lists go (with the manifest); a checkpoint
+    folder that still holds something else afterwards stays, with that in it.
+    """
     try:
-        for folder in step_dirs(run_dir):
-            shutil.rmtree(folder)
-        if (run_dir / BEST).is_dir():
-            shutil.rmtree(run_dir / BEST)
-        for name in (LATEST, METRICS):
-            (run_dir / name).unlink(missing_ok=True)
-        clean_temporaries(run_dir)
+        best = run_dir / BEST
+        if best.is_dir() and not best.is_symlink():
+            _remove_checkpoints(best)
+            _remove_if_empty(best)
+        _remove_checkpoints(run_dir)
+        _unlink_file(run_dir / METRICS)
     except OSError as error:
         raise CheckpointError(write_failure(run_dir, error)) from error
+
+
+def _remove_checkpoints(run_dir: Path) -> None:
+    """The checkpoints, ``latest`` and temporaries of one run folder (the run or its best/)."""
+    for folder in step_dirs(run_dir):
+        remove_checkpoint(folder)
+    _unlink_file(run_dir / LATEST)
+    clean_temporaries(run_dir)
+
+
+def _unlink_file(path: Path) -> None:
+    if path.is_file() and not path.is_symlink():
+        path.unlink()
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # something that is not ours is still in it
 
 
 # -- finding checkpoints ---------------------------------------------------------------------
 
 
 def is_run_dir(path: Path) -> bool:
-    """A run folder written by tformer: its ``latest`` names a ``step-*`` checkpoint."""
-    latest = path / LATEST
-    if not latest.is_file():
+    """A run folder written by tformer: a regular ``latest`` file names a ``step-*`` checkpoint
+    of this folder (not a link out of it) that has a manifest. A folder that merely holds a
+    ``latest`` file is not one."""
+    name = _latest_name(path)
+    if name is None or _STEP_NAME.match(name) is None:
         return False
-    try:
-        return _STEP_NAME.match(latest.read_text(encoding="utf-8").strip()) is not None
-    except (OSError, UnicodeDecodeError):
-        return False
+    target = path / name
+    return target.is_dir() and inside(path, target) and written_files(target) is not None
+
+
+def _latest_name(run: Path) -> str | None:
+    """What ``latest`` says (stripped), when it is a small regular file of the run folder."""
+    latest = run / LATEST
+    if latest.is_symlink() and not inside(run, latest):
+        return None
+    text = read_small_text(latest)
+    return None if text is None else text.strip()
 
 
 def is_checkpoint_dir(path: Path) -> bool:
     """One checkpoint folder written by tformer (its config.json says so)."""
+    text = read_small_text(path / CONFIG, limit=1 << 20)
     try:
-        config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        config = json.loads(text) if text is not None else None
+    except json.JSONDecodeError:
         return False
     return isinstance(config, dict) and config.get("format") == FORMAT
 
@@ -180,29 +226,46 @@ def resolve(path: str | Path) -> Path:
     if (path / CONFIG).is_file():
         return path
     latest = path / LATEST
-    if latest.is_file():
-        try:
-            name = latest.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as error:
-            raise CheckpointError(f"{latest}: unreadable ({first_line(error)})") from error
+    if latest.is_symlink() and not inside(path, latest):
+        raise CheckpointError(
+            f"{latest}: a symbolic link out of the run folder; tformer follows no link out of a "
+            "run, so replace it with the name of a step-* checkpoint"
+        )
+    if latest.exists():
+        name = _latest_name(path)
+        if name is None:
+            raise CheckpointError(
+                f"{latest}: not a regular file naming a checkpoint; write the name of a step-* "
+                "checkpoint into it"
+            )
         target = path / name
         if _STEP_NAME.match(name) and (target / CONFIG).is_file():
+            if not inside(path, target):
+                raise CheckpointError(
+                    f"{target}: a symbolic link out of the run folder; tformer follows no link "
+                    "out of a run"
+                )
             return target
         others = [p.name for p in step_dirs(path) if (p / CONFIG).is_file()]
         hint = f"; other checkpoints here: {', '.join(others)}" if others else ""
-        raise CheckpointError(f"{latest}: points at {name!r}, which is missing or incomplete{hint}")
+        raise CheckpointError(
+            f"{latest}: points at {excerpt(name)}, which is missing or incomplete{hint}"
+        )
     raise CheckpointError(f"{path}: not a tformer checkpoint (no {CONFIG} or {LATEST} file inside)")
 
 
 # -- preparing a run's output folder --------------------------------------------------------
 
 
-def prepare_output(out: Path, *, resume: bool, overwrite: bool) -> None:
+def prepare_output(
+    out: Path, *, resume: bool, overwrite: bool, again: str | None = None
+) -> None:
     """Refuse to clobber anything that is not ours. Checks only: nothing is written yet.
 
-    ``--overwrite`` replaces a tformer run (its checkpoints and metrics; other files in the
-    folder are left alone). A folder that is not empty and not a tformer run is refused even
-    with ``--overwrite``: it may hold someone's work, and deleting it is not ours to do.
+    ``--overwrite`` replaces a tformer run (only the files tformer wrote: see ``remove_run``).
+    A folder that is not empty and not a tformer run is refused even with ``--overwrite``: it
+    may hold someone's work, and deleting it is not ours to do. ``again`` is what to suggest
+    for a run that exists (default: ``--resume`` it or ``--overwrite`` it).
     """
     if resume:
         if not is_run_dir(out):
@@ -210,8 +273,9 @@ def prepare_output(out: Path, *, resume: bool, overwrite: bool) -> None:
         return
     _check_writable_parent(out)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is a file; choose a folder name")
-    if not out.is_dir() or not any(out.iterdir()):
+        what = "a file" if out.is_file() else file_kind(out)
+        raise ConfigError(f"--out {out}: exists and is {what}; choose a folder name")
+    if not out.is_dir() or is_empty_folder(out):
         return
     if is_checkpoint_dir(out):
         raise ConfigError(
@@ -223,10 +287,15 @@ def prepare_output(out: Path, *, resume: bool, overwrite: bool) -> None:
             "(--overwrite only replaces tformer runs)"
         )
     if not overwrite:
-        raise ConfigError(
-            f"--out {out}: already holds a run; --resume {out} to continue it or --overwrite "
-            "to start again"
-        )
+        again = again or f"--resume {out} to continue it or --overwrite to start again"
+        raise ConfigError(f"--out {out}: already holds a run; {again}")
+    for name in (LATEST, METRICS):
+        check_replaceable(out / name, "--out", ConfigError)
+
+
+def is_empty_folder(folder: Path) -> bool:
+    """Nothing in ``folder`` but (maybe) its lock file."""
+    return all(p.name == LOCK for p in folder.iterdir())
 
 
 def _check_writable_parent(out: Path) -> None:
@@ -238,16 +307,17 @@ def _check_writable_parent(out: Path) -> None:
             return
 
 
-def create_output(out: Path, *, resume_step: int | None, overwrite: bool) -> None:
+def create_output(
+    out: Path, *, resume_step: int | None, overwrite: bool, lock: RunLock | None = None
+) -> None:
     """Start the run folder afresh, or rewind it to the checkpoint being resumed.
 
-    Called only after every check passed, so a refused run writes nothing.
+    Called only after every check passed, so a refused run writes nothing. ``lock`` (the run's,
+    taken here when the folder is new) must be held before anything in the folder changes.
     """
     if resume_step is not None:
         rewind_run(out, resume_step)
         return
-    if overwrite and is_run_dir(out):
-        remove_run(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -255,6 +325,10 @@ def create_output(out: Path, *, resume_step: int | None, overwrite: bool) -> Non
             f"--out {out}: cannot create the run folder ({error.strerror or error}); "
             "choose another --out"
         ) from error
+    if lock is not None:
+        lock.acquire()  # a new folder: only now can the lock go in it
+    if overwrite and is_run_dir(out):
+        remove_run(out)
 
 
 def resume_target(out: Path | None, resume: bool | str | Path) -> tuple[Path, Path]:

@@ -41,10 +41,12 @@ from tformer.checkpoint.files import (
     WEIGHTS,
     check_manifest,
     first_line,
+    foreign_files,
     fsync_dir,
     fsync_files,
     write_failure,
     write_manifest,
+    written_files,
 )
 from tformer.checkpoint.run_dir import (
     checkpoint_name,
@@ -57,6 +59,7 @@ from tformer.config import SPECIAL_TOKENS, ModelConfig, TrainConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import Transformer
+from tformer.paths import excerpt
 from tformer.version import __version__
 
 # Tests set this to a number of seconds to pause a save just before its rename, so that a kill
@@ -199,14 +202,35 @@ def _write_model_files(
 
 
 def _move_into_place(tmp: Path, final: Path) -> None:
-    """Rename the written folder ``tmp`` to ``final``, replacing an older one of that name."""
-    if final.exists():  # saving a step again (e.g. averaging into the same folder)
+    """Rename the written folder ``tmp`` to ``final``, replacing an older one of that name.
+
+    An older ``final`` is replaced only when everything in it is what tformer wrote (its
+    manifest says so). A folder holding only what tformer did not write (what ``--overwrite``
+    left of a checkpoint) receives the new files beside its own, manifest last. Anything else
+    (a link, our checkpoint with other files in it, a name in the way) is refused, untouched.
+    """
+    if not final.is_symlink() and not final.exists():
+        os.replace(tmp, final)
+        return
+    foreign = foreign_files(final)  # [final] itself for a link or a file
+    if not foreign:  # saving a step again: swap the whole folder atomically
         old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old."))
         os.replace(final, old / final.name)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
+        return
+    names = sorted((p.name for p in tmp.iterdir()), key=lambda name: name == MANIFEST)
+    in_the_way = [final / n for n in names if os.path.lexists(final / n)]
+    if foreign == [final] or written_files(final) is not None or in_the_way:
+        blocker = (in_the_way or foreign)[0]
+        raise CheckpointError(
+            f"{blocker}: not written by tformer and in the way of checkpoint {final}; move it "
+            "away (nothing was deleted)"
+        )
+    for name in names:  # the manifest last: until it is there, this is no checkpoint
+        os.replace(tmp / name, final / name)
+    tmp.rmdir()
+    fsync_dir(final)
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -214,6 +238,8 @@ def _move_into_place(tmp: Path, final: Path) -> None:
 
 def read_config(folder: Path) -> dict[str, Any]:
     path = folder / CONFIG
+    if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
+        raise CheckpointError(f"{path}: not a regular file, so not a tformer checkpoint config")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -257,7 +283,7 @@ def _tokenizer_files(folder: Path, config: dict[str, Any]) -> dict[str, str]:
         return {"source": SHARED_TOKENIZER, "target": SHARED_TOKENIZER}
     allowed = {SHARED_TOKENIZER, SOURCE_TOKENIZER, TARGET_TOKENIZER}
     if not isinstance(files, dict) or not {files.get("source"), files.get("target")} <= allowed:
-        raise CheckpointError(f"{folder / CONFIG}: invalid tokenizer file names {files!r}")
+        raise CheckpointError(f"{folder / CONFIG}: invalid tokenizer file names {excerpt(files)}")
     return files
 
 

@@ -11,13 +11,17 @@ from tformer.analysis.attention import AttentionResult, AttentionSelection
 from tformer.analysis.attention_files import save_attention
 from tformer.cli.render_html import write_html
 from tformer.errors import ConfigError
+from tformer.paths import check_replaceable
 
 SAVE_SUFFIXES = (".png", ".html", ".json", ".npz")
 ANNOTATE_CELLS = 400  # print the weights in the cells of a single map up to this size
 
 
 def check_save_path(path: Path | None) -> None:
-    """Refuse an unsupported ``--save`` file type before any work is done."""
+    """Refuse an unsupported ``--save`` file type, or a path that is not a regular file (a
+    FIFO would block, a link would write elsewhere), before any work is done."""
+    if path is not None:
+        check_replaceable(path, "--save", ConfigError)
     if path is not None and path.suffix.lower() not in SAVE_SUFFIXES:
         raise ConfigError(
             f"--save {path}: unsupported file type; use one of {', '.join(SAVE_SUFFIXES)}"

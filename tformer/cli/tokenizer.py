@@ -12,6 +12,7 @@ from tformer.cli.console import console, err_console
 from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD
 from tformer.data.sources import load_text_pairs
 from tformer.data.tokenizer import TOKENIZER_KINDS, train_tokenizer
+from tformer.paths import check_output_file
 
 
 @app.command("train-tokenizer")
@@ -30,17 +31,24 @@ def train_tokenizer_command(
         help="Train one tokenizer per side: OUT's name gets .source / .target before .json.",
     ),
     out: Path = typer.Option(Path("checkpoints/tokenizer.json"), "--out", "-o"),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace an existing --out file (a regular file only)."
+    ),
 ) -> None:
     """Train a BPE (default), unigram or WordPiece tokenizer on the training split.
 
     Special tokens <pad> <bos> <eos> <unk> get ids 0-3; text is NFKC-normalised; digits are
-    split one per token. Example: tformer train-tokenizer --vocab-size 4000 -o tok.json
+    split one per token. An existing --out is replaced only with --overwrite.
+    Example: tformer train-tokenizer --vocab-size 4000 -o tok.json
     """
+    suffixes = [".source", ".target"] if separate else [""]
+    paths = {s: out.with_name(out.stem + s + out.suffix) if s else out for s in suffixes}
+    for path in paths.values():
+        check_output_file(path, "--out", overwrite=overwrite)
     pairs = load_text_pairs(data, source_field=source_field, target_field=target_field)["train"]
     sides = {"": [t for pair in pairs for t in pair]}
     if separate:
         sides = {".source": [s for s, _ in pairs], ".target": [t for _, t in pairs]}
-    out.parent.mkdir(parents=True, exist_ok=True)
     for suffix, texts in sides.items():
         tok = train_tokenizer(
             texts,
@@ -49,7 +57,7 @@ def train_tokenizer_command(
             min_frequency=min_frequency,
             show_progress=err_console.is_terminal,
         )
-        path = out.with_name(out.stem + suffix + out.suffix) if suffix else out
+        path = paths[suffix]
         tok.save(path)
         console.print(
             f"wrote {escape(str(path))}: {tok.kind}, {tok.vocab_size:,} tokens "

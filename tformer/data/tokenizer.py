@@ -26,6 +26,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from tformer.config import SPECIAL_TOKENS, UNK
 from tformer.errors import CheckpointError, ConfigError, DataError
+from tformer.paths import check_replaceable, first_line, replace_file
 
 TOKENIZER_KINDS = ("bpe", "unigram", "wordpiece")
 
@@ -101,8 +102,14 @@ class Tokenizer:
         return hashlib.sha256(self._text.encode("utf-8")).hexdigest()
 
     def save(self, path: str | Path) -> None:
-        """Write the JSON atomically: a crash leaves either the old file or the new one."""
+        """Write the JSON atomically: a crash leaves either the old file or the new one.
+
+        Raises:
+            CheckpointError: ``path`` cannot be written, or exists and is not a regular file
+                (a link, FIFO or device, which the rename would replace).
+        """
         path = Path(path)
+        check_replaceable(path)
         tmp: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,9 +118,11 @@ class Tokenizer:
                 file.write(self._text)
                 file.flush()
                 os.fsync(file.fileno())
-            os.replace(tmp, path)
+            replace_file(tmp, path)
         except OSError as error:
-            raise CheckpointError(f"{path}: cannot write the tokenizer ({error})") from error
+            raise CheckpointError(
+                f"{path}: cannot write the tokenizer ({first_line(error)})"
+            ) from error
         finally:
             if tmp is not None:  # already renamed on success; removes the leftover on failure
                 Path(tmp).unlink(missing_ok=True)
@@ -129,7 +138,9 @@ class Tokenizer:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:
-            raise CheckpointError(f"{path}: cannot read the tokenizer ({error})") from error
+            raise CheckpointError(
+                f"{path}: cannot read the tokenizer ({first_line(error)})"
+            ) from error
         return cls.from_str(text, source=str(path))
 
     @classmethod
@@ -138,8 +149,8 @@ class Tokenizer:
             inner = tokenizers.Tokenizer.from_str(text)
         except Exception as error:  # the Rust side raises a bare Exception for any parse error
             raise CheckpointError(
-                f"{source or 'tokenizer'}: not a valid tokenizer JSON ({error}); the file is "
-                "truncated or not a tokenizer, so re-save or re-train it"
+                f"{source or 'tokenizer'}: not a valid tokenizer JSON ({first_line(error)}); "
+                "the file is truncated or not a tokenizer, so re-save or re-train it"
             ) from error
         tokenizer = cls(inner, source=source)
         tokenizer._text = text  # hash exactly what is on disk (see the class docstring)

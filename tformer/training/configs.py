@@ -27,6 +27,7 @@ from tformer.config import (
     parse_duration,
 )
 from tformer.errors import CheckpointError, ConfigError
+from tformer.paths import excerpt, first_line
 
 MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 TRAIN_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
@@ -83,7 +84,7 @@ def read_config_file(path: Path) -> dict[str, dict[str, Any]]:
     except OSError as error:
         raise ConfigError(f"--config {path}: cannot read it ({error.strerror})") from error
     except yaml.YAMLError as error:
-        raise ConfigError(f"--config {path}: not valid YAML ({error})") from error
+        raise ConfigError(f"--config {path}: not valid YAML ({first_line(error)})") from error
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected sections {', '.join(SECTIONS)}")
@@ -91,14 +92,16 @@ def read_config_file(path: Path) -> dict[str, dict[str, Any]]:
     for name, values in data.items():
         if name not in SECTIONS:
             raise ConfigError(
-                f"--config {path}: unknown key {name!r}; the sections are {', '.join(SECTIONS)}"
+                f"--config {path}: unknown key {excerpt(name)}; the sections are "
+                f"{', '.join(SECTIONS)}"
             )
         values = values or {}
         unknown = sorted(set(values) - SECTIONS[name])
         if unknown:
+            key = excerpt(f"{name}.{unknown[0]}")
             raise ConfigError(
-                f"--config {path}: unknown key '{name}.{unknown[0]}'; see `tformer train "
-                "--print-config` for every key"
+                f"--config {path}: unknown key {key}; see `tformer train --print-config` for "
+                "every key"
             )
         sections[name] = dict(values)
     train = sections.get("train", {})

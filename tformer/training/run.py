@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from tformer import checkpoint as ckpt
+from tformer.checkpoint.lock import RunLock
 from tformer.checkpoint.run_dir import create_output, prepare_output, resume_target
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.batching import BatchPlan
@@ -186,10 +187,28 @@ class _Setup:
 
 
 def _run(job: Job, options: RunOptions, reporter: Reporter) -> TrainResult:
-    cfg, out = job.train, job.out
-    device = resolve_device(cfg.device)
-    # Under torchrun every rank runs this function; only rank 0 writes and reports.
+    device = resolve_device(job.train.device)
+    # Under torchrun every rank runs this function; only rank 0 writes, locks and reports.
     world = dist_.init_world(device)
+    lock = RunLock(job.out) if world.is_main else None
+    try:
+        if lock is not None and job.out.is_dir():
+            lock.acquire()  # first: a second trainer on this run is refused at once
+        return _run_locked(job, options, reporter, world, device, lock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_locked(
+    job: Job,
+    options: RunOptions,
+    reporter: Reporter,
+    world: World,
+    device: torch.device,
+    lock: RunLock | None,
+) -> TrainResult:
+    cfg, out = job.train, job.out
     device = dist_.local_device(device, world)
     report = reporter if world.is_main else Reporter()
     if world.is_main:
@@ -215,7 +234,12 @@ def _run(job: Job, options: RunOptions, reporter: Reporter) -> TrainResult:
 
     # Every check has passed: only now is anything written.
     if world.is_main:
-        create_output(out, resume_step=pos.step if resumed else None, overwrite=options.overwrite)
+        create_output(
+            out,
+            resume_step=pos.step if resumed else None,
+            overwrite=options.overwrite,
+            lock=lock,
+        )
     report.start(_summary(job, setup, world, device, plan, total_steps, pos))
     if resumed is not None:
         changes = changed_settings(resumed.train_config, cfg)

@@ -1,0 +1,514 @@
+"""Hostile files and folders: no data loss, no escape from the run folder (issue 27, classes 1-2).
+
+Each case runs the real CLI against real files in a temporary folder and checks the exit code,
+a one-line message without a traceback, and that every file that existed before is
+byte-identical afterwards (the tree is hashed before and after; links and FIFOs are recorded
+as such, never followed or opened). docs/reliability.md states what these tests guarantee.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+from typer.testing import CliRunner
+
+from tests.conftest import digit_pairs, write_jsonl
+from tformer.checkpoint.files import write_text_atomic
+from tformer.checkpoint.lock import LOCK, RunLock
+from tformer.checkpoint.run_dir import LATEST, is_run_dir, remove_run, resolve
+from tformer.checkpoint.store import SLOW_SAVE_ENV, load_checkpoint, save_checkpoint
+from tformer.cli.commands import app
+from tformer.data.tokenizer import train_tokenizer
+from tformer.errors import CheckpointError, ConfigError
+from tformer.paths import excerpt
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX files and signals")
+
+TINY = [
+    "--preset", "tiny", "--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--d-ff", "64",
+    "--max-len", "48", "--dropout", "0.0", "--vocab-size", "60", "--max-tokens", "256",
+    "--warmup-steps", "5", "--lr", "3e-3", "--seed", "5",
+]  # fmt: skip
+SECRET = "TOP-SECRET-LINE do not print me\n" * 50
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every entry under ``root``: a regular file's SHA-256, a link's target, a FIFO's kind."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            mode = os.lstat(path).st_mode
+            key = str(path.relative_to(root))
+            if stat.S_ISLNK(mode):
+                found[key] = "link -> " + os.readlink(path)
+            elif stat.S_ISDIR(mode):
+                found[key] = "dir"
+            elif stat.S_ISREG(mode):
+                found[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                found[key] = f"special {stat.S_IFMT(mode)}"
+    return found
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def refused(result: Result, code: int, *parts: str) -> str:
+    """The one-line message of a clean refusal with ``code`` that contains ``parts``."""
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    message = " ".join(result.stderr.split())
+    assert message.startswith("error:"), result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 3  # one line (soft-wrapped at worst)
+    for part in parts:
+        assert part in message, message
+    return message
+
+
+def train(data: Path, out: Path, *extra: str) -> Result:
+    return cli("train", "--data", data, "--out", out, *TINY, *extra)
+
+
+# -- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("hostile-data")
+    write_jsonl(folder / "train.jsonl", digit_pairs(200, seed=31))
+    write_jsonl(folder / "validation.jsonl", digit_pairs(10, seed=32))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def template(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real run: step-000002, step-000004, best/ and metrics.jsonl."""
+    out = tmp_path_factory.mktemp("hostile-run") / "run"
+    result = train(data, out, "--max-steps", "4", "--save-every", "2", "--eval-every", "2")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture
+def world(template: Path, tmp_path: Path) -> Path:
+    """A workspace: a copy of the run, a folder of someone's files, a fake run, a checkpoint
+    with a file changed by hand, and a file of secrets outside every run."""
+    root = tmp_path / "w"
+    shutil.copytree(template, root / "run", symlinks=True)
+    (root / "foreign").mkdir()
+    (root / "foreign" / "thesis.tex").write_text("years of work\n")
+    fake = root / "fake"  # a `latest` file and a step folder, but no manifest: not a run
+    (fake / "step-000001").mkdir(parents=True)
+    (fake / LATEST).write_text("step-000001\n")
+    (fake / "step-000001" / "model.safetensors").write_bytes(b"someone's weights")
+    (fake / "metrics.jsonl").write_text("my own notes\n")
+    (root / "secret.txt").write_text(SECRET)
+    return root
+
+
+# -- class 1: average never writes over a run or into a folder that is not one -----------------
+
+S2, S4 = "{w}/run/step-000002", "{w}/run/step-000004"
+AVERAGE_REFUSALS = [
+    ("into-its-own-run", f"average {S2} {S4} --out {{w}}/run", 2, ["already holds a run"]),
+    ("into-its-own-run-overwrite", f"average {S2} {S4} --out {{w}}/run --overwrite", 2,
+     ["one of the checkpoints being averaged"]),
+    ("into-a-step-folder", f"average {S2} {S4} --out {S4}", 2, ["is one checkpoint of a run"]),
+    ("into-a-foreign-folder", f"average {S2} {S4} --out {{w}}/foreign", 2,
+     ["not a tformer run"]),
+    ("into-a-foreign-folder-overwrite", f"average {S2} {S4} --out {{w}}/foreign --overwrite", 2,
+     ["--overwrite only replaces tformer runs"]),
+    ("into-a-fake-run-overwrite", f"average {S2} {S4} --out {{w}}/fake --overwrite", 2,
+     ["not a tformer run"]),
+    ("into-a-file", f"average {S2} {S4} --out {{w}}/secret.txt", 2, ["exists and is a file"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "code", "parts"), [c[1:] for c in AVERAGE_REFUSALS],
+                         ids=[c[0] for c in AVERAGE_REFUSALS])  # fmt: skip
+def test_average_refuses_to_clobber_and_changes_nothing(
+    world: Path, command: str, code: int, parts: list[str]
+) -> None:
+    before = snapshot(world)
+    refused(cli(*command.format(w=world).split()), code, *parts)
+    assert snapshot(world) == before
+
+
+def test_average_into_a_new_folder_leaves_its_inputs_alone(world: Path) -> None:
+    before = snapshot(world)
+    result = cli("average", world / "run/step-000002", world / "run/step-000004",
+                 "--out", world / "avg")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    after = snapshot(world)
+    assert {k: v for k, v in after.items() if not k.startswith("avg")} == before
+    assert resolve(world / "avg").name == "step-000004"
+    assert cli("train", "--resume", world / "run", "--max-steps", "5").exit_code == 0
+
+
+def test_average_overwrite_replaces_only_what_tformer_wrote(world: Path, template: Path) -> None:
+    other = world / "other"
+    shutil.copytree(template, other)
+    mine = {other / "notes.txt": "mine", other / "step-000004" / "mine.txt": "mine too"}
+    for path, text in mine.items():
+        path.write_text(text)
+    result = cli("average", world / "run/step-000002", world / "run/step-000004",
+                 "--out", other, "--overwrite")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert all(path.read_text() == text for path, text in mine.items())
+    assert not (other / "step-000002").exists() and not (other / "best").exists()
+    assert resolve(other).name == "step-000004"  # the average, in place of the old checkpoint
+
+
+# -- class 1: --overwrite deletes only the files tformer wrote ---------------------------------
+
+
+def test_overwrite_keeps_files_tformer_did_not_write(world: Path, data: Path) -> None:
+    run = world / "run"
+    best = resolve(run / "best")
+    mine = {
+        run / "notes.txt": "mine",
+        run / "step-000002" / "mine.txt": "in a checkpoint",
+        best / "mine.txt": "in the best checkpoint",
+        run / "best" / "mine.txt": "beside it",
+    }
+    for path, text in mine.items():
+        path.write_text(text)
+    changed = run / "step-000004" / "trainer_state.json"  # listed, but changed by hand
+    changed.write_text(changed.read_text().replace("{", "{ ", 1))
+    changed_bytes = changed.read_bytes()
+    result = train(data, run, "--max-steps", "3", "--save-every", "3", "--eval-every", "3",
+                   "--overwrite")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert all(path.read_text() == text for path, text in mine.items())
+    assert changed.read_bytes() == changed_bytes
+    assert sorted(p.name for p in (run / "step-000002").iterdir()) == ["mine.txt"]
+    assert sorted(p.name for p in (run / "step-000004").iterdir()) == ["trainer_state.json"]
+    assert resolve(run).name == "step-000003"
+
+
+OVERWRITE_REFUSALS = [
+    ("fake-run", "train --data {d} --out {w}/fake --overwrite", 2, ["not a tformer run"]),
+    ("fake-run-resume", "train --resume {w}/fake", 4, ["points at 'step-000001'"]),
+    ("foreign", "train --data {d} --out {w}/foreign --overwrite", 2, ["not a tformer run"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "code", "parts"), [c[1:] for c in OVERWRITE_REFUSALS],
+                         ids=[c[0] for c in OVERWRITE_REFUSALS])  # fmt: skip
+def test_a_folder_with_a_latest_file_is_not_a_run(
+    world: Path, data: Path, command: str, code: int, parts: list[str]
+) -> None:
+    before = snapshot(world)
+    args = command.format(w=world, d=data).split()
+    refused(cli(*args, *(TINY if "--data" in args else [])), code, *parts)
+    assert snapshot(world) == before
+    assert not is_run_dir(world / "fake")
+
+
+# -- class 1: one writer per run -----------------------------------------------------------------
+
+HOLD_LOCK = (
+    "import sys, time\n"
+    "from pathlib import Path\n"
+    "from tformer.checkpoint.lock import RunLock\n"
+    "RunLock(Path(sys.argv[1])).acquire()\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+@pytest.fixture
+def holder(world: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process that holds the lock of ``world/run``."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(world / "run")],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+LOCKED = [
+    ("train-overwrite", "train --data {d} --out {w}/run --overwrite " + " ".join(TINY)),
+    ("train-resume", "train --resume {w}/run --max-steps 6"),
+    ("average-overwrite", "average {w}/avg-in/a {w}/avg-in/b --out {w}/run --overwrite"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", [c[1] for c in LOCKED], ids=[c[0] for c in LOCKED])
+def test_a_second_writer_is_refused_naming_the_first(
+    world: Path, data: Path, holder: subprocess.Popen[str], command: str
+) -> None:
+    (world / "avg-in").mkdir()
+    for name, step in (("a", "step-000002"), ("b", "step-000004")):
+        shutil.copytree(world / "run" / step, world / "avg-in" / name)
+    before = snapshot(world)
+    start = time.monotonic()
+    refused(cli(*command.format(w=world, d=data).split()), 2, f"PID {holder.pid}",
+            str(world / "run"))  # fmt: skip
+    assert time.monotonic() - start < 30  # at once: before any data or model is loaded
+    assert snapshot(world) == before
+
+
+def test_the_lock_of_a_killed_process_is_taken_over(
+    world: Path, holder: subprocess.Popen[str]
+) -> None:
+    with pytest.raises(ConfigError, match=f"PID {holder.pid}"):
+        RunLock(world / "run").acquire()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert (world / "run" / LOCK).read_text().strip() == str(holder.pid)  # left behind
+    result = cli("train", "--resume", world / "run", "--max-steps", "6")
+    assert result.exit_code == 0, result.output
+    assert not (world / "run" / LOCK).exists()  # released on exit
+    assert resolve(world / "run").name == "step-000006"
+
+
+def test_a_lock_file_with_a_dead_pid_is_taken_over(world: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (world / "run" / LOCK).write_text(f"{dead.pid}\n")
+    result = cli("train", "--resume", world / "run", "--max-steps", "6")
+    assert result.exit_code == 0, result.output
+    assert not (world / "run" / LOCK).exists()
+
+
+def wait_until(condition: Callable[[], bool], proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 180
+    while not condition():
+        assert proc.poll() is None, f"the trainer ended early (rc {proc.returncode})"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_two_real_trainers_on_one_out(world: Path, data: Path, tmp_path: Path) -> None:
+    """A live trainer is named by PID; SIGTERM releases its lock; kill -9 leaves one to take."""
+    run = world / "new"
+    args = ["train", "--data", str(data), "--out", str(run), *TINY, "--max-steps", "400",
+            "--save-every", "1"]  # fmt: skip
+    env = {**os.environ, SLOW_SAVE_ENV: "0.5"}  # each save pauses: the trainer stays alive
+
+    def start(command: list[str]) -> subprocess.Popen[bytes]:
+        log = open(tmp_path / f"{command[-1]}-{time.monotonic()}.log", "wb")  # noqa: SIM115
+        return subprocess.Popen([sys.executable, "-m", "tformer", *command], env=env,
+                                stdout=log, stderr=log)  # fmt: skip
+
+    first, second = start(args), None
+    try:
+        wait_until(lambda: (run / LOCK).is_file() and (run / LATEST).is_file(), first)
+        refused(train(data, run, "--max-steps", "2", "--overwrite"), 2, f"PID {first.pid}")
+        refused(cli("train", "--resume", run), 2, f"PID {first.pid}")
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=120) == 143
+        assert not (run / LOCK).exists()
+        second = start(["train", "--resume", str(run), "--max-steps", "400"])
+        wait_until(lambda: _lock_pid(run) == second.pid, second)
+        second.send_signal(signal.SIGKILL)
+        second.wait()
+        step = int(resolve(run).name.removeprefix("step-"))
+        result = cli("train", "--resume", run, "--max-steps", step + 1)
+        assert result.exit_code == 0, result.output  # the dead trainer's lock did not block
+        assert not (run / LOCK).exists()
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
+def _lock_pid(run: Path) -> int | None:
+    try:
+        text = (run / LOCK).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+# -- class 1: train-tokenizer --out -----------------------------------------------------------
+
+
+def test_train_tokenizer_does_not_replace_a_file_without_overwrite(
+    world: Path, data: Path
+) -> None:
+    target = world / "foreign" / "thesis.tex"
+    before = snapshot(world)
+    refused(cli("train-tokenizer", "--data", data, "--vocab-size", "60", "--out", target), 2,
+            f"--out {target}: already exists", "--overwrite")  # fmt: skip
+    assert snapshot(world) == before
+    (world / "tok.target.json").write_text("mine")
+    before = snapshot(world)
+    refused(cli("train-tokenizer", "--data", data, "--vocab-size", "60", "--separate-vocab",
+                "--out", world / "tok.json"), 2, "tok.target.json: already exists")  # fmt: skip
+    assert snapshot(world) == before  # checked before training: not even tok.source.json
+    result = cli("train-tokenizer", "--data", data, "--vocab-size", "60", "--out", target,
+                 "--overwrite")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert '"model"' in target.read_text()
+
+
+# -- class 2: no write replaces or follows what is not a regular file ------------------------
+
+
+@pytest.fixture
+def specials(tmp_path: Path) -> dict[str, Path]:
+    """A FIFO, a link to a file outside, and a folder: targets no write may replace."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text(SECRET)
+    fifo, link, folder = tmp_path / "fifo", tmp_path / "link", tmp_path / "folder"
+    os.mkfifo(fifo)
+    link.symlink_to(outside)
+    folder.mkdir()
+    return {"a FIFO": fifo, "a symbolic link": link, "a folder": folder}
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a symbolic link", "a folder"])
+def test_atomic_writes_refuse_targets_that_are_not_regular_files(
+    tmp_path: Path, specials: dict[str, Path], kind: str
+) -> None:
+    target = specials[kind]
+    tokenizer = train_tokenizer(["one two three"] * 10, vocab_size=30, min_frequency=1)
+    before = snapshot(tmp_path)
+    for write in (lambda: write_text_atomic(target, "x"), lambda: tokenizer.save(target)):
+        with pytest.raises(CheckpointError) as info:
+            write()
+        assert str(info.value).startswith(f"{target}: exists and is {kind}")
+    assert snapshot(tmp_path) == before  # no temporary left either
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a symbolic link"])
+def test_train_tokenizer_never_replaces_a_fifo_or_a_link(
+    tmp_path: Path, specials: dict[str, Path], data: Path, kind: str
+) -> None:
+    before = snapshot(tmp_path)
+    result = cli("train-tokenizer", "--data", data, "--vocab-size", "60", "--overwrite",
+                 "--out", specials[kind])  # fmt: skip
+    refused(result, 2, f"--out {specials[kind]}: exists and is {kind}")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_fifo_in_a_run_is_refused_not_waited_on(world: Path) -> None:
+    metrics = world / "run" / "metrics.jsonl"
+    metrics.unlink()
+    os.mkfifo(metrics)
+    result = subprocess.run(
+        [sys.executable, "-m", "tformer", "train", "--resume", str(world / "run"),
+         "--max-steps", "6"], capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 4, result.stderr
+    assert f"{metrics}: exists and is a FIFO" in " ".join(result.stderr.split())
+    assert stat.S_ISFIFO(os.lstat(metrics).st_mode)
+    assert "Traceback" not in result.stderr
+
+
+# -- class 2: messages quote no file, links lead nowhere outside the run ------------------------
+
+
+def _link_latest_out(world: Path) -> None:
+    (world / "run" / LATEST).unlink()
+    (world / "run" / LATEST).symlink_to(world / "secret.txt")
+
+
+def _junk_latest(world: Path) -> None:
+    (world / "run" / LATEST).write_text("\x1b[31m" + SECRET)
+
+
+def _link_step_out(world: Path) -> None:
+    outside = world / "outside-step"
+    shutil.move(world / "run" / "step-000004", outside)
+    (world / "run" / "step-000004").symlink_to(outside)
+
+
+ESCAPES = [
+    ("latest-links-out", _link_latest_out, "a symbolic link out of the run folder"),
+    ("latest-holds-junk", _junk_latest, "points at '\\x1b[31mTOP-SECRET"),
+    ("step-links-out", _link_step_out, "a symbolic link out of the run folder"),
+]
+COMMANDS = ["generate {r} 1", "verify {r}", "train --resume {r} --max-steps 6",
+            "evaluate {r} --data {d} --split validation --out {w}/eval"]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[c.split()[0] for c in COMMANDS])
+@pytest.mark.parametrize(("make", "part"), [c[1:] for c in ESCAPES], ids=[c[0] for c in ESCAPES])
+def test_no_message_prints_a_file_and_no_link_leads_out_of_a_run(
+    world: Path, data: Path, make: Callable[[Path], None], part: str, command: str
+) -> None:
+    make(world)
+    before = snapshot(world)
+    args = command.format(r=world / "run", w=world, d=data).split()
+    result = cli(*args)
+    assert result.exit_code in (2, 4), result.output
+    message = refused(result, result.exit_code)
+    assert message.count("TOP-SECRET") <= 2  # at most a 60-character excerpt of 1,650
+    assert "\x1b" not in result.stderr and len(message) < 400
+    if args[0] == "generate":
+        assert part in message
+    assert snapshot(world) == before
+
+
+def test_excerpt_is_short_and_escaped() -> None:
+    shown = excerpt("\x1b[2J" + "y" * 500 + "\n")
+    assert "\x1b" not in shown and "\n" not in shown and len(shown) < 100
+    assert excerpt("step-000001") == "'step-000001'"
+
+
+# -- saving beside what --overwrite left; the lock within one process ---------------------------
+
+
+def _save(run: Path, step: int) -> Path:
+    from tests.checkpoint.test_checkpoint import _model_and_tokenizers
+    from tformer.config import TrainConfig
+
+    model, tokenizers = _model_and_tokenizers()
+    return save_checkpoint(run, model=model, train_config=TrainConfig(), tokenizers=tokenizers,
+                           step=step)  # fmt: skip
+
+
+def test_a_save_goes_beside_files_overwrite_left(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    folder = _save(run, 1)
+    (folder / "eval-test").mkdir()
+    (folder / "eval-test" / "result.md").write_text("my evaluation")
+    remove_run(run)
+    assert [p.name for p in folder.iterdir()] == ["eval-test"]
+    assert _save(run, 1) == folder
+    assert (folder / "eval-test" / "result.md").read_text() == "my evaluation"
+    assert load_checkpoint(run).step == 1
+    remove_run(run)  # and again: only the checkpoint's own files go
+    assert [p.name for p in folder.iterdir()] == ["eval-test"]
+
+
+def test_a_save_never_replaces_a_file_it_did_not_write(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "step-000001").mkdir(parents=True)
+    (run / "step-000001" / "model.safetensors").write_bytes(b"someone's weights")
+    before = snapshot(tmp_path)
+    with pytest.raises(CheckpointError, match="model.safetensors: not written by tformer"):
+        _save(run, 1)
+    assert snapshot(tmp_path) == before  # no temporary folder left either
+
+
+def test_one_process_cannot_take_a_lock_twice_through_two_locks(tmp_path: Path) -> None:
+    first = RunLock(tmp_path)
+    with first:
+        assert (tmp_path / LOCK).read_text().strip() == str(os.getpid())
+        with pytest.raises(ConfigError, match=f"PID {os.getpid()}"):
+            RunLock(tmp_path).acquire()
+    assert not (tmp_path / LOCK).exists()
+    with RunLock(tmp_path):  # released: free again
+        pass

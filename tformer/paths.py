@@ -1,0 +1,120 @@
+"""Paths tformer writes and files it names: the guards every write and every message share.
+
+An atomic write renames a temporary file over its target, which would turn a device node, a
+FIFO or a symlink into a regular file (``--out /dev/full``, run as root, replaced the device).
+So every write first checks that its target is absent or a regular file (``check_replaceable``)
+and renames only then (``replace_file``). Messages that quote what a file holds quote at most a
+short, escaped excerpt (``excerpt``), so an error never prints a file it was pointed at.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from tformer.errors import CheckpointError, ConfigError, TformerError
+
+EXCERPT_CHARS = 60
+MESSAGE_CHARS = 200  # a quoted error is cut here: it may quote what a file holds
+
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """``repr(value)`` (escaped: no newline or control character gets through), cut to
+    ``limit`` characters with ``...`` and the full length when longer: how a message quotes
+    a value read from a file."""
+    shown = repr(value)
+    if len(shown) <= limit:
+        return shown
+    return f"{shown[:limit]}... ({len(shown):,} characters)"
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (or its type), to quote it in one-line errors.
+
+    Cut to a couple of hundred characters: an error may quote what a file holds.
+    """
+    lines = str(error).strip().splitlines()
+    line = lines[0] if lines else type(error).__name__
+    return line if len(line) <= MESSAGE_CHARS else line[:MESSAGE_CHARS] + "..."
+
+
+def file_kind(path: Path) -> str | None:
+    """What ``path`` is when it exists and is not a regular file ("a FIFO"), else None.
+
+    Symbolic links are not followed: a link is reported as one, whatever it points at.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None  # absent (or unreachable: the write itself will say why)
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
+def check_replaceable(
+    path: Path, flag: str = "", error: type[TformerError] = CheckpointError
+) -> None:
+    """Refuse a write target that exists and is not a regular file.
+
+    Raises:
+        ``error`` (CheckpointError by default): naming ``path`` (after ``flag``) and what it is.
+    """
+    kind = file_kind(path)
+    if kind is not None:
+        where = f"{flag} {path}" if flag else str(path)
+        raise error(
+            f"{where}: exists and is {kind}, not a regular file; tformer only replaces regular "
+            "files, so remove it or write somewhere else"
+        )
+
+
+def check_output_file(path: Path, flag: str, *, overwrite: bool) -> None:
+    """An output file named by ``flag``: absent, or (with ``overwrite``) a regular file.
+
+    Raises:
+        ConfigError: ``path`` exists and ``overwrite`` is not given, or it is not a regular
+            file (a folder, link, FIFO or device is never replaced), naming ``path``.
+    """
+    check_replaceable(path, flag, ConfigError)
+    if path.exists() and not overwrite:
+        raise ConfigError(
+            f"{flag} {path}: already exists; give --overwrite to replace it or choose another "
+            f"{flag}"
+        )
+
+
+def replace_file(tmp: str | Path, path: Path) -> None:
+    """``os.replace(tmp, path)`` once ``path`` is known to be absent or a regular file."""
+    check_replaceable(path)
+    os.replace(tmp, path)
+
+
+def read_small_text(path: Path, limit: int = 256) -> str | None:
+    """The text of a small regular file (at most ``limit`` bytes are read; bytes that are not
+    UTF-8 become U+FFFD), or None when ``path`` is not a regular file or cannot be read."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None  # never open a FIFO or a device: reading one may block or never end
+        with open(path, "rb") as handle:
+            return handle.read(limit).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def inside(folder: Path, path: Path) -> bool:
+    """Whether ``path``, with every symlink resolved, lies inside ``folder`` (resolved too)."""
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+        return False
