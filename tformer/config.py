@@ -9,6 +9,7 @@ sees ``ModelConfig``; values derived at run time (vocabulary sizes from the toke
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field, fields
 from importlib import resources
@@ -38,6 +39,44 @@ def _field(default: Any, help: str) -> Any:
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+# Bounds on what an option can ask for, so a typo (--seed 1e30, --d-model 10**9) is refused in
+# one line before anything is allocated. Counts and sizes fit a C int (what torch and the
+# tokenizers library index with); seeds fit the 64-bit generators they seed.
+INT_LIMIT = 2**31 - 1
+SEED_LIMIT = 2**63 - 1
+
+
+def check_numbers(config: object) -> None:
+    """Refuse a non-finite float (inf, nan) or an out-of-range int in any field of ``config``.
+
+    Runs before the per-field range checks, whose comparisons a nan would slip through.
+    """
+    for spec in fields(config):  # type: ignore[arg-type]
+        value = getattr(config, spec.name)
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, float):
+            _require(
+                math.isfinite(value), f"{flag(spec.name)} {value} must be a finite number"
+            )
+        elif isinstance(value, int):
+            check_int(flag(spec.name), value, seed=spec.name == "seed")
+
+
+def check_int(option: str, value: int, *, seed: bool = False) -> None:
+    """Refuse an int outside what ``option`` can hold (a seed: 0 .. 2**63 - 1)."""
+    if seed:
+        _require(
+            0 <= value <= SEED_LIMIT,
+            f"{option} {value} is out of range; use a seed from 0 to {SEED_LIMIT} (2**63 - 1)",
+        )
+    else:
+        _require(
+            -INT_LIMIT <= value <= INT_LIMIT,
+            f"{option} {value} is out of range; the largest accepted is {INT_LIMIT:,}",
+        )
 
 
 def _one_of(option: str, value: object, choices: Any) -> None:
@@ -77,6 +116,7 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
+        check_numbers(self)
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value > 0, f"{flag(name)} {value} must be > 0")
@@ -235,6 +275,7 @@ class TrainConfig:
     device: str = _field("auto", "auto, cpu, cuda[:N], mps.")
 
     def __post_init__(self) -> None:
+        check_numbers(self)
         for name in ("max_tokens", "accumulate", "eval_every", "save_every", "log_every"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, f"{flag(name)} {value} must be >= 1")

@@ -222,5 +222,5 @@ def test_invalid_utf8_in_csv_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="train.csv: line 3: invalid UTF-8"):
         load_text_pairs(str(path))
     path.write_bytes(b"source,target\n1\n")
-    with pytest.raises(DataError, match="line 2: no value for 'target'"):
+    with pytest.raises(DataError, match=r"\(line 2\): no value for 'target'"):
         load_text_pairs(str(path))

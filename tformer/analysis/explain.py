@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from tformer.config import BOS_ID, EOS_ID
+from tformer.decoding.api import fit_source
 from tformer.decoding.logits import mask_special_tokens
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.model import Transformer
@@ -57,7 +58,7 @@ def explain(
     chosen = [*hyp.ids, EOS_ID] if hyp.finished else list(hyp.ids)
     if not chosen:
         return []
-    src = torch.tensor([list(src_ids) or [EOS_ID]], device=device)
+    src = torch.tensor([fit_source(src_ids, model.config.max_len)], device=device)
     tgt_in = torch.tensor([[BOS_ID, *chosen[:-1]]], device=device)
     out = model.decode(tgt_in, model.encode(src), need_weights=True)
     assert out.cross_attentions is not None

@@ -7,13 +7,74 @@ from their own modules; ``tformer.cli.commands`` imports them all.
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+import warnings
+from typing import NoReturn
+
 import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
 from tformer.cli.console import err_console
-from tformer.errors import TformerError, TrainingInterrupted
+from tformer.errors import OutOfMemoryError, TformerError, TrainingInterrupted
 from tformer.version import __version__
+
+# What to lower after running out of memory, per command (training names its own batch size).
+MEMORY_FLAGS = {
+    "generate": "--batch-size, --beam-size or --num-samples",
+    "compare": "--batch-size or --beam-size",
+    "evaluate": "--batch-size or --beam-size (or --limit)",
+    "train": "--max-tokens (with --accumulate to keep the batch size)",
+    "inspect-attention": "the input's length",
+    "average": "the number of checkpoints averaged",
+}
+
+
+def out_of_memory(error: BaseException, command: str | None) -> OutOfMemoryError | None:
+    """The one-line refusal for an out-of-memory ``error``, or None when it is something else.
+
+    torch raises ``torch.OutOfMemoryError`` on a GPU and a RuntimeError ("not enough memory")
+    when a CPU allocation fails; Python raises MemoryError.
+    """
+    torch = sys.modules.get("torch")
+    oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    text = str(error)
+    is_oom = isinstance(error, MemoryError) or (
+        oom_type is not None and isinstance(error, oom_type)
+    )
+    if isinstance(error, RuntimeError) and (
+        "not enough memory" in text or "out of memory" in text.lower()
+    ):
+        is_oom = True
+    if not is_oom:
+        return None
+    lower = MEMORY_FLAGS.get(command or "", "the size of the work asked for")
+    name = f"tformer {command}" if command else "tformer"
+    detail = text.strip().splitlines()[0][:160] if text.strip() else type(error).__name__
+    return OutOfMemoryError(f"{name} ran out of memory ({detail}); lower {lower}")
+
+
+def os_error(error: OSError) -> TformerError:
+    """A file-system error that no command turned into a message of its own, in one line."""
+    where = f"{error.filename}: " if error.filename is not None else ""
+    reason = error.strerror or str(error) or type(error).__name__
+    message = TformerError(f"{where}{reason}; check the path, its permissions and free space")
+    return message
+
+
+def quiet_libraries() -> None:
+    """Keep the libraries' own log lines and warnings (datasets, the hub client, tokenizers)
+    off stderr: the CLI reports what matters in its own line."""
+    os.environ.setdefault("HF_DATASETS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name in ("datasets", "huggingface_hub", "fsspec", "filelock", "urllib3"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for module in ("datasets", "huggingface_hub", "pyarrow", "multiprocess"):
+        warnings.filterwarnings("ignore", module=module)
 
 
 class TformerGroup(TyperGroup):
@@ -29,11 +90,25 @@ class TformerGroup(TyperGroup):
         except TformerError as error:
             if (ctx.obj or {}).get("debug"):
                 raise
-            err_console.print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)
-            ctx.exit(error.exit_code)
+            self._fail(ctx, error)
         except KeyboardInterrupt as error:
             err_console.print("[yellow]interrupted[/]")
             ctx.exit(getattr(error, "exit_code", 130))
+        except (MemoryError, RuntimeError, OSError) as error:
+            # The safety net: out of memory anywhere (not only in training), and file-system
+            # errors no command named itself, still end in one line and an exit code.
+            found = (
+                out_of_memory(error, ctx.invoked_subcommand)
+                if not isinstance(error, OSError)
+                else os_error(error)
+            )
+            if found is None or (ctx.obj or {}).get("debug"):
+                raise
+            self._fail(ctx, found)
+
+    def _fail(self, ctx: typer.Context, error: TformerError) -> NoReturn:
+        err_console.print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)
+        ctx.exit(error.exit_code)
 
 
 app = typer.Typer(
@@ -62,3 +137,5 @@ def _root(
     ),
 ) -> None:
     ctx.obj = {"debug": debug}
+    if not debug:
+        quiet_libraries()

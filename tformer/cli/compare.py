@@ -20,8 +20,10 @@ from tformer.cli.options import (
     INPUT_FILE,
     MAX_NEW_TOKENS,
     TEXTS,
+    check_batch_size,
     default,
     read_inputs,
+    warn_long_inputs,
 )
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
@@ -164,8 +166,7 @@ def compare_command(
 
       tformer compare checkpoints/dates "6 Mar. 2025" --beam-size 8 --temperatures 0.3,2
     """
-    if batch_size < 1:
-        raise ConfigError(f"--batch-size {batch_size} must be >= 1")
+    check_batch_size(batch_size)
     if not 0.0 < top_p <= 1.0:
         raise ConfigError(f"--top-p {top_p} must be in (0, 1] (1 leaves the row out)")
     if beam_size < 1:
@@ -179,4 +180,5 @@ def compare_command(
     )
     inputs = read_inputs(texts, input_file)
     loaded = load_checkpoint(checkpoint, resolve_device(device))
+    warn_long_inputs(loaded.tokenizers.source, inputs, loaded.model_config.max_len)
     print_comparison(loaded, inputs, settings, batch_size=batch_size, as_json=as_json)

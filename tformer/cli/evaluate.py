@@ -29,11 +29,14 @@ from tformer.cli.options import (
     TEMPERATURE,
     TOP_K,
     TOP_P,
+    check_batch_size,
     decoding_config,
+    folder_option,
+    warn_long_inputs,
 )
 from tformer.data.sources import load_text_pairs
 from tformer.device import resolve_device
-from tformer.errors import ConfigError, DataError
+from tformer.errors import CheckpointError, ConfigError, DataError
 
 
 @app.command("evaluate")
@@ -75,6 +78,8 @@ def evaluate_command(
     """
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit {limit} must be >= 1")
+    check_batch_size(batch_size)
+    folder_option(out, "--out")
     # The same decoding flags as `tformer generate`; one output per input is scored.
     decoding = decoding_config(ctx.params)
     splits = load_text_pairs(data, source_field=source_field, target_field=target_field)
@@ -82,10 +87,19 @@ def evaluate_command(
         raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
     pairs = splits[split][:limit] if limit else splits[split]
     ckpt = load_checkpoint(checkpoint, resolve_device(device))
+    folder_option(out or ckpt.path / f"eval-{split}", "--out")
     err_console.print(f"translating {len(pairs):,} pairs of {split} …")
+    warn_long_inputs(ckpt.tokenizers.source, [s for s, _ in pairs], ckpt.model_config.max_len)
     result = evaluate(ckpt, pairs, split=split, decoding=decoding, batch_size=batch_size)
     card = result_card(ckpt, result, data=data, pairs=pairs)
-    paths = write_results(out or ckpt.path / f"eval-{split}", card, result.hypotheses)
+    folder = out or ckpt.path / f"eval-{split}"
+    try:
+        paths = write_results(folder, card, result.hypotheses)
+    except OSError as error:
+        raise CheckpointError(
+            f"--out {folder}: the results cannot be written ({error.strerror or error}); "
+            "give a writable --out folder"
+        ) from error
 
     table = Table(
         title=f"{escape(data or 'bundled dates')} [{split}], {len(pairs):,} pairs",

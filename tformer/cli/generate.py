@@ -35,9 +35,11 @@ from tformer.cli.options import (
     TEXTS,
     TOP_K,
     TOP_P,
+    check_batch_size,
     decoding_config,
     default,
     read_inputs,
+    warn_long_inputs,
 )
 from tformer.decoding.api import stream_tokens
 from tformer.decoding.settings import DecodingConfig
@@ -131,6 +133,7 @@ def generate_command(
         raise ConfigError(f"--explain shows one input at a time; got {len(inputs)}")
     loaded = load_checkpoint(checkpoint, resolve_device(device))
     accelerate(loaded.model)
+    warn_long_inputs(loaded.tokenizers.source, inputs, loaded.model_config.max_len)
     if compare:
         settings = default_settings(max_new_tokens=max_new_tokens, seed=seed or 0)
         print_comparison(loaded, inputs, settings, batch_size=batch_size, as_json=as_json)
@@ -152,8 +155,7 @@ def _check_modes(
     explain_steps: bool,
     compare: bool,
 ) -> None:
-    if batch_size < 1:
-        raise ConfigError(f"--batch-size {batch_size} must be >= 1")
+    check_batch_size(batch_size)
     modes = [
         name
         for name, on in (
@@ -271,6 +273,7 @@ def _interactive(
         text = line.rstrip("\r\n")
         if not line or not text.strip() or text.strip() in ("exit", "quit"):
             break
+        warn_long_inputs(loaded.tokenizers.source, [text], loaded.model_config.max_len)
         if _should_stream(stream, config, 1, as_json):
             _stream(loaded, text, config)
         else:

@@ -17,12 +17,12 @@ from tformer.analysis.head_stats import eos_column, head_statistics
 from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
-from tformer.cli.options import CHECKPOINT, DEVICE, SEED, TEMPERATURE
+from tformer.cli.options import CHECKPOINT, DEVICE, SEED, TEMPERATURE, warn_long_inputs
 from tformer.cli.render import render_selection, stats_table
 from tformer.cli.render_files import check_save_path, save_maps
 from tformer.decoding.settings import DecodingConfig
 from tformer.device import resolve_device
-from tformer.errors import ConfigError
+from tformer.errors import CheckpointError, ConfigError
 
 
 def parse_layer(text: str) -> Layer:
@@ -99,6 +99,7 @@ def inspect_attention_command(
     check_save_path(save)
     decoding = DecodingConfig(temperature=temperature, seed=seed)
     loaded = load_checkpoint(checkpoint, resolve_device(device))
+    warn_long_inputs(loaded.tokenizers.source, [text], loaded.model_config.max_len)
     result = inspect_attention(loaded.model, loaded.tokenizers, text, target, decoding)
     selection = result.selection(kind, which_layer, which_head, checkpoint=str(loaded.path))
     origin = "model output" if result.generated else "given target"
@@ -114,5 +115,11 @@ def inspect_attention_command(
         )
         console.print(stats_table(head_stats, kind))
     if save is not None:
-        save_maps(save, result, selection, values=values)
+        try:
+            save_maps(save, result, selection, values=values)
+        except OSError as error:
+            raise CheckpointError(
+                f"--save {save}: cannot be written ({error.strerror or error}); "
+                "give a writable path"
+            ) from error
         err_console.print(f"wrote {escape(str(save))}", soft_wrap=True)

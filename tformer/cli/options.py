@@ -6,16 +6,20 @@ import dataclasses
 import inspect
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from inspect import Parameter
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
+from tformer.cli.console import err_console
 from tformer.config import TrainConfig, flag
-from tformer.decoding.settings import DecodingConfig
+from tformer.decoding.settings import DecodingConfig, check_rows
 from tformer.errors import ConfigError, DataError
+
+if TYPE_CHECKING:  # importing the tokenizers library is slow: only commands that need it do
+    from tformer.data.tokenizer import Tokenizer
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -84,10 +88,69 @@ BATCH_SIZE = typer.Option(64, "--batch-size", help="Rows decoded together.")
 
 
 def existing_file(path: Path | None, option: str) -> Path | None:
-    """Refuse a missing file with a message naming the option."""
+    """Refuse a missing file, or something that is not a regular file, naming the option."""
     if path is not None and not path.is_file():
+        if path.is_dir():
+            raise ConfigError(f"{option} {path}: is a folder; give a file")
+        if path.exists() or path.is_symlink():
+            raise ConfigError(
+                f"{option} {path}: not a regular file (a FIFO, device, socket or broken link); "
+                "give a regular file"
+            )
         raise ConfigError(f"{option} {path}: no such file")
     return path
+
+
+def folder_option(path: Path | None, option: str) -> Path | None:
+    """Refuse a folder option (``--out``) that names a file, or lies under one."""
+    if path is None:
+        return None
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{option} {path}: exists and is a file; choose a folder name")
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{option} {path}: {parent} is a file, so no folder can go there")
+            break
+    return path
+
+
+def file_option(path: Path, option: str) -> Path:
+    """Refuse a file option (``--save``, a tokenizer's ``--out``) that names a folder or lies
+    under a file; missing folders on the way are made when it is written."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a folder; give a file name")
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{option} {path}: {parent} is a file, so no folder can go there")
+            break
+    return path
+
+
+def check_batch_size(batch_size: int) -> None:
+    """``--batch-size``: at least 1, at most ``MAX_ROWS`` rows decoded together."""
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size {batch_size} must be >= 1")
+    check_rows("--batch-size", batch_size)
+
+
+def warn_long_inputs(tokenizer: Tokenizer, texts: Sequence[str], max_len: int) -> None:
+    """One warning line on stderr when inputs are longer than the model's ``max_len`` tokens.
+
+    Decoding reads only the first ``max_len`` tokens of such an input (see
+    ``tformer.decoding.api.decode``); this says so, with the first one cut and its length.
+    """
+    lengths = [len(ids) for ids in tokenizer.encode_batch(list(texts))]
+    cut = [(n, length) for n, length in enumerate(lengths, start=1) if length > max_len]
+    if cut:
+        n, length = cut[0]
+        err_console.print(
+            f"[yellow]warning:[/] {len(cut)} of {len(texts)} inputs are longer than the "
+            f"model's max_len of {max_len} tokens (input {n} has {length}); only their first "
+            f"{max_len} tokens were read",
+            soft_wrap=True,
+        )
 
 
 MIN_P = typer.Option(
@@ -185,12 +248,33 @@ def read_inputs(texts: list[str] | None, input_file: Path | None) -> list[str]:
         return list(texts)
     if input_file is not None:
         existing_file(input_file, "--input-file")
-        try:
-            return input_file.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as error:
-            raise DataError(f"--input-file {input_file}: not UTF-8 text ({error})") from error
+        return split_lines(_utf8(input_file.read_bytes(), f"--input-file {input_file}"))
     if sys.stdin is None or sys.stdin.isatty():
         raise ConfigError(
             "no input: give TEXT arguments, --input-file FILE, pipe lines in, or use --interactive"
         )
-    return sys.stdin.read().splitlines()
+    stream = getattr(sys.stdin, "buffer", None)  # bytes: text mode would also split on "\r"
+    if stream is None:
+        return split_lines(sys.stdin.read())
+    return split_lines(_utf8(stream.read(), "stdin"))
+
+
+def _utf8(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise DataError(f"{where}: line {line}: not UTF-8 text (byte {error.start})") from None
+
+
+def split_lines(text: str) -> list[str]:
+    r"""One input a line, lines ended by "\n" or "\r\n" only.
+
+    ``str.splitlines`` also splits on "\r", "\x0b", "\x0c", "\x1c"-"\x1e", "\x85",
+    "\u2028" and "\u2029"; an input holding one of them would become two inputs, and the
+    outputs would stop lining up with the input lines.
+    """
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]

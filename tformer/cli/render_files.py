@@ -9,6 +9,7 @@ from torch import Tensor
 
 from tformer.analysis.attention import AttentionResult, AttentionSelection
 from tformer.analysis.attention_files import save_attention
+from tformer.cli.options import file_option
 from tformer.cli.render_html import write_html
 from tformer.errors import ConfigError
 from tformer.paths import check_replaceable
@@ -18,14 +19,17 @@ ANNOTATE_CELLS = 400  # print the weights in the cells of a single map up to thi
 
 
 def check_save_path(path: Path | None) -> None:
-    """Refuse an unsupported ``--save`` file type, or a path that is not a regular file (a
-    FIFO would block, a link would write elsewhere), before any work is done."""
-    if path is not None:
-        check_replaceable(path, "--save", ConfigError)
-    if path is not None and path.suffix.lower() not in SAVE_SUFFIXES:
+    """Refuse an unsupported ``--save`` file type, a folder, a path under a file, or a path
+    that is not a regular file (a FIFO would block, a link would write elsewhere), before any
+    work is done (missing folders on the way are made)."""
+    if path is None:
+        return
+    check_replaceable(path, "--save", ConfigError)
+    if path.suffix.lower() not in SAVE_SUFFIXES:
         raise ConfigError(
             f"--save {path}: unsupported file type; use one of {', '.join(SAVE_SUFFIXES)}"
         )
+    file_option(path, "--save")
 
 
 def save_maps(

@@ -9,9 +9,9 @@ from rich.markup import escape
 
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
-from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD
+from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD, file_option
 from tformer.data.sources import load_text_pairs
-from tformer.data.tokenizer import TOKENIZER_KINDS, train_tokenizer
+from tformer.data.tokenizer import TOKENIZER_KINDS, check_tokenizer_options, train_tokenizer
 from tformer.paths import check_output_file
 
 
@@ -41,14 +41,21 @@ def train_tokenizer_command(
     split one per token. An existing --out is replaced only with --overwrite.
     Example: tformer train-tokenizer --vocab-size 4000 -o tok.json
     """
+    file_option(out, "--out")
+    check_tokenizer_options(vocab_size, min_frequency)
     suffixes = [".source", ".target"] if separate else [""]
     paths = {s: out.with_name(out.stem + s + out.suffix) if s else out for s in suffixes}
     for path in paths.values():
         check_output_file(path, "--out", overwrite=overwrite)
     pairs = load_text_pairs(data, source_field=source_field, target_field=target_field)["train"]
+    # Texts alternate source, target: text 2k+1 is pair k+1's source (k+1's target with
+    # --separate-vocab's second tokenizer).
     sides = {"": [t for pair in pairs for t in pair]}
+    where = {"": "the train split (texts alternate source, target)"}
     if separate:
         sides = {".source": [s for s, _ in pairs], ".target": [t for _, t in pairs]}
+        where = {".source": "the train split's sources", ".target": "the train split's targets"}
+    out.parent.mkdir(parents=True, exist_ok=True)
     for suffix, texts in sides.items():
         tok = train_tokenizer(
             texts,
@@ -56,6 +63,7 @@ def train_tokenizer_command(
             vocab_size=vocab_size,
             min_frequency=min_frequency,
             show_progress=err_console.is_terminal,
+            where=f"--data {data or 'bundled dates'}, {where[suffix]}",
         )
         path = paths[suffix]
         tok.save(path)

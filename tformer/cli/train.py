@@ -20,6 +20,7 @@ from tformer.config import PRESETS, RECIPES, ModelConfig, TrainConfig, parse_dur
 from tformer.data.tokenized import default_cache_dir
 from tformer.data.tokenizer import TOKENIZER_KINDS
 from tformer.device import set_threads
+from tformer.errors import ConfigError
 from tformer.training.configs import Settings, dump_config
 from tformer.training.dryrun import dry_run
 from tformer.training.run import plan_job, train
@@ -67,6 +68,8 @@ TRAIN_OPTIONS = (
     "precision",
     "compile",
 )
+# The most threads or processes one run may ask for: --nproc 1000000 would start as many.
+MAX_PROCESSES = 1024
 _ALIASES = {"source_field": ("--src-lang",), "target_field": ("--tgt-lang",)}
 _CONFIG_PARAMETERS = [
     *(config_parameter(ModelConfig, name) for name in MODEL_OPTIONS),
@@ -198,6 +201,9 @@ def train_command(
 
     Example: tformer train --preset tiny --max-steps 2000 --out checkpoints/dates
     """
+    for option, count in (("--threads", threads), ("--nproc", nproc), ("--num-proc", num_proc)):
+        if count is not None and not 1 <= count <= MAX_PROCESSES:
+            raise ConfigError(f"{option} {count} must be from 1 to {MAX_PROCESSES}")
     if threads is not None:
         set_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # for the ranks of --nproc

@@ -24,6 +24,7 @@ class EncodedSplit:
     pairs: list[IdPair]
     texts: list[TextPair]
     dropped: int
+    dropped_empty: int = 0  # of ``dropped``, the pairs with an empty side (not too long)
 
     def length_percentiles(self, qs: Sequence[int] = (50, 90, 99, 100)) -> dict[str, list[int]]:
         """Token-length percentiles (nearest rank) per side: {"source": [...], "target": [...]}."""
@@ -64,23 +65,27 @@ def encode_pairs(
     tgt_ids = encode_texts([t for _, t in texts], tgt_tokenizer, **options)
     kept: list[IdPair] = []
     kept_text: list[TextPair] = []
+    empty = 0
     for row, (text, src, tgt) in enumerate(zip(texts, src_ids, tgt_ids, strict=True), start=1):
         problem = _unfit(src, tgt, max_len)
         if problem is None:
             kept.append((src, tgt))
             kept_text.append(text)
-        elif strict:
+            continue
+        empty += not src or not tgt
+        if strict:
+            fix = "fix the pair" if not src or not tgt else "raise --max-len, fix the pair"
             raise DataError(
-                f"{where}: pair {row}: {problem} (--strict); raise --max-len, fix the pair, "
+                f"{where}: pair {row}: {problem} (--strict); {fix}, "
                 "or drop --strict to skip and count such pairs"
             )
-    return EncodedSplit(kept, kept_text, len(texts) - len(kept))
+    return EncodedSplit(kept, kept_text, len(texts) - len(kept), empty)
 
 
 def _unfit(src: list[int], tgt: list[int], max_len: int) -> str | None:
     """Why a pair cannot be trained on, or None. The decoder sees one extra position."""
     if not src or not tgt:
-        return f"the {'source' if not src else 'target'} is empty"
+        return f"the {'source' if not src else 'target'} is empty (no tokens)"
     if len(src) > max_len:
         return f"the source is {len(src)} tokens, over --max-len {max_len}"
     if len(tgt) + 1 > max_len:

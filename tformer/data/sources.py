@@ -69,20 +69,38 @@ def load_text_pairs(
         return _load_folder(path, source_field, target_field)
     if path.is_file():
         return {"train": _load_file(path, source_field, target_field)}
+    if path.exists():
+        raise DataError(
+            f"--data {spec}: not a regular file or folder (a FIFO, device or socket); "
+            "give a data file or folder"
+        )
     if path.suffix.lower() in _LOADERS or spec.startswith((".", "/", "~")):
         raise DataError(f"--data {spec}: no such file or folder")
     return _load_hub(spec, source_field, target_field)
 
 
 def _split_files(folder: Path) -> dict[str, Path]:
+    """Split -> its file; two files for one split (val.jsonl and validation.csv) are refused."""
     found: dict[str, Path] = {}
     for split, names in _SPLIT_NAMES.items():
-        for name in names:
-            for suffix in _LOADERS:
-                candidate = folder / f"{name}{suffix}"
-                if candidate.is_file() and split not in found:
-                    found[split] = candidate
+        candidates = [
+            folder / f"{name}{suffix}"
+            for name in names
+            for suffix in _LOADERS
+            if (folder / f"{name}{suffix}").is_file()
+        ]
+        _one_file(split, candidates)
+        if candidates:
+            found[split] = candidates[0]
     return found
+
+
+def _one_file(split: str, candidates: list[Path]) -> None:
+    if len(candidates) > 1:
+        names = " and ".join(str(c) for c in candidates)
+        raise DataError(
+            f"two files for the {split} split: {names}; keep one (rename or move the other)"
+        )
 
 
 def _paired_text_files(folder: Path, src: str, tgt: str) -> dict[str, tuple[Path, Path]]:
@@ -92,15 +110,20 @@ def _paired_text_files(folder: Path, src: str, tgt: str) -> dict[str, tuple[Path
     split (``test2016.en`` as in Multi30k; the first in name order when there are several).
     """
     found: dict[str, tuple[Path, Path]] = {}
+    named: dict[str, list[Path]] = {split: [] for split in _SPLIT_NAMES}
     prefixes = sorted({p.name[: -len(src) - 1] for p in folder.glob(f"*.{src}")})
     for prefix in prefixes:
         pair = (folder / f"{prefix}.{src}", folder / f"{prefix}.{tgt}")
         if not pair[1].is_file():
             continue
         for split, names in _SPLIT_NAMES.items():
+            if prefix in names:
+                named[split].append(pair[0])
             matches = prefix in names or (split == "test" and prefix.startswith("test"))
             if matches and split not in found:
                 found[split] = pair
+    for split, paths in named.items():
+        _one_file(split, paths)
     return found
 
 
@@ -200,7 +223,11 @@ def _read_delimited(path: Path, source_field: str, target_field: str) -> list[Te
     dates, as a type-inferring reader would)."""
     kind = "TSV" if path.suffix.lower() == ".tsv" else "CSV"
     text = _utf8_text(path).removeprefix("\ufeff")
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if kind == "TSV" else ",")
+    # strict: a quote left open, or text after a closing quote, is an error, not a cell that
+    # silently swallows the lines after it.
+    reader = csv.DictReader(
+        io.StringIO(text, newline=""), delimiter="\t" if kind == "TSV" else ",", strict=True
+    )
     limit = csv.field_size_limit()
     csv.field_size_limit(2**31 - 1)  # a very long line is data, not an error
     try:
@@ -211,22 +238,37 @@ def _read_delimited(path: Path, source_field: str, target_field: str) -> list[Te
             if field not in columns:
                 raise DataError(f"{path}: no column {field!r} ({option}); columns are {columns}")
         pairs = []
-        for row in reader:
-            src, tgt = row.get(source_field), row.get(target_field)
-            if src is None or tgt is None:
-                missing = source_field if src is None else target_field
-                raise DataError(
-                    f"{path}: line {reader.line_num}: no value for {missing!r} (fewer cells "
-                    "than the header has columns)"
-                )
-            pairs.append((src, tgt))
+        for number, row in enumerate(reader, start=1):
+            _check_cells(path, number, reader.line_num, row, len(columns), kind)
+            pairs.append((row[source_field], row[target_field]))
     except csv.Error as error:
-        raise DataError(f"{path}: line {reader.line_num}: invalid {kind} ({error})") from error
+        hint = "; a quote is left open" if "unexpected end of data" in str(error) else ""
+        raise DataError(
+            f"{path}: line {reader.line_num}: invalid {kind} ({error}{hint})"
+        ) from error
     finally:
         csv.field_size_limit(limit)
     if not pairs:
         raise DataError(f"{path}: no rows")
     return pairs
+
+
+def _check_cells(
+    path: Path, number: int, line: int, row: dict[Any, Any], columns: int, kind: str
+) -> None:
+    """Refuse a row with more or fewer cells than the header has columns, naming it."""
+    extra = row.get(None)  # csv.DictReader's key for cells past the header's columns
+    if extra:
+        raise DataError(
+            f"{path}: row {number} (line {line}): {columns + len(extra)} cells but the header "
+            f"has {columns} columns; quote cells that hold the {kind} delimiter"
+        )
+    missing = [name for name, value in row.items() if value is None]
+    if missing:
+        raise DataError(
+            f"{path}: row {number} (line {line}): no value for {missing[0]!r} (fewer cells "
+            f"than the header's {columns} columns)"
+        )
 
 
 def _read_json_lines(path: Path, source_field: str, target_field: str) -> Any:
@@ -308,7 +350,10 @@ def _pairs_from_columns(
     for row, (src, tgt) in enumerate(zip(sources, targets, strict=True), start=1):
         if src is None or tgt is None:
             missing = source_field if src is None else target_field
-            raise DataError(f"{where}: row {row}: no field {missing!r}")
+            raise DataError(
+                f"{where}: row {row}: {missing!r} is null or missing; give it a text value "
+                "(an empty text is \"\")"
+            )
         if not isinstance(src, str) or not isinstance(tgt, str):
             raise DataError(
                 f"{where}: row {row}: {source_field!r} and {target_field!r} must be text, "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
@@ -157,6 +158,35 @@ class Tokenizer:
         return tokenizer
 
 
+# Bounds on tokenizer training. BPE's work grows with the square of a word's length: one
+# 1 MB line without spaces took over ten minutes, with Ctrl-C ignored inside the native call.
+# Texts longer than MAX_TEXT_CHARS are refused (naming the text); within a text, runs of more
+# than MAX_WORD_CHARS non-space characters are cut into pieces of that length for training only
+# (encoding later still sees the whole text; the merges learnt apply to it).
+MAX_TEXT_CHARS = 100_000
+MAX_WORD_CHARS = 100
+_LONG_WORD = re.compile(rf"\S{{{MAX_WORD_CHARS + 1},}}")
+MAX_VOCAB_SIZE = 2**24
+
+
+def check_tokenizer_options(vocab_size: int, min_frequency: int) -> None:
+    """Refuse a ``--vocab-size`` or ``--min-frequency`` no tokenizer can be trained with."""
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ConfigError(
+            f"--vocab-size {vocab_size} is too small: it must exceed the {len(SPECIAL_TOKENS)} "
+            "special tokens plus the characters of the text (a few hundred is a sensible minimum)"
+        )
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise ConfigError(
+            f"--vocab-size {vocab_size} is over {MAX_VOCAB_SIZE:,} (2**24); lower --vocab-size"
+        )
+    if not 0 <= min_frequency <= 2**31 - 1:
+        raise ConfigError(
+            f"--min-frequency {min_frequency} must be a count from 0 to {2**31 - 1:,} "
+            "(pieces seen fewer times are not kept)"
+        )
+
+
 def train_tokenizer(
     texts: Iterable[str],
     *,
@@ -164,32 +194,40 @@ def train_tokenizer(
     vocab_size: int = 8000,
     min_frequency: int = 2,
     show_progress: bool = False,
+    where: str = "tokenizer training text",
 ) -> Tokenizer:
     """Train a ``kind`` tokenizer of at most ``vocab_size`` tokens on ``texts`` (one pass).
 
+    Args:
+        where: names ``texts`` in errors ("--data x.csv, train split").
+
     Raises:
-        ConfigError: unknown ``kind``, or ``vocab_size`` too small for the specials or alphabet.
-        DataError: ``texts`` holds no non-blank text.
+        ConfigError: unknown ``kind``, ``vocab_size`` too small for the specials or alphabet,
+            or out of range options.
+        DataError: ``texts`` holds no non-blank text, or a text over ``MAX_TEXT_CHARS``.
     """
     if kind not in TOKENIZER_KINDS:
         raise ConfigError(
             f"--tokenizer-kind {kind!r} is not supported; "
             f"choose one of {', '.join(TOKENIZER_KINDS)}"
         )
-    if vocab_size <= len(SPECIAL_TOKENS):
-        raise ConfigError(
-            f"--vocab-size {vocab_size} is too small: it must exceed the {len(SPECIAL_TOKENS)} "
-            "special tokens plus the characters of the text (a few hundred is a sensible minimum)"
-        )
+    check_tokenizer_options(vocab_size, min_frequency)
     inner = _pipeline(kind)
     trainer = _trainer(kind, vocab_size, min_frequency, show_progress)
+    refused: list[DataError] = []
     try:
-        inner.train_from_iterator(_non_empty(texts), trainer=trainer)
+        inner.train_from_iterator(
+            _bounded(_non_empty(texts), where, refused), trainer=trainer
+        )
     except Exception as error:
+        if refused:
+            raise refused[0] from None
         # Unigram refuses outright when the alphabet does not fit; BPE/WordPiece overshoot instead.
         if "not large enough" not in str(error):
             raise
         raise _too_small(vocab_size, kind) from error
+    if refused:  # raised here: an error inside the native training call would lose its type
+        raise refused[0]
     trained_size = inner.get_vocab_size(with_added_tokens=True)
     if trained_size > vocab_size:
         raise _too_small(vocab_size, kind, trained_size)
@@ -206,6 +244,27 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
     if first is None:
         raise DataError("no text to train the tokenizer on")
     return chain([first], iterator)
+
+
+def _bounded(texts: Iterable[str], where: str, refused: list[DataError]) -> Iterator[str]:
+    """``texts`` with over-long words cut into ``MAX_WORD_CHARS`` pieces. At a text over
+    ``MAX_TEXT_CHARS`` it stops, with the refusal (naming the text, 1 = the first) in
+    ``refused``."""
+    for number, text in enumerate(texts, start=1):
+        if len(text) > MAX_TEXT_CHARS:
+            refused.append(
+                DataError(
+                    f"{where}: text {number} is {len(text):,} characters, over the "
+                    f"{MAX_TEXT_CHARS:,} a tokenizer is trained on; split or drop that text"
+                )
+            )
+            return
+        yield _LONG_WORD.sub(_cut_word, text) if len(text) > MAX_WORD_CHARS else text
+
+
+def _cut_word(match: re.Match[str]) -> str:
+    word = match.group(0)
+    return " ".join(word[i : i + MAX_WORD_CHARS] for i in range(0, len(word), MAX_WORD_CHARS))
 
 
 def _pipeline(kind: str) -> tokenizers.Tokenizer:

@@ -31,10 +31,14 @@ def _drain(events: StepEvents) -> list[list[Hypothesis]]:
 def decode(model: Transformer, src: Tensor, config: DecodingConfig) -> list[list[Hypothesis]]:
     """Decode a padded (B, S) batch of source ids.
 
+    A source longer than the model's ``max_len`` is read up to ``max_len`` tokens (the encoder
+    has no positions past it); the CLI warns when that happens.
+
     Returns:
         For each source row, in row order: ``num_samples`` hypotheses (greedy / sampling), or
         the ``n_best`` best of beam search, best first.
     """
+    src = src[:, : model.config.max_len]
     if config.beam_size > 1:
         return beam_search(model, src, config)
     return _drain(sample_steps(model, src, config))
@@ -55,11 +59,17 @@ def stream_tokens(
     if not 0 <= sample < config.num_samples:
         raise ValueError(f"sample {sample} is outside 0..{config.num_samples - 1}")
     device = next(model.parameters()).device
-    src = torch.tensor([list(src_ids) or [EOS_ID]], device=device)
+    src = torch.tensor([fit_source(src_ids, model.config.max_len)], device=device)
     for _, tokens in sample_steps(model, src, config, samples=[sample]):
         if tokens[0] == EOS_ID:
             return
         yield tokens[0]
+
+
+def fit_source(src_ids: Sequence[int], max_len: int) -> list[int]:
+    """A source as the encoder reads it: its first ``max_len`` ids; an empty one as <eos>
+    (the encoder needs one position to attend to)."""
+    return list(src_ids[:max_len]) or [EOS_ID]
 
 
 def decode_texts(
@@ -83,8 +93,7 @@ def decode_texts(
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
     for start in range(0, len(order), sources_per_batch):
         chunk = order[start : start + sources_per_batch]
-        # Empty inputs still need one position for the encoder to attend to.
-        rows = [list(src_ids[i]) or [EOS_ID] for i in chunk]
+        rows = [fit_source(src_ids[i], model.config.max_len) for i in chunk]
         for index, hyps in zip(chunk, decode(model, pad(rows).to(device), config), strict=True):
             results[index] = hyps
     return results

@@ -12,8 +12,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tformer.config import check_numbers
 from tformer.decoding.logits import Stage, constraint_stages, sampling_stages
 from tformer.errors import ConfigError
+
+# The most rows decoded together: each input takes --beam-size or --num-samples rows, and
+# --batch-size rows go through the model at once. Above it, memory and time grow past what any
+# use needs (a typo like -n 100000000 would run for hours); the refusal names the flag to lower.
+MAX_ROWS = 4096
+# Past these, the arithmetic overflows: logits / T and z / θ reach inf (then NaN probabilities),
+# length ** length_penalty overflows a float or reaches 0.
+MIN_TEMPERATURE = 1e-4
+PENALTY_RANGE = (1e-3, 1e3)
+MAX_LENGTH_PENALTY = 10.0
+
+
+def check_rows(option: str, value: int) -> None:
+    """Refuse ``option`` (--beam-size, --num-samples, --batch-size) over ``MAX_ROWS``."""
+    if value > MAX_ROWS:
+        raise ConfigError(
+            f"{option} {value} is over {MAX_ROWS}, the most rows decoded together; "
+            f"lower {option}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,18 +63,30 @@ class DecodingConfig:
     use_cache: bool = True
 
     def __post_init__(self) -> None:
+        check_numbers(self)  # inf / nan and huge ints first: the checks below compare them
         self._check_ranges()
         self._check_combinations()
 
     def _check_ranges(self) -> None:
         checks = [
             (self.temperature >= 0, f"--temperature {self.temperature} must be >= 0 (0 = greedy)"),
+            (
+                self.temperature == 0 or self.temperature >= MIN_TEMPERATURE,
+                f"--temperature {self.temperature} is below {MIN_TEMPERATURE}, too small to "
+                "sample with (the scaled logits overflow); use 0 for greedy",
+            ),
             (self.top_k >= 0, f"--top-k {self.top_k} must be >= 0 (0 = off)"),
             (0.0 < self.top_p <= 1.0, f"--top-p {self.top_p} must be in (0, 1] (1 = off)"),
             (0.0 <= self.min_p <= 1.0, f"--min-p {self.min_p} must be in [0, 1] (0 = off)"),
             (
-                self.repetition_penalty > 0,
-                f"--repetition-penalty {self.repetition_penalty} must be > 0 (1 = off)",
+                PENALTY_RANGE[0] <= self.repetition_penalty <= PENALTY_RANGE[1],
+                f"--repetition-penalty {self.repetition_penalty} must be in "
+                f"[{PENALTY_RANGE[0]}, {PENALTY_RANGE[1]}] (1 = off)",
+            ),
+            (
+                abs(self.length_penalty) <= MAX_LENGTH_PENALTY,
+                f"--length-penalty {self.length_penalty} must be in "
+                f"[-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}] (1 = mean log p per token)",
             ),
             (
                 self.no_repeat_ngram_size >= 0,
@@ -69,6 +101,8 @@ class DecodingConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        check_rows("--beam-size", self.beam_size)
+        check_rows("--num-samples", self.num_samples)
 
     def _check_combinations(self) -> None:
         if self.min_new_tokens > self.max_new_tokens:

@@ -90,9 +90,16 @@ def encode_splits(
         )
         for name, pairs in texts.items()
     }
-    if not splits["train"].pairs:
+    train = splits["train"]
+    if not train.pairs:
+        if train.dropped_empty == train.dropped:
+            raise DataError(
+                f"{where}: every training pair ({train.dropped}) has an empty source or target; "
+                "check --source-field / --target-field and the data"
+            )
+        too_long = train.dropped - train.dropped_empty
         raise DataError(
-            f"{where}: no training pair fits --max-len {max_len} "
-            f"(all {splits['train'].dropped} were dropped)"
+            f"{where}: no training pair fits --max-len {max_len}: {too_long} of "
+            f"{train.dropped} are too long (the rest have an empty side); raise --max-len"
         )
     return splits

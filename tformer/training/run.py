@@ -228,7 +228,7 @@ def _run_locked(
     if world.rank > 0:
         # Rank 0 follows the single-process RNG stream; the others draw their own dropout
         # masks, from a stream that depends only on (seed, rank, step) so a resume repeats it.
-        torch.manual_seed(cfg.seed * 1_000_003 + world.rank * 10_007 + pos.step)
+        torch.manual_seed((cfg.seed * 1_000_003 + world.rank * 10_007 + pos.step) % 2**64)
     plan = BatchPlan(setup.splits["train"].pairs, cfg.max_tokens, cfg.seed)
     total_steps = _total_steps(cfg, len(plan.epoch(0)) * world.world_size)
 

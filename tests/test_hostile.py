@@ -1,0 +1,492 @@
+"""Hostile inputs: every case ends in a clean answer, never a traceback, and harms nothing.
+
+Table-driven over the real CLI (typer's CliRunner) against a real tiny trained run and a tree of
+hostile files. A refusal is one line on stderr starting "error:", with the expected exit code
+(2 option, 3 data, 4 checkpoint, 5 memory) and a piece of the message; every file that existed
+before is byte-identical afterwards and nothing appears in the working folder. Classes: bounded
+work, never a traceback, refused rather than silently wrong, messages that help (see
+docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import Result
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from tests.conftest import digit_pairs, write_jsonl
+from tformer.cli.commands import app
+from tformer.cli.options import split_lines
+from tformer.config import ModelConfig, TrainConfig
+from tformer.data.tokenizer import MAX_TEXT_CHARS, train_tokenizer
+from tformer.decoding.settings import MAX_ROWS, DecodingConfig
+from tformer.errors import ConfigError, DataError, TformerError
+from tformer.training.run import TrainResult
+
+HUGE = str(10**30)
+LONG = " ".join(["7"] * 200)  # far over the trained model's max_len of 64 tokens
+TINY = [
+    "--preset", "tiny", "--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--d-ff", "64",
+    "--max-len", "48", "--vocab-size", "60", "--max-tokens", "256", "--max-steps", "2",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, trained: TrainResult) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hostile")
+    good = root / "good"
+    write_jsonl(good / "train.jsonl", digit_pairs(120, seed=31))
+    write_jsonl(good / "validation.jsonl", digit_pairs(10, seed=32))
+    write_jsonl(good / "test.jsonl", digit_pairs(10, seed=33))
+    bad = root / "bad"
+    bad.mkdir()
+    (bad / "unclosed.csv").write_text('source,target\n1,one\n2,"two\n3,three\n')
+    (bad / "extra.csv").write_text("source,target\n1,one\n2,two,zwei\n")
+    (bad / "after-quote.tsv").write_text('source\ttarget\n"1"x\tone\n')
+    write_jsonl(bad / "null.jsonl", [{"source": "1", "target": "one"}])
+    with open(bad / "null.jsonl", "a") as handle:
+        handle.write('{"source": "2", "target": null}\n')
+    write_jsonl(bad / "empty-targets.jsonl", [{"source": str(i), "target": ""} for i in range(9)])
+    write_jsonl(bad / "long-line.jsonl", [{"source": "x" * 1_000_000, "target": "one"}])
+    two_val = bad / "two-val"
+    write_jsonl(two_val / "train.jsonl", digit_pairs(20, seed=1))
+    write_jsonl(two_val / "val.jsonl", digit_pairs(5, seed=2))
+    write_jsonl(two_val / "validation.jsonl", digit_pairs(5, seed=3))
+    two_train = bad / "two-train"
+    write_jsonl(two_train / "train.jsonl", digit_pairs(20, seed=1))
+    (two_train / "train.csv").write_text("source,target\n1,one\n")
+    paired = bad / "paired"
+    paired.mkdir()
+    for prefix in ("train", "val", "dev"):
+        (paired / f"{prefix}.en").write_text("1\n2\n")
+        (paired / f"{prefix}.de").write_text("eins\nzwei\n")
+    long_test = root / "long-test"
+    write_jsonl(long_test / "train.jsonl", digit_pairs(20, seed=1))
+    write_jsonl(long_test / "test.jsonl", [{"source": LONG, "target": "seven"}, *digit_pairs(4, 5)])
+    (root / "a-file").write_text("a file, not a folder")
+    (root / "maps.json").mkdir()  # a folder with a file's name
+    fifo = root / "fifo"
+    os.mkfifo(fifo)
+    (root / "inputs.txt").write_text(f"3 1\n{LONG}\n9\n")
+    return {"w": root, "run": trained.run_dir}
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every path under ``root`` with a hash of its content (FIFOs and folders by kind)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        key = str(path.relative_to(root))
+        if path.is_dir():
+            out[key] = "dir"
+        elif path.is_file():
+            out[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[key] = "other"
+    return out
+
+
+def cli(world: dict[str, Path], command: str, **kwargs: object) -> Result:
+    args = command.format(**world).split()
+    return CliRunner().invoke(app, args, **kwargs)  # type: ignore[arg-type]
+
+
+def refused(result: Result, code: int, message: str) -> str:
+    assert result.exit_code == code, result.output
+    # evaluate's progress line ("translating N pairs of test") may come before a late refusal
+    lines = [x for x in result.stderr.strip().splitlines() if not x.startswith("translating ")]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error:"), lines[0]
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+REFUSED = [
+    # option values inf / nan: exit 2 naming the flag, not a run that diverges (exit 6)
+    ("temperature-inf", "generate {run} 1 --temperature inf", 2,
+     "--temperature inf must be a finite"),
+    ("temperature-nan", "generate {run} 1 -t nan", 2, "--temperature nan must be a finite"),
+    ("top-p-nan", "generate {run} 1 -t 1 --top-p nan", 2, "--top-p nan"),
+    ("min-p-inf", "generate {run} 1 -t 1 --min-p inf", 2, "--min-p inf"),
+    ("repetition-inf", "generate {run} 1 --repetition-penalty inf", 2, "--repetition-penalty inf"),
+    ("length-penalty-nan", "generate {run} 1 -b 2 --length-penalty nan", 2, "--length-penalty nan"),
+    ("evaluate-temperature-inf", "evaluate {run} --data {w}/good --temperature inf --out {w}/x",
+     2, "--temperature inf"),
+    ("compare-temperature-inf", "compare {run} 1 --temperatures inf", 2, "--temperature inf"),
+    ("train-lr-inf", "train --data {w}/good --lr inf", 2, "--lr inf must be a finite"),
+    ("train-lr-nan", "train --data {w}/good --lr nan", 2, "--lr nan"),
+    ("train-label-smoothing-nan", "train --data {w}/good --label-smoothing nan", 2,
+     "--label-smoothing nan"),
+    ("train-dropout-inf", "train --data {w}/good --dropout inf", 2, "--dropout inf"),
+    ("train-clip-norm-inf", "train --data {w}/good --clip-norm inf", 2, "--clip-norm inf"),
+    ("train-epochs-inf", "train --data {w}/good --epochs inf", 2, "--epochs inf"),
+    # huge ints: one line naming the flag and the bound, before anything is allocated
+    ("generate-seed-huge", "generate {run} 1 -t 1 --seed " + HUGE, 2, "--seed " + HUGE),
+    ("generate-seed-negative", "generate {run} 1 -t 1 --seed -1", 2, "use a seed from 0"),
+    ("num-samples-huge", "generate {run} 1 -t 1 -n 100000000", 2,
+     f"--num-samples 100000000 is over {MAX_ROWS}"),
+    ("beam-size-huge", "generate {run} 1 -b 1000000", 2, f"--beam-size 1000000 is over {MAX_ROWS}"),
+    ("batch-size-huge", "generate {run} 1 --batch-size 1000000", 2, "lower --batch-size"),
+    ("max-new-tokens-huge", "generate {run} 1 --max-new-tokens " + HUGE, 2,
+     "--max-new-tokens " + HUGE + " is out of range; the largest accepted is 2,147,483,647"),
+    ("top-k-huge", "generate {run} 1 -t 1 --top-k " + HUGE, 2, "--top-k"),
+    ("evaluate-batch-size-zero", "evaluate {run} --data {w}/good --batch-size 0 --out {w}/x", 2,
+     "--batch-size 0 must be >= 1"),
+    ("inspect-seed-huge", "inspect-attention {run} 1 -t 1 --seed " + HUGE, 2, "--seed"),
+    ("train-seed-huge", "train --data {w}/good --seed " + HUGE, 2, "--seed " + HUGE),
+    ("train-max-tokens-huge", "train --data {w}/good --max-tokens " + HUGE, 2, "--max-tokens"),
+    ("train-d-model-huge", "train --data {w}/good --d-model " + HUGE, 2, "--d-model"),
+    ("train-nproc-huge", "train --data {w}/good --nproc 1000000", 2, "--nproc 1000000 must be"),
+    ("train-threads-huge", "train --data {w}/good --threads " + HUGE, 2, "--threads"),
+    # negative counts
+    ("min-frequency-negative", "train-tokenizer --data {w}/good --min-frequency -1 -o {w}/t.json",
+     2, "--min-frequency -1"),
+    ("vocab-size-huge", "train-tokenizer --data {w}/good --vocab-size " + HUGE + " -o {w}/t.json",
+     2, "--vocab-size"),
+    # an --out / --save where a folder is expected
+    ("evaluate-out-is-a-file", "evaluate {run} --data {w}/good --out {w}/a-file", 2,
+     "exists and is a file"),
+    ("evaluate-out-under-a-file", "evaluate {run} --data {w}/good --out {w}/a-file/eval", 2,
+     "a-file is a file, so no folder can go there"),
+    ("save-under-a-file", "inspect-attention {run} 1 --save {w}/a-file/map.png", 2,
+     "a-file is a file"),
+    ("save-is-a-folder", "inspect-attention {run} 1 --save {w}/maps.json", 2, "is a folder"),
+    ("evaluate-out-not-writable", "evaluate {run} --data {w}/good --out /proc/tformer-test/eval",
+     4, "--out /proc/tformer-test/eval: the results cannot be written"),
+    ("save-not-writable", "inspect-attention {run} 1 --save /proc/tformer-test/map.json", 4,
+     "--save /proc/tformer-test/map.json: cannot be written"),
+    ("tokenizer-out-is-a-folder", "train-tokenizer --data {w}/good -o {w}/good", 2, "is a folder"),
+    ("tokenizer-out-under-a-file", "train-tokenizer --data {w}/good -o {w}/a-file/t.json", 2,
+     "a-file is a file"),
+    # malformed data is named, not read wrongly
+    ("csv-unclosed-quote", "train --data {w}/bad/unclosed.csv", 3, "unclosed.csv: line"),
+    ("csv-extra-cell", "train --data {w}/bad/extra.csv", 3,
+     "extra.csv: row 2 (line 3): 3 cells but the header has 2 columns"),
+    ("tsv-text-after-quote", "train --data {w}/bad/after-quote.tsv", 3, "invalid TSV"),
+    ("two-validation-files", "train --data {w}/bad/two-val", 3, "two files for the validation"),
+    ("two-train-files", "train --data {w}/bad/two-train", 3, "two files for the train split"),
+    ("two-paired-validation-files", "train --data {w}/bad/paired --src-lang en --tgt-lang de",
+     3, "dev.en and"),
+    ("json-null-target", "train --data {w}/bad/null.jsonl", 3, "row 2: 'target' is null"),
+    ("data-is-a-fifo", "train --data {w}/fifo", 3, "not a regular file"),
+    ("input-file-is-a-fifo", "generate {run} --input-file {w}/fifo", 2, "not a regular file"),
+    ("all-targets-empty", "train --data {w}/bad/empty-targets.jsonl " + " ".join(TINY), 3,
+     "has an empty source or target"),
+    ("one-megabyte-line", "train-tokenizer --data {w}/bad/long-line.jsonl -o {w}/t.json", 3,
+     f"text 1 is 1,000,000 characters, over the {MAX_TEXT_CHARS:,}"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "code", "message"), [c[1:] for c in REFUSED],
+                         ids=[c[0] for c in REFUSED])  # fmt: skip
+def test_hostile_input_is_refused_in_one_line_and_changes_nothing(
+    world: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    code: int,
+    message: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a default --out would land here: nothing may
+    before = tree(world["w"]), tree(world["run"])
+    started = time.monotonic()
+    line = refused(cli(world, command), code, message)
+    assert time.monotonic() - started < 60, "a refusal must come quickly"
+    assert "--max-len" not in line or "empty" not in line  # empty data is not blamed on length
+    assert (tree(world["w"]), tree(world["run"])) == before
+    assert not list(tmp_path.iterdir())
+
+
+# -- inputs longer than the model's max_len: read up to max_len, with one warning line --------
+
+
+LONG_INPUTS = [
+    ("generate", "generate {run} 3 '{long}' 9", 3),
+    ("generate-beam", "generate {run} 3 '{long}' -b 2", 2),
+    ("generate-sampling", "generate {run} '{long}' -t 1 -n 2 --seed 1", 2),
+    ("generate-input-file", "generate {run} --input-file {w}/inputs.txt", 3),
+    ("generate-stream", "generate {run} '{long}' --stream", 1),
+    ("generate-explain", "generate {run} '{long}' --explain", None),
+    ("compare", "compare {run} '{long}' --json", None),
+    ("inspect-attention", "inspect-attention {run} '{long}'", None),
+]
+
+
+@pytest.mark.parametrize(("command", "lines"), [c[1:] for c in LONG_INPUTS],
+                         ids=[c[0] for c in LONG_INPUTS])  # fmt: skip
+def test_inputs_longer_than_max_len_are_cut_with_one_warning(
+    world: dict[str, Path], command: str, lines: int | None
+) -> None:
+    import shlex
+
+    before = tree(world["run"])
+    args = shlex.split(command.format(long=LONG, **world))
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, result.stderr
+    assert "longer than the model's max_len of 64 tokens" in warnings[0]
+    assert "only their first 64 tokens were read" in warnings[0]
+    if lines is not None:
+        assert len(result.stdout.splitlines()) == lines, result.stdout
+    assert tree(world["run"]) == before
+
+
+def test_evaluate_reads_a_long_source_up_to_max_len(world: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    result = cli(world, f"evaluate {{run}} --data {{w}}/long-test --out {out}")
+    assert result.exit_code == 0, result.output
+    assert "1 of 5 inputs are longer than the model's max_len of 64 tokens (input 1" in (
+        result.stderr.replace("\n", " ")
+    )
+    assert len((out / "hypotheses.txt").read_text().splitlines()) == 5
+
+
+def test_a_short_input_gives_no_warning(world: dict[str, Path]) -> None:
+    result = cli(world, "generate {run} 3")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+
+
+# -- lines: only "\n" and "\r\n" end an input ------------------------------------------------
+
+
+def test_split_lines_splits_only_on_newline() -> None:
+    text = "1\x0b2\n3\u20284\r\n5\x1c6\r7\n\n8"
+    assert split_lines(text) == ["1\x0b2", "3\u20284", "5\x1c6\r7", "", "8"]
+    assert split_lines("") == []
+    assert split_lines("a\n") == ["a"]
+
+
+@pytest.mark.parametrize("source", ["stdin", "file"])
+def test_outputs_line_up_with_input_lines(
+    world: dict[str, Path], tmp_path: Path, source: str
+) -> None:
+    text = "3 1\x0b4\n2\u20287\r\n9\x1c1\n5\n"
+    if source == "file":
+        path = tmp_path / "in.txt"
+        path.write_bytes(text.encode())
+        result = cli(world, f"generate {{run}} --input-file {path}")
+    else:
+        result = CliRunner().invoke(app, ["generate", str(world["run"])], input=text.encode())
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == 4, result.stdout
+
+
+# -- out of memory: exit 5 naming the flag to lower, in every command ---------------------------
+
+
+def _raise(error: BaseException) -> object:
+    def fail(*args: object, **kwargs: object) -> object:
+        raise error
+
+    return fail
+
+
+OOM = [
+    ("generate", "tformer.cli.generate.translate", "generate {run} 3 9",
+     torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+     "lower --batch-size, --beam-size or --num-samples"),
+    ("generate-memoryerror", "tformer.cli.generate.translate", "generate {run} 3 9",
+     MemoryError(), "lower --batch-size"),
+    ("evaluate", "tformer.cli.evaluate.evaluate", "evaluate {run} --data {w}/good --out {w}/x",
+     RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory"),
+     "lower --batch-size or --beam-size"),
+    ("compare", "tformer.cli.compare.translate", "compare {run} 3",
+     torch.OutOfMemoryError("out of memory"), "lower --batch-size"),
+    ("inspect-attention", "tformer.cli.inspect_attention.inspect_attention",
+     "inspect-attention {run} 3", torch.OutOfMemoryError("out of memory"), "the input's length"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("target", "command", "error", "message"), [c[1:] for c in OOM],
+                         ids=[c[0] for c in OOM])  # fmt: skip
+def test_out_of_memory_is_exit_5_naming_the_flag(
+    world: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    target: str,
+    command: str,
+    error: BaseException,
+    message: str,
+) -> None:
+    monkeypatch.setattr(target, _raise(error))
+    before = tree(world["w"]), tree(world["run"])
+    line = refused(cli(world, command), 5, message)
+    assert "ran out of memory" in line
+    assert (tree(world["w"]), tree(world["run"])) == before
+
+
+def test_other_runtime_errors_are_not_taken_for_out_of_memory(
+    world: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("tformer.cli.generate.translate", _raise(RuntimeError("a real bug")))
+    result = cli(world, "generate {run} 3 9")
+    assert isinstance(result.exception, RuntimeError)  # a bug stays visible, not disguised
+
+
+# -- bounded work ----------------------------------------------------------------------------
+
+
+def test_a_one_megabyte_line_is_refused_quickly() -> None:
+    started = time.monotonic()
+    with pytest.raises(DataError, match="text 2 is 1,000,000 characters"):
+        train_tokenizer(["1 2 3", "a" * 1_000_000], vocab_size=100)
+    assert time.monotonic() - started < 30
+
+
+def test_a_long_word_under_the_limit_trains_quickly() -> None:
+    import random
+
+    rng = random.Random(0)
+    word = "".join(rng.choice("abcdefghij") for _ in range(MAX_TEXT_CHARS))
+    started = time.monotonic()
+    tok = train_tokenizer([word, "one two three"], vocab_size=200)
+    assert time.monotonic() - started < 60
+    assert tok.decode(tok.encode("one two")) == "one two"
+
+
+# -- property tests: any option value is a clean refusal or a valid run ----------------------
+
+FLOATS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([math.inf, -math.inf, math.nan, 0.0, 0.5, 1.0, 2.0]),
+)
+INTS = st.one_of(
+    st.integers(-3, 8),
+    st.integers(-(10**30), 10**30),
+    st.sampled_from([MAX_ROWS, MAX_ROWS + 1, 2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64]),
+)
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "length_penalty")
+INT_FIELDS = ("top_k", "no_repeat_ngram_size", "beam_size", "n_best", "min_new_tokens",
+              "max_new_tokens", "num_samples", "seed")  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    floats=st.fixed_dictionaries({}, optional={name: FLOATS for name in FLOAT_FIELDS}),
+    ints=st.fixed_dictionaries({}, optional={name: INTS for name in INT_FIELDS}),
+)
+def test_decoding_config_refuses_cleanly_or_holds_sane_values(
+    floats: dict[str, float], ints: dict[str, int]
+) -> None:
+    try:
+        config = DecodingConfig(**floats, **ints)
+    except ConfigError as error:
+        assert "\n" not in str(error)
+        return
+    for name in FLOAT_FIELDS:
+        assert math.isfinite(getattr(config, name))
+    assert 1 <= config.beam_size <= MAX_ROWS and 1 <= config.num_samples <= MAX_ROWS
+    assert config.seed is None or 0 <= config.seed < 2**63
+
+
+TRAIN_FLOATS = ("lr", "min_lr", "beta1", "beta2", "eps", "weight_decay", "label_smoothing",
+                "clip_norm", "epochs", "time_budget", "ema_decay")  # fmt: skip
+TRAIN_INTS = ("max_tokens", "accumulate", "warmup_steps", "max_steps", "val_bleu", "patience",
+              "eval_every", "save_every", "log_every", "keep_last", "seed")  # fmt: skip
+MODEL_NUMBERS = {"d_model": INTS, "n_heads": INTS, "d_ff": INTS, "max_len": INTS,
+                 "n_encoder_layers": INTS, "dropout": FLOATS,
+                 "attention_dropout": FLOATS}  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    train=st.fixed_dictionaries(
+        {}, optional={**{n: FLOATS for n in TRAIN_FLOATS}, **{n: INTS for n in TRAIN_INTS}}
+    ),
+    model=st.fixed_dictionaries({}, optional=MODEL_NUMBERS),
+)
+def test_train_and_model_configs_refuse_cleanly(
+    train: dict[str, float], model: dict[str, float]
+) -> None:
+    for cls, values in ((TrainConfig, train), (ModelConfig, model)):
+        try:
+            config = cls(**values)
+        except ConfigError as error:
+            assert "\n" not in str(error)
+            continue
+        for name, value in values.items():
+            if isinstance(value, float):
+                assert math.isfinite(getattr(config, name))
+
+
+CLI_FLOATS = st.one_of(st.sampled_from(["inf", "-inf", "nan", "0", "0.5", "1", "1e308", "-1"]),
+                       st.floats(-3, 3).map(str))  # fmt: skip
+CLI_INTS = st.one_of(st.integers(-2, 4).map(str),
+                     st.sampled_from([HUGE, "-" + HUGE, str(MAX_ROWS + 1), str(2**63),
+                                      "1000000000"]))  # fmt: skip
+GENERATE_NUMBERS = {
+    "--temperature": CLI_FLOATS, "--top-p": CLI_FLOATS, "--min-p": CLI_FLOATS,
+    "--repetition-penalty": CLI_FLOATS, "--length-penalty": CLI_FLOATS, "--top-k": CLI_INTS,
+    "--no-repeat-ngram-size": CLI_INTS, "--beam-size": CLI_INTS, "--n-best": CLI_INTS,
+    "--min-new-tokens": CLI_INTS, "--max-new-tokens": CLI_INTS, "--num-samples": CLI_INTS,
+    "--seed": CLI_INTS, "--batch-size": CLI_INTS,
+}  # fmt: skip
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(options=st.fixed_dictionaries({}, optional=GENERATE_NUMBERS))
+def test_generate_any_numeric_options_refuse_cleanly_or_run(
+    trained: TrainResult, options: dict[str, str]
+) -> None:
+    args = ["generate", str(trained.run_dir), "3 1", "7"]
+    for option, value in options.items():
+        args += [option, value] if not value.startswith("-") else [f"{option}={value}"]
+    result = CliRunner().invoke(app, args)
+    assert "Traceback" not in result.output
+    if result.exit_code == 0:
+        assert len(result.stdout.splitlines()) >= 2
+        return
+    assert result.exit_code == 2, (args, result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+
+
+def test_tformer_errors_are_the_only_refusals() -> None:
+    # The property tests above catch ConfigError only: a refusal of another kind would fail them.
+    assert issubclass(ConfigError, TformerError) and ConfigError.exit_code == 2
+    with pytest.raises(ConfigError, match="--temperature inf"):
+        DecodingConfig(temperature=math.inf)
+    with pytest.raises(ConfigError, match="--seed"):
+        TrainConfig(seed=2**64)
+    assert json.loads(json.dumps(TrainConfig(seed=2**63 - 1).to_dict()))["seed"] == 2**63 - 1
+
+
+# -- messages: nothing from the libraries before the red line ----------------------------------
+
+
+def test_a_hub_failure_is_one_line_without_library_logs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).parents[1])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": root}  # fmt: skip
+    env.pop("HF_DATASETS_VERBOSITY", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "tformer", "train", "--data", "no-such-owner/no-such-set-x1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: --data no-such-owner/no-such-set-x1: not a local file")
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_save_into_a_missing_folder_makes_it(world: dict[str, Path], tmp_path: Path) -> None:
+    target = tmp_path / "new" / "folder" / "map.json"
+    result = cli(world, f"inspect-attention {{run}} 3 --save {target}")
+    assert result.exit_code == 0, result.output
+    assert json.loads(target.read_text())
