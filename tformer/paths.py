@@ -48,6 +48,14 @@ def first_line(error: BaseException) -> str:
     return line if len(line) <= MESSAGE_CHARS else line[:MESSAGE_CHARS] + "..."
 
 
+def whole_message(error: BaseException, limit: int = 300) -> str:
+    """An error's whole message on one line, cut to ``limit`` characters: for errors whose
+    first line only announces the rest (torch's "Error(s) in loading state_dict ...")."""
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    text = text or type(error).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def file_kind(path: Path) -> str | None:
     """What ``path`` is when it exists and is not a regular file ("a FIFO"), else None.
 

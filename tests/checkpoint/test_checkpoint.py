@@ -312,3 +312,25 @@ def test_saving_a_step_again_replaces_it(tmp_path: Path) -> None:
         )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-000005"]
     load_checkpoint(folder)
+
+
+def test_weights_that_do_not_match_the_model_name_the_tensors(tmp_path: Path) -> None:
+    # torch's message starts with a bare "Error(s) in loading state_dict for ...:" line; the
+    # refusal must go on to name what is missing, on one line.
+    from safetensors.torch import save_file
+
+    from tformer.checkpoint.store import load_weights
+    from tformer.config import ModelConfig
+    from tformer.model import Transformer
+
+    config = ModelConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=8, n_heads=2,
+                         n_encoder_layers=1, n_decoder_layers=1, d_ff=16,
+                         tie_embeddings=False, share_embeddings=False)
+    state = {k: v.contiguous() for k, v in Transformer(config).state_dict().items()}
+    del state["encoder.layers.0.norm1.weight"]
+    path = tmp_path / "model.safetensors"
+    save_file(state, str(path))
+    with pytest.raises(CheckpointError) as error:
+        load_weights(Transformer(config), path)
+    message = str(error.value)
+    assert "\n" not in message and "Missing key" in message and "norm1.weight" in message

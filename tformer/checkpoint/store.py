@@ -59,7 +59,7 @@ from tformer.config import SPECIAL_TOKENS, ModelConfig, TrainConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import Transformer
-from tformer.paths import excerpt
+from tformer.paths import excerpt, whole_message
 from tformer.version import __version__
 
 # Tests set this to a number of seconds to pause a save just before its rename, so that a kill
@@ -343,7 +343,7 @@ def load_weights(model: Transformer, weights: Path) -> None:
     try:
         load_model(model, str(weights), strict=True, device="cpu")
     except (SafetensorError, RuntimeError, OSError, ValueError) as error:
-        raise CheckpointError(f"{weights}: cannot be loaded ({first_line(error)})") from error
+        raise CheckpointError(f"{weights}: cannot be loaded ({whole_message(error)})") from error
 
 
 def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Checkpoint:
