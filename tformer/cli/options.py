@@ -107,12 +107,7 @@ def folder_option(path: Path | None, option: str) -> Path | None:
         return None
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{option} {path}: exists and is a file; choose a folder name")
-    for parent in path.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"{option} {path}: {parent} is a file, so no folder can go there")
-            break
-    return path
+    return _not_under_a_file(path, option)
 
 
 def file_option(path: Path, option: str) -> Path:
@@ -120,6 +115,11 @@ def file_option(path: Path, option: str) -> Path:
     under a file; missing folders on the way are made when it is written."""
     if path.is_dir():
         raise ConfigError(f"{option} {path}: is a folder; give a file name")
+    return _not_under_a_file(path, option)
+
+
+def _not_under_a_file(path: Path, option: str) -> Path:
+    """Refuse ``path`` when its nearest existing ancestor is a file (no folder can go there)."""
     for parent in path.absolute().parents:
         if parent.exists():
             if not parent.is_dir():
