@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from pathlib import Path
 
@@ -251,6 +252,24 @@ def test_evaluate_reads_a_long_source_up_to_max_len(world: dict[str, Path], tmp_
         result.stderr.replace("\n", " ")
     )
     assert len((out / "hypotheses.txt").read_text().splitlines()) == 5
+
+
+def test_inspect_attention_says_a_long_target_was_cut(
+    world: dict[str, Path], tmp_path: Path
+) -> None:
+    saved = tmp_path / "maps.json"
+    args = ["inspect-attention", str(world["run"]), "3", "--target", LONG, "--save", str(saved)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, result.stderr
+    given = re.fullmatch(
+        r"warning: --target has (\d+) tokens; with <bos> the model's max_len of 64 leaves room "
+        r"for 63, so only its first 63 tokens were read",
+        warnings[0],
+    )
+    assert given is not None and int(given[1]) > 200, warnings[0]
+    assert len(json.loads(saved.read_text())["rows"]) == 64  # <bos> and the 63 read
 
 
 def test_a_short_input_gives_no_warning(world: dict[str, Path]) -> None:

@@ -165,3 +165,24 @@ def test_bad_combinations_are_refused(run: str, args: list[str], message: str) -
 def test_compare_refuses_bad_temperatures(run: str) -> None:
     result = runner.invoke(app, ["compare", run, "x", "--temperatures", "0.5,hot"])
     assert result.exit_code == 2 and "--temperatures '0.5,hot'" in result.stderr
+
+
+def test_a_reader_that_goes_away_ends_generate_quietly(run: str, tmp_path) -> None:
+    """`tformer generate ... | head -1`: no error line and no traceback once the pipe closes."""
+    import subprocess
+    import sys
+
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("".join(f"{n:05d}\n" for n in range(3000)))
+    script = "from tformer.cli import main; main()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, "generate", run, "--input-file", str(inputs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    assert child.stdout.readline()
+    child.stdout.close()
+    stderr = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 1
+    assert stderr == ""

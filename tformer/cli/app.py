@@ -77,6 +77,16 @@ def quiet_libraries() -> None:
         warnings.filterwarnings("ignore", module=module)
 
 
+BROKEN_PIPE_EXIT = 1  # as rich exits when its console meets a closed pipe
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 class TformerGroup(TyperGroup):
     """Turns user-facing errors into one clear line and an exit code."""
 
@@ -94,6 +104,10 @@ class TformerGroup(TyperGroup):
         except KeyboardInterrupt as error:
             err_console.print("[yellow]interrupted[/]")
             ctx.exit(getattr(error, "exit_code", 130))
+        except BrokenPipeError:
+            # The reader went away (`tformer generate ... | head`): stop quietly, as `cat` does.
+            _silence_stdout()
+            ctx.exit(BROKEN_PIPE_EXIT)
         except (MemoryError, RuntimeError, OSError) as error:
             # The safety net: out of memory anywhere (not only in training), and file-system
             # errors no command named itself, still end in one line and an exit code.

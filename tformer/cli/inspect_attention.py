@@ -17,7 +17,14 @@ from tformer.analysis.head_stats import eos_column, head_statistics
 from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
-from tformer.cli.options import CHECKPOINT, DEVICE, SEED, TEMPERATURE, warn_long_inputs
+from tformer.cli.options import (
+    CHECKPOINT,
+    DEVICE,
+    SEED,
+    TEMPERATURE,
+    warn_long_inputs,
+    warn_long_target,
+)
 from tformer.cli.render import render_selection, stats_table
 from tformer.cli.render_files import check_save_path, save_maps
 from tformer.decoding.settings import DecodingConfig
@@ -100,6 +107,8 @@ def inspect_attention_command(
     decoding = DecodingConfig(temperature=temperature, seed=seed)
     loaded = load_checkpoint(checkpoint, resolve_device(device))
     warn_long_inputs(loaded.tokenizers.source, [text], loaded.model_config.max_len)
+    if target is not None:
+        warn_long_target(loaded.tokenizers.target, target, loaded.model_config.max_len)
     result = inspect_attention(loaded.model, loaded.tokenizers, text, target, decoding)
     selection = result.selection(kind, which_layer, which_head, checkpoint=str(loaded.path))
     origin = "model output" if result.generated else "given target"

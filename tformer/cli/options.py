@@ -153,6 +153,17 @@ def warn_long_inputs(tokenizer: Tokenizer, texts: Sequence[str], max_len: int) -
         )
 
 
+def warn_long_target(tokenizer: Tokenizer, target: str, max_len: int) -> None:
+    """One warning line when a teacher-forced ``--target`` does not fit after ``<bos>``."""
+    length, room = len(tokenizer.encode(target)), max_len - 1
+    if length > room:
+        err_console.print(
+            f"[yellow]warning:[/] --target has {length} tokens; with <bos> the model's max_len "
+            f"of {max_len} leaves room for {room}, so only its first {room} tokens were read",
+            soft_wrap=True,
+        )
+
+
 MIN_P = typer.Option(
     default(DecodingConfig, "min_p"),
     "--min-p",

@@ -27,9 +27,11 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from tformer.config import SPECIAL_TOKENS, UNK
 from tformer.errors import CheckpointError, ConfigError, DataError
+from tformer.native import interruptible
 from tformer.paths import check_replaceable, first_line, replace_file
 
 TOKENIZER_KINDS = ("bpe", "unigram", "wordpiece")
+ENCODE_CHUNK = 16_384  # texts per call into Rust: large enough to keep every core busy
 
 _SPACE = "▁"  # U+2581, the sentencepiece word-boundary marker
 _WORDPIECE_PREFIX = "##"
@@ -73,10 +75,14 @@ class Tokenizer:
         """Token ids of ``text``; BOS/EOS are added by the data pipeline, not here."""
         return self.inner.encode(text, add_special_tokens=False).ids
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        # One call into Rust, which encodes the batch in parallel.
-        encodings = self.inner.encode_batch(list(texts), add_special_tokens=False)
-        return [encoding.ids for encoding in encodings]
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        # Calls into Rust, which encodes each chunk in parallel; between chunks Ctrl-C is seen.
+        ids: list[list[int]] = []
+        for start in range(0, len(texts), ENCODE_CHUNK):
+            chunk = list(texts[start : start + ENCODE_CHUNK])
+            encodings = self.inner.encode_batch(chunk, add_special_tokens=False)
+            ids.extend(encoding.ids for encoding in encodings)
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens (padding, BOS/EOS, unknowns) left out."""
@@ -216,9 +222,8 @@ def train_tokenizer(
     trainer = _trainer(kind, vocab_size, min_frequency, show_progress)
     refused: list[DataError] = []
     try:
-        inner.train_from_iterator(
-            _bounded(_non_empty(texts), where, refused), trainer=trainer
-        )
+        lines = _bounded(_non_empty(texts), where, refused)
+        interruptible(lambda: inner.train_from_iterator(lines, trainer=trainer))
     except Exception as error:
         if refused:
             raise refused[0] from None
