@@ -55,6 +55,7 @@ from tformer.checkpoint.run_dir import (
     resolve,
 )
 from tformer.checkpoint.training_state import write_training_state
+from tformer.checkpoint.weights import check_weights, weights_metadata
 from tformer.config import SPECIAL_TOKENS, ModelConfig, TrainConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
@@ -185,7 +186,7 @@ def _write_model_files(
     metrics: dict[str, float] | None,
 ) -> None:
     """What inference needs: weights, config.json and the tokenizer file(s)."""
-    save_model(model, str(folder / WEIGHTS), metadata={"format": FORMAT})
+    save_model(model, str(folder / WEIGHTS), metadata=weights_metadata(model.config, FORMAT))
     config = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -352,7 +353,8 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Che
     Every file read is checked against the checkpoint's manifest (size and SHA-256) first.
 
     Raises:
-        CheckpointError: missing, partial, corrupt or foreign files, or a tokenizer mismatch.
+        CheckpointError: missing, partial, corrupt or foreign files, a tokenizer mismatch, or
+            weights that disagree with config.json (names, shapes, dtypes, architecture).
     """
     folder = resolve(path)
     config = read_verified_config(folder)
@@ -361,6 +363,7 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Che
     model_config, train_config, step = parse_configs(folder, config)
     tokenizers = load_tokenizers(folder, config)
     check_vocabulary(folder, tokenizers, model_config)
+    check_weights(folder / WEIGHTS, model_config, folder / CONFIG)
     model = Transformer(model_config)
     load_weights(model, folder / WEIGHTS)
     model.to(device).eval()
