@@ -139,7 +139,7 @@ CASES = [
      "train --resume {w}/run --data {w}/good --tokenizer {w}/other-tokenizer.json", 4,
      "other-tokenizer.json differs from"),
     ("resume-other-architecture", "train --resume {w}/run --d-model 64", 2,
-     "--d-model 64 conflicts with the checkpoint"),
+     "--d-model 64 (saved: "),
     ("resume-and-overwrite", "train --resume {w}/run --overwrite", 2, "give one"),
     # output folders
     ("out-holds-a-run", "train --data {w}/good --out {w}/run", 2,

@@ -70,10 +70,16 @@ SLOW_SAVE_ENV = "TFORMER_TEST_SLOW_SAVE"
 
 @dataclass
 class Tokenizers:
-    """The source and target tokenizers; the same object when the vocabulary is shared."""
+    """The source and target tokenizers; the same object when the vocabulary is shared.
+
+    ``requested``: how they were trained (``kind``, ``vocab_size``, ``shared``, as asked for),
+    recorded so that ``--resume`` can tell whether tokenizer flags given again agree; None for a
+    tokenizer given as a file.
+    """
 
     source: Tokenizer
     target: Tokenizer
+    requested: dict[str, Any] | None = None
 
     @property
     def shared(self) -> bool:
@@ -92,6 +98,7 @@ class Tokenizers:
             "vocab_size": {"source": self.source.vocab_size, "target": self.target.vocab_size},
             "special_tokens": list(SPECIAL_TOKENS),
             "special_token_ids": {token: i for i, token in enumerate(SPECIAL_TOKENS)},
+            **({"requested": self.requested} if self.requested else {}),
         }
 
     def save(self, folder: Path) -> None:
@@ -320,7 +327,8 @@ def load_tokenizers(folder: Path, config: dict[str, Any]) -> Tokenizers:
                 f"{folder / files[side]}: has {tok.vocab_size} tokens but {folder / CONFIG} "
                 f"records {size} for the {side} vocabulary"
             )
-    return Tokenizers(source, target)
+    requested = identity.get("requested")
+    return Tokenizers(source, target, requested if isinstance(requested, dict) else None)
 
 
 def check_vocabulary(folder: Path, tokenizers: Tokenizers, model_config: ModelConfig) -> None:
