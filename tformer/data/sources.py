@@ -79,6 +79,24 @@ def load_text_pairs(
     return _load_hub(spec, source_field, target_field)
 
 
+def split_files(
+    spec: str | None, *, source_field: str = "source", target_field: str = "target"
+) -> dict[str, list[Path]]:
+    """The local files each split of ``spec`` is read from, as ``load_text_pairs`` picks
+    them ({} for a hub data set). Call it after ``load_text_pairs``, which names bad data."""
+    if spec is None:
+        return split_files(str(bundled_data_dir()))
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return {"train": [path]}
+    if not path.is_dir():
+        return {}
+    paired = _paired_text_files(path, source_field, target_field)
+    if "train" in paired:
+        return {split: list(files) for split, files in paired.items()}
+    return {split: [file] for split, file in _split_files(path).items()}
+
+
 def _split_files(folder: Path) -> dict[str, Path]:
     """Split -> its file; two files for one split (val.jsonl and validation.csv) are refused."""
     found: dict[str, Path] = {}
