@@ -164,3 +164,30 @@ def test_a_record_that_is_not_json_is_refused(tmp_path: Path) -> None:
     rewrite_weights(folder, load_file(folder / WEIGHTS), model="{not json")
     refused(folder, "model configuration in its header is not JSON")
     assert (folder / MANIFEST).is_file()
+
+
+# -- verify --all and folders tformer did not write ---------------------------------------------
+
+
+def test_verify_all_skips_a_step_folder_holding_only_a_users_files(tmp_path: Path) -> None:
+    folder = _resumable(tmp_path)
+    run = folder.parent
+    mine = run / "step-000009"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    before = snapshot(mine)
+    result = cli("verify", "--all", str(run))
+    assert result.exit_code == 0, result.output
+    assert "skipped" in result.stdout and "not a tformer checkpoint" in result.stdout
+    assert snapshot(mine) == before
+    # A checkpoint of tformer whose manifest is gone is damaged, not someone else's folder.
+    (mine / CONFIG).write_bytes((folder / CONFIG).read_bytes())
+    result = cli("verify", "--all", str(run))
+    assert result.exit_code == 4 and "manifest.json: missing" in result.stderr
+
+
+def test_verify_all_on_a_run_of_only_foreign_step_folders_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "run" / "step-000001").mkdir(parents=True)
+    (tmp_path / "run" / "step-000001" / "x.bin").write_bytes(b"\0")
+    result = cli("verify", "--all", str(tmp_path / "run"))
+    assert result.exit_code == 4 and "holds no tformer checkpoint" in result.stderr

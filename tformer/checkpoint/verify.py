@@ -34,6 +34,7 @@ from tformer.checkpoint.store import (
 from tformer.config import ModelConfig
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import Transformer
+from tformer.paths import excerpt_list
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def verify_checkpoint(path: str | Path) -> tuple[Path, list[Check]]:
             p.name for p in folder.iterdir() if p.is_file() and p.name not in {*files, MANIFEST}
         )
         if unlisted:
-            checks.append(Check("unlisted files", True, f"ignored: {', '.join(unlisted)}"))
+            checks.append(Check("unlisted files", True, f"ignored: {excerpt_list(unlisted)}"))
     config = run("configuration", lambda: _verify_config(folder))
     model_config = config[0] if config else None
     run("architecture", lambda: _verify_architecture(folder, model_config))

@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from tformer.config import ModelConfig
 from tformer.errors import CheckpointError
 from tformer.model import Transformer
-from tformer.paths import excerpt, first_line
+from tformer.paths import excerpt, excerpt_list, first_line
 
 DTYPE = "F32"  # the dtype of every tensor in model.safetensors (safetensors' spelling)
 MODEL_KEY = "model"  # the header metadata key holding the saved ModelConfig (JSON)
@@ -64,9 +64,7 @@ def read_header(path: Path) -> Header:
 
 def names(items: list[str]) -> str:
     """Tensor names for a one-line message: a few, each cut, then how many more."""
-    shown = ", ".join(excerpt(n) for n in items[:NAMES_SHOWN])
-    more = len(items) - NAMES_SHOWN
-    return f"{shown} and {more:,} more" if more > 0 else shown
+    return excerpt_list(items, NAMES_SHOWN)
 
 
 def check_dtypes(path: Path, header: Header) -> None:

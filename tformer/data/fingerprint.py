@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tformer.data.sources import TextPair, split_files
+from tformer.data.layout import split_files
+from tformer.data.sources import TextPair, bundled_data_dir
 from tformer.paths import excerpt
 
 FINGERPRINTED = ("train", "validation")
@@ -41,8 +42,8 @@ def fingerprint(
     target_field: str = "target",
 ) -> dict[str, Any]:
     """The fingerprint of the data ``spec`` as loaded into ``texts`` (see the module)."""
-    files = split_files(spec, source_field=source_field, target_field=target_field)
-    root = Path(spec).expanduser() if spec is not None else None
+    root = Path(spec).expanduser() if spec is not None else bundled_data_dir()
+    files = split_files(root, source_field, target_field) if spec is None or root.exists() else {}
     splits = {}
     for split in FINGERPRINTED:
         if split not in texts:
@@ -55,8 +56,8 @@ def fingerprint(
     return {"data": spec, "splits": splits}
 
 
-def _file_entry(path: Path, root: Path | None) -> dict[str, Any]:
-    name = path.name if root is None or not root.is_dir() else str(path.relative_to(root))
+def _file_entry(path: Path, root: Path) -> dict[str, Any]:
+    name = str(path.relative_to(root)) if root.is_dir() else path.name
     try:
         size = path.stat().st_size
     except OSError:

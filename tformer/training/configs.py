@@ -110,10 +110,12 @@ def read_config_file(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def dump_config(model: ModelConfig | None, train: TrainConfig, tokenizer: TokenizerSpec) -> str:
-    """Configs as YAML that ``tformer train --config`` reads back (no model: the checkpoint's)."""
+    """Configs as YAML that ``tformer train --config`` reads back (no model: resuming, so the
+    checkpoint's architecture and tokenizer, and no tokenizer section either)."""
     data: dict[str, Any] = {} if model is None else {"model": model.to_dict()}
     data["train"] = train.to_dict()
-    data["tokenizer"] = dataclasses.asdict(tokenizer)
+    if model is not None:
+        data["tokenizer"] = dataclasses.asdict(tokenizer)
     header = "# tformer train --config FILE (vocabulary sizes are set by the tokenizer)\n"
     return header + yaml.safe_dump(data, sort_keys=False)
 
