@@ -21,6 +21,7 @@ from tests.checkpoint.test_checkpoint import _resumable
 from tformer.checkpoint import CONFIG, MANIFEST, WEIGHTS, load_checkpoint, verify_checkpoint
 from tformer.checkpoint.files import write_manifest
 from tformer.cli.commands import app
+from tformer.training.run import TrainResult
 
 
 def cli(*args: str) -> Result:
@@ -179,6 +180,7 @@ def test_verify_all_skips_a_step_folder_holding_only_a_users_files(tmp_path: Pat
     result = cli("verify", "--all", str(run))
     assert result.exit_code == 0, result.output
     assert "skipped" in result.stdout and "not a tformer checkpoint" in result.stdout
+    assert result.stdout.count("skipped") == 1
     assert snapshot(mine) == before
     # A checkpoint of tformer whose manifest is gone is damaged, not someone else's folder.
     (mine / CONFIG).write_bytes((folder / CONFIG).read_bytes())
@@ -191,3 +193,18 @@ def test_verify_all_on_a_run_of_only_foreign_step_folders_is_refused(tmp_path: P
     (tmp_path / "run" / "step-000001" / "x.bin").write_bytes(b"\0")
     result = cli("verify", "--all", str(tmp_path / "run"))
     assert result.exit_code == 4 and "holds no tformer checkpoint" in result.stderr
+
+
+def test_verify_all_on_a_trained_run_checks_best_and_skips_only_the_users_folder(
+    trained: TrainResult, tmp_path: Path
+) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained.run_dir, run)
+    (run / "step-999999").mkdir()
+    (run / "step-999999" / "notes.txt").write_text("mine")
+    result = cli("verify", "--all", str(run))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("skipped") == 1
+    assert "best" in result.stdout

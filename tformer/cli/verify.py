@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tformer.checkpoint.files import CONFIG, MANIFEST
-from tformer.checkpoint.run_dir import BEST, is_checkpoint_dir, step_dirs
+from tformer.checkpoint.run_dir import BEST, is_checkpoint_dir, is_run_dir, step_dirs
 from tformer.checkpoint.verify import Check, verify_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console
@@ -61,7 +61,7 @@ def verify_command(
 def _not_a_checkpoint(folder: Path) -> bool:
     """A ``step-*`` or ``best`` folder in which tformer wrote nothing (what ``--overwrite`` or
     pruning left of a checkpoint: a user's files), as opposed to a damaged checkpoint."""
-    if folder.is_symlink() or not folder.is_dir():
+    if folder.is_symlink() or not folder.is_dir() or is_run_dir(folder):  # best/ is a run
         return False
     return not os.path.lexists(folder / MANIFEST) and not is_checkpoint_dir(folder)
 
