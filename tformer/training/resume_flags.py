@@ -88,14 +88,7 @@ def check_resume_settings(
                 f"--recipe {recipe!r} is unknown; choose one of {', '.join(RECIPES)} or none"
             )
         found += _grouped(f"--recipe {recipe}", saved, RECIPES[recipe]["model"], overridden)
-    trained = _trained_with(folder, config)
-    file_tokenizer = {k: v for k, v in sections.get("tokenizer", {}).items() if k not in tokenizer}
-    found += [f"{where}: tokenizer.{n} {text}" for n, text in _conflicts(trained, file_tokenizer)]
-    for name, text in _conflicts(trained, tokenizer):
-        if name == "shared":
-            found.append("--separate-vocab (saved: one shared vocabulary)")
-        else:
-            found.append(f"{TOKENIZER_FLAGS[name]} {text}")
+    found += _tokenizer_settings(folder, config, sections.get("tokenizer", {}), tokenizer, where)
     if found:
         them = "it" if len(found) == 1 else "them"
         raise ConfigError(
@@ -103,6 +96,26 @@ def check_resume_settings(
             f"architecture of the checkpoint being resumed; drop {them} to keep the saved "
             "architecture (settings that agree with it are accepted)"
         )
+
+
+def _tokenizer_settings(
+    folder: Path,
+    config: Mapping[str, Any],
+    in_file: Mapping[str, Any],
+    given: Mapping[str, Any],
+    where: str,
+) -> list[str]:
+    """The tokenizer settings of the file and the flags (which win) that contradict how the
+    saved tokenizer was trained."""
+    trained = _trained_with(folder, config)
+    in_file = {k: v for k, v in in_file.items() if k not in given}
+    found = [f"{where}: tokenizer.{n} {text}" for n, text in _conflicts(trained, in_file)]
+    for name, text in _conflicts(trained, given):
+        if name == "shared":
+            found.append("--separate-vocab (saved: one shared vocabulary)")
+        else:
+            found.append(f"{TOKENIZER_FLAGS[name]} {text}")
+    return found
 
 
 def _unset(saved: ModelConfig, values: Mapping[str, Any], overridden: set[str]) -> list[str]:
