@@ -59,6 +59,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, trained: TrainResult) -> dic
         handle.write('{"source": "2", "target": null}\n')
     write_jsonl(bad / "empty-targets.jsonl", [{"source": str(i), "target": ""} for i in range(9)])
     write_jsonl(bad / "long-line.jsonl", [{"source": "x" * 1_000_000, "target": "one"}])
+    wide = [f"column_{i}_{'x' * 40}" for i in range(5000)]  # thousands of hostile names
+    (bad / "many-columns.csv").write_text(",".join(wide) + "\n" + ",".join("1" * 5000) + "\n")
+    write_jsonl(bad / "many-columns.jsonl", [dict.fromkeys(wide, "1")])
     two_val = bad / "two-val"
     write_jsonl(two_val / "train.jsonl", digit_pairs(20, seed=1))
     write_jsonl(two_val / "val.jsonl", digit_pairs(5, seed=2))
@@ -109,6 +112,7 @@ def refused(result: Result, code: int, message: str) -> str:
     assert lines[0].startswith("error:"), lines[0]
     assert message in lines[0], lines[0]
     assert "Traceback" not in result.output
+    assert len(lines[0]) < 1000, lines[0]  # a message quotes excerpts, not whole inputs
     return lines[0]
 
 
@@ -179,6 +183,11 @@ REFUSED = [
     ("two-paired-validation-files", "train --data {w}/bad/paired --src-lang en --tgt-lang de",
      3, "dev.en and"),
     ("json-null-target", "train --data {w}/bad/null.jsonl", 3, "row 2: 'target' is null"),
+    # a few names, each cut, then a count: one short line for thousands of columns
+    ("csv-thousands-of-columns", "train --data {w}/bad/many-columns.csv", 3,
+     "columns are 'column_0_xxx"),
+    ("json-thousands-of-columns", "train --data {w}/bad/many-columns.jsonl", 3,
+     "and 4,997 more"),
     ("data-is-a-fifo", "train --data {w}/fifo", 3, "not a regular file"),
     ("input-file-is-a-fifo", "generate {run} --input-file {w}/fifo", 2, "not a regular file"),
     ("all-targets-empty", "train --data {w}/bad/empty-targets.jsonl " + " ".join(TINY), 3,

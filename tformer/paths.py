@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from tformer.errors import CheckpointError, ConfigError, TformerError
@@ -36,6 +37,14 @@ def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
     if len(shown) <= limit:
         return shown
     return f"{shown[:limit]}... ({len(shown):,} characters)"
+
+
+def excerpt_list(items: Sequence[object], shown: int = 3) -> str:
+    """The first ``shown`` of ``items`` for a message, each an ``excerpt``, then how many more
+    there are: one short line even for a hostile file with thousands of names."""
+    text = ", ".join(excerpt(item) for item in items[:shown])
+    more = len(items) - shown
+    return f"{text} and {more:,} more" if more > 0 else text or "none"
 
 
 def first_line(error: BaseException) -> str:

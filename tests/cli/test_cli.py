@@ -238,7 +238,7 @@ def test_resume_continues_from_the_latest_checkpoint(cli_run: Path, tmp_path: Pa
     assert result.exit_code == 0, result.output
     assert (run / "latest").read_text().strip() == "step-000030"
     conflict = runner.invoke(app, ["train", "--resume", str(run), "--d-model", "64"])
-    assert conflict.exit_code == 2 and "conflicts with the checkpoint" in conflict.stderr
+    assert conflict.exit_code == 2 and "--d-model 64 (saved: " in conflict.stderr
 
 
 def test_module_entry_point_reports_errors_without_traceback(tmp_path: Path) -> None:

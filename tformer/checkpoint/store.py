@@ -55,6 +55,7 @@ from tformer.checkpoint.run_dir import (
     resolve,
 )
 from tformer.checkpoint.training_state import write_training_state
+from tformer.checkpoint.weights import check_weights, weights_metadata
 from tformer.config import SPECIAL_TOKENS, ModelConfig, TrainConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
@@ -69,10 +70,16 @@ SLOW_SAVE_ENV = "TFORMER_TEST_SLOW_SAVE"
 
 @dataclass
 class Tokenizers:
-    """The source and target tokenizers; the same object when the vocabulary is shared."""
+    """The source and target tokenizers; the same object when the vocabulary is shared.
+
+    ``requested``: how they were trained (``kind``, ``vocab_size``, ``shared``, as asked for),
+    recorded so that ``--resume`` can tell whether tokenizer flags given again agree; None for a
+    tokenizer given as a file.
+    """
 
     source: Tokenizer
     target: Tokenizer
+    requested: dict[str, Any] | None = None
 
     @property
     def shared(self) -> bool:
@@ -91,6 +98,7 @@ class Tokenizers:
             "vocab_size": {"source": self.source.vocab_size, "target": self.target.vocab_size},
             "special_tokens": list(SPECIAL_TOKENS),
             "special_token_ids": {token: i for i, token in enumerate(SPECIAL_TOKENS)},
+            **({"requested": self.requested} if self.requested else {}),
         }
 
     def save(self, folder: Path) -> None:
@@ -185,7 +193,7 @@ def _write_model_files(
     metrics: dict[str, float] | None,
 ) -> None:
     """What inference needs: weights, config.json and the tokenizer file(s)."""
-    save_model(model, str(folder / WEIGHTS), metadata={"format": FORMAT})
+    save_model(model, str(folder / WEIGHTS), metadata=weights_metadata(model.config, FORMAT))
     config = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -319,7 +327,8 @@ def load_tokenizers(folder: Path, config: dict[str, Any]) -> Tokenizers:
                 f"{folder / files[side]}: has {tok.vocab_size} tokens but {folder / CONFIG} "
                 f"records {size} for the {side} vocabulary"
             )
-    return Tokenizers(source, target)
+    requested = identity.get("requested")
+    return Tokenizers(source, target, requested if isinstance(requested, dict) else None)
 
 
 def check_vocabulary(folder: Path, tokenizers: Tokenizers, model_config: ModelConfig) -> None:
@@ -352,7 +361,8 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Che
     Every file read is checked against the checkpoint's manifest (size and SHA-256) first.
 
     Raises:
-        CheckpointError: missing, partial, corrupt or foreign files, or a tokenizer mismatch.
+        CheckpointError: missing, partial, corrupt or foreign files, a tokenizer mismatch, or
+            weights that disagree with config.json (names, shapes, dtypes, architecture).
     """
     folder = resolve(path)
     config = read_verified_config(folder)
@@ -361,6 +371,7 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Che
     model_config, train_config, step = parse_configs(folder, config)
     tokenizers = load_tokenizers(folder, config)
     check_vocabulary(folder, tokenizers, model_config)
+    check_weights(folder / WEIGHTS, model_config, folder / CONFIG)
     model = Transformer(model_config)
     load_weights(model, folder / WEIGHTS)
     model.to(device).eval()

@@ -89,3 +89,16 @@ def load_training_state(
             f"{folder}: training state unreadable ({first_line(error)})"
         ) from error
     return state, rng, extra
+
+
+def saved_data_fingerprint(folder: Path) -> dict[str, Any] | None:
+    """The fingerprint of the training data recorded in ``folder``'s trainer state; None when
+    there is none (a checkpoint saved before fingerprints, or an unreadable state, which
+    ``load_training_state`` reports)."""
+    try:
+        check_manifest(folder, [TRAINER_STATE])
+        state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
+    except (CheckpointError, OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    data = state.get("data") if isinstance(state, dict) else None
+    return data if isinstance(data, dict) else None

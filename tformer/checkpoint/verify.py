@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 
+from tformer.checkpoint import weights
 from tformer.checkpoint.files import (
     CONFIG,
     FORMAT_VERSION,
@@ -34,6 +34,7 @@ from tformer.checkpoint.store import (
 from tformer.config import ModelConfig
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import Transformer
+from tformer.paths import excerpt_list
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,10 @@ def verify_checkpoint(path: str | Path) -> tuple[Path, list[Check]]:
             p.name for p in folder.iterdir() if p.is_file() and p.name not in {*files, MANIFEST}
         )
         if unlisted:
-            checks.append(Check("unlisted files", True, f"ignored: {', '.join(unlisted)}"))
+            checks.append(Check("unlisted files", True, f"ignored: {excerpt_list(unlisted)}"))
     config = run("configuration", lambda: _verify_config(folder))
     model_config = config[0] if config else None
+    run("architecture", lambda: _verify_architecture(folder, model_config))
     run(f"{WEIGHTS} header", lambda: _verify_weights_header(folder, model_config))
     run("tokenizer", lambda: _verify_tokenizer(folder, config[1] if config else None, model_config))
     run("training state", lambda: _verify_training_state(folder))
@@ -109,36 +111,29 @@ def _verify_config(folder: Path) -> tuple[str, tuple[ModelConfig, dict[str, Any]
     return detail, (model_config, config)
 
 
-def _safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{tensor name: (dtype, shape)} from a safetensors file's header, reading no tensor data."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing")
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            out = {}
-            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                piece = handle.get_slice(name)
-                out[name] = (piece.get_dtype(), tuple(piece.get_shape()))
-            return out
-    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
-        raise CheckpointError(f"{path}: bad safetensors header ({first_line(error)})") from error
-
-
 def _verify_weights_header(folder: Path, model_config: ModelConfig | None) -> tuple[str, None]:
-    header = _safetensors_header(folder / WEIGHTS)
+    header = weights.read_header(folder / WEIGHTS)
+    weights.check_dtypes(folder / WEIGHTS, header)
     if model_config is None:
-        return f"{len(header)} tensors (config unreadable, shapes not compared)", None
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in Transformer(model_config).state_dict().items()}
-    for name, (_dtype, shape) in header.items():
-        if name not in expected:
-            raise CheckpointError(f"{folder / WEIGHTS}: unexpected tensor {name!r}")
-        if shape != expected[name]:
-            raise CheckpointError(
-                f"{folder / WEIGHTS}: tensor {name!r} has shape {list(shape)} but "
-                f"{folder / CONFIG} implies {list(expected[name])}"
-            )
-    return f"{len(header)} tensors, shapes match {CONFIG}", None
+        count = len(header.tensors)
+        return f"{count} tensors, all float32 (config unreadable, shapes not compared)", None
+    weights.check_shapes(folder / WEIGHTS, header, model_config, folder / CONFIG)
+    return f"{len(header.tensors)} tensors, all float32, names and shapes match {CONFIG}", None
+
+
+def _verify_architecture(folder: Path, model_config: ModelConfig | None) -> tuple[str, None]:
+    if model_config is None:
+        raise CheckpointError(
+            f"{folder / CONFIG}: unreadable, so the architecture cannot be checked"
+        )
+    header = weights.read_header(folder / WEIGHTS)
+    if not weights.check_architecture(folder / WEIGHTS, header, model_config, folder / CONFIG):
+        return (
+            f"not recorded in {WEIGHTS} (saved by an older tformer): {CONFIG}'s n_heads, "
+            "activation, norm ... could not be checked against the weights",
+            None,
+        )
+    return f"{CONFIG} is the configuration the weights were saved with", None
 
 
 def _verify_tokenizer(
@@ -160,7 +155,7 @@ def _verify_training_state(folder: Path) -> tuple[str, None]:
     state_path, tensors_path = folder / TRAINER_STATE, folder / OPTIMIZER
     if not state_path.exists() and not tensors_path.exists():
         return "none (an inference-only checkpoint, e.g. best/; cannot be resumed)", None
-    header = _safetensors_header(tensors_path)
+    header = weights.read_header(tensors_path).tensors
     try:
         state = json.loads(state_path.read_text(encoding="utf-8"))
         position = state["position"]
@@ -185,5 +180,5 @@ def _verify_load(folder: Path, model_config: ModelConfig | None) -> tuple[str, N
     load_weights(model, folder / WEIGHTS)
     bad = [n for n, p in model.state_dict().items() if not torch.isfinite(p).all()]
     if bad:
-        raise CheckpointError(f"{folder / WEIGHTS}: non-finite values in {', '.join(bad[:3])}")
+        raise CheckpointError(f"{folder / WEIGHTS}: non-finite values in {weights.names(bad)}")
     return f"{model.parameter_counts()['total']:,} parameters, all finite", None

@@ -186,6 +186,12 @@ def train_command(
     no_cache: bool = typer.Option(
         False, "--no-cache", help="Tokenise in memory; read and write no cache."
     ),
+    allow_data_change: bool = typer.Option(
+        False,
+        "--allow-data-change",
+        help="With --resume: train on even though the training data changed since the "
+        "checkpoint was saved (refused otherwise, naming the split that changed).",
+    ),
     dry_run_: bool = typer.Option(
         False,
         "--dry-run",
@@ -248,6 +254,7 @@ def train_command(
             tokenized_cache=None if no_cache else (cache_dir or default_cache_dir()),
             num_proc=num_proc,
             nproc=nproc,
+            allow_data_change=allow_data_change,
         )
     finally:
         if reporter.progress is not None:  # leave the terminal clean for the error line

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tformer.checkpoint.run_dir import BEST, step_dirs
+from tformer.checkpoint.files import CONFIG, MANIFEST
+from tformer.checkpoint.run_dir import BEST, is_checkpoint_dir, is_run_dir, step_dirs
 from tformer.checkpoint.verify import Check, verify_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console
@@ -26,21 +28,42 @@ def verify_command(
     """Check a checkpoint's files, hashes, headers, config and tokenizer; exit 4 on a problem.
 
     Nothing in the checkpoint is trusted: the manifest, each file's size and SHA-256, the
-    safetensors headers against config.json, the tokenizer binding (hash, special ids,
+    config.json against the configuration recorded in the weights, the safetensors headers
+    against config.json (names, shapes, float32 dtypes), the tokenizer binding (hash, special ids,
     vocabulary size against the embeddings), the training state, and a strict load. One row per
-    check; exit 0 when all pass, 4 otherwise, with the first problem on stderr.
+    check; exit 0 when all pass, 4 otherwise, with the first problem on stderr. With --all, a
+    step-* folder in which tformer wrote nothing (only a user's files) is listed as skipped.
 
     Example: tformer verify checkpoints/dates --all
     """
     targets = _targets(checkpoint) if every else [checkpoint]
     failed: list[str] = []
+    if every and targets and all(_not_a_checkpoint(t) for t in targets):
+        raise CheckpointError(
+            f"{checkpoint}: holds no tformer checkpoint (its step-* folders hold only files "
+            "tformer did not write)"
+        )
     for target in targets:
+        if every and _not_a_checkpoint(target):
+            console.print(
+                f"{escape(str(target))}: [yellow]skipped[/]: not a tformer checkpoint (no "
+                f"{MANIFEST}, no tformer {CONFIG}); it holds only files tformer did not write"
+            )
+            continue
         folder, checks = verify_checkpoint(target)
         console.print(_table(folder, checks))
         failed += [c.detail for c in checks if not c.ok]
     if failed:
         more = f" (and {len(failed) - 1} more problems)" if len(failed) > 1 else ""
         raise CheckpointError(f"{failed[0]}{more}")
+
+
+def _not_a_checkpoint(folder: Path) -> bool:
+    """A ``step-*`` or ``best`` folder in which tformer wrote nothing (what ``--overwrite`` or
+    pruning left of a checkpoint: a user's files), as opposed to a damaged checkpoint."""
+    if folder.is_symlink() or not folder.is_dir() or is_run_dir(folder):  # best/ is a run
+        return False
+    return not os.path.lexists(folder / MANIFEST) and not is_checkpoint_dir(folder)
 
 
 def _targets(run: Path) -> list[Path]:

@@ -11,17 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from tformer.data.dates import write_splits
+from tformer.data.layout import LOADERS, SPLIT_NAMES, paired_text_files, split_files_of
 from tformer.errors import DataError
+from tformer.paths import excerpt, excerpt_list
 
 SPLITS = ("train", "validation", "test")
-# Names people give the held-out splits; the first of each list that exists is used.
-_SPLIT_NAMES = {
-    "train": ("train",),
-    "validation": ("validation", "valid", "val", "dev"),
-    "test": ("test",),
-}
-_LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
-
 TextPair = tuple[str, str]
 
 
@@ -74,57 +68,9 @@ def load_text_pairs(
             f"--data {spec}: not a regular file or folder (a FIFO, device or socket); "
             "give a data file or folder"
         )
-    if path.suffix.lower() in _LOADERS or spec.startswith((".", "/", "~")):
+    if path.suffix.lower() in LOADERS or spec.startswith((".", "/", "~")):
         raise DataError(f"--data {spec}: no such file or folder")
     return _load_hub(spec, source_field, target_field)
-
-
-def _split_files(folder: Path) -> dict[str, Path]:
-    """Split -> its file; two files for one split (val.jsonl and validation.csv) are refused."""
-    found: dict[str, Path] = {}
-    for split, names in _SPLIT_NAMES.items():
-        candidates = [
-            folder / f"{name}{suffix}"
-            for name in names
-            for suffix in _LOADERS
-            if (folder / f"{name}{suffix}").is_file()
-        ]
-        _one_file(split, candidates)
-        if candidates:
-            found[split] = candidates[0]
-    return found
-
-
-def _one_file(split: str, candidates: list[Path]) -> None:
-    if len(candidates) > 1:
-        names = " and ".join(str(c) for c in candidates)
-        raise DataError(
-            f"two files for the {split} split: {names}; keep one (rename or move the other)"
-        )
-
-
-def _paired_text_files(folder: Path, src: str, tgt: str) -> dict[str, tuple[Path, Path]]:
-    """Split -> (source file, target file) for a folder like ``train.en`` + ``train.de``.
-
-    ``val`` / ``valid`` / ``dev`` name the validation split; any ``test*`` prefix the test
-    split (``test2016.en`` as in Multi30k; the first in name order when there are several).
-    """
-    found: dict[str, tuple[Path, Path]] = {}
-    named: dict[str, list[Path]] = {split: [] for split in _SPLIT_NAMES}
-    prefixes = sorted({p.name[: -len(src) - 1] for p in folder.glob(f"*.{src}")})
-    for prefix in prefixes:
-        pair = (folder / f"{prefix}.{src}", folder / f"{prefix}.{tgt}")
-        if not pair[1].is_file():
-            continue
-        for split, names in _SPLIT_NAMES.items():
-            if prefix in names:
-                named[split].append(pair[0])
-            matches = prefix in names or (split == "test" and prefix.startswith("test"))
-            if matches and split not in found:
-                found[split] = pair
-    for split, paths in named.items():
-        _one_file(split, paths)
-    return found
 
 
 def _load_paired_text(source: Path, target: Path) -> list[TextPair]:
@@ -151,10 +97,10 @@ def _load_paired_text(source: Path, target: Path) -> list[TextPair]:
 
 
 def _load_folder(folder: Path, source_field: str, target_field: str) -> dict[str, list[TextPair]]:
-    paired = _paired_text_files(folder, source_field, target_field)
+    paired = paired_text_files(folder, source_field, target_field)
     if "train" in paired:
         return {split: _load_paired_text(*files) for split, files in paired.items()}
-    files = _split_files(folder)
+    files = split_files_of(folder)
     if "train" not in files:
         raise DataError(
             f"--data {folder}: no train file; expected train.jsonl (or .csv, .tsv, .parquet) "
@@ -179,7 +125,7 @@ def _quiet_datasets() -> object:
 
 
 def _load_file(path: Path, source_field: str, target_field: str) -> list[TextPair]:
-    loader = _LOADERS.get(path.suffix.lower())
+    loader = LOADERS.get(path.suffix.lower())
     if loader is None:
         raise DataError(
             f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json, .csv, .tsv "
@@ -236,7 +182,10 @@ def _read_delimited(path: Path, source_field: str, target_field: str) -> list[Te
             raise DataError(f"{path}: no header line naming the columns")
         for option, field in (("--source-field", source_field), ("--target-field", target_field)):
             if field not in columns:
-                raise DataError(f"{path}: no column {field!r} ({option}); columns are {columns}")
+                raise DataError(
+                    f"{path}: no column {excerpt(field)} ({option}); columns are "
+                    f"{excerpt_list(columns)}"
+                )
         pairs = []
         for number, row in enumerate(reader, start=1):
             _check_cells(path, number, reader.line_num, row, len(columns), kind)
@@ -266,7 +215,7 @@ def _check_cells(
     missing = [name for name, value in row.items() if value is None]
     if missing:
         raise DataError(
-            f"{path}: row {number} (line {line}): no value for {missing[0]!r} (fewer cells "
+            f"{path}: row {number} (line {line}): no value for {excerpt(missing[0])} (fewer cells "
             f"than the header's {columns} columns)"
         )
 
@@ -315,7 +264,7 @@ def _load_hub(name: str, source_field: str, target_field: str) -> dict[str, list
             f"hub failed ({_first_line(error)}); check the name, or the network / cache"
         ) from error
     splits: dict[str, list[TextPair]] = {}
-    for split, names in _SPLIT_NAMES.items():
+    for split, names in SPLIT_NAMES.items():
         for candidate in names:
             if candidate in loaded:
                 splits[split] = _pairs_from_columns(
@@ -323,7 +272,9 @@ def _load_hub(name: str, source_field: str, target_field: str) -> dict[str, list
                 )
                 break
     if "train" not in splits:
-        raise DataError(f"--data {name}: has no train split (splits: {list(loaded)})")
+        raise DataError(
+            f"--data {name}: has no train split (splits: {excerpt_list(list(loaded))})"
+        )
     return splits
 
 
@@ -335,7 +286,10 @@ def _pairs_from_columns(
         return _pairs_from_translation(dataset, where, source_field, target_field)
     for option, field in (("--source-field", source_field), ("--target-field", target_field)):
         if field not in columns:
-            raise DataError(f"{where}: no column {field!r} ({option}); columns are {columns}")
+            raise DataError(
+                f"{where}: no column {excerpt(field)} ({option}); columns are "
+                f"{excerpt_list(columns)}"
+            )
     sources = dataset[source_field]  # type: ignore[index]
     targets = dataset[target_field]  # type: ignore[index]
     if len(sources) == 0:
@@ -370,10 +324,14 @@ def _pairs_from_translation(
     pairs = []
     for row, record in enumerate(dataset["translation"], start=1):  # type: ignore[index]
         if not isinstance(record, dict) or src_lang not in record or tgt_lang not in record:
-            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            keys = (
+                excerpt_list(sorted(map(str, record)))
+                if isinstance(record, dict)
+                else type(record).__name__
+            )
             raise DataError(
-                f"{where}: row {row}: 'translation' has no {src_lang!r} / {tgt_lang!r} "
-                f"(--src-lang / --tgt-lang); it has {keys}"
+                f"{where}: row {row}: 'translation' has no {excerpt(src_lang)} / "
+                f"{excerpt(tgt_lang)} (--src-lang / --tgt-lang); it has {keys}"
             )
         pairs.append((str(record[src_lang]), str(record[tgt_lang])))
     if not pairs:

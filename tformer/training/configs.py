@@ -28,13 +28,12 @@ from tformer.config import (
 )
 from tformer.errors import CheckpointError, ConfigError
 from tformer.paths import excerpt, first_line
+from tformer.training.resume_flags import DERIVED, check_resume_settings, model_conflicts
 
 MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 TRAIN_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 # A stopping rule given later (file, flag) replaces an earlier one (the recipe's) as a whole.
 STOPS = ("max_steps", "epochs", "time_budget")
-# Architecture values set from the tokenizer at run time, not chosen by the user.
-DERIVED = ("src_vocab_size", "tgt_vocab_size", "share_embeddings")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,10 +110,12 @@ def read_config_file(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def dump_config(model: ModelConfig | None, train: TrainConfig, tokenizer: TokenizerSpec) -> str:
-    """Configs as YAML that ``tformer train --config`` reads back (no model: the checkpoint's)."""
+    """Configs as YAML that ``tformer train --config`` reads back (no model: resuming, so the
+    checkpoint's architecture and tokenizer, and no tokenizer section either)."""
     data: dict[str, Any] = {} if model is None else {"model": model.to_dict()}
     data["train"] = train.to_dict()
-    data["tokenizer"] = dataclasses.asdict(tokenizer)
+    if model is not None:
+        data["tokenizer"] = dataclasses.asdict(tokenizer)
     header = "# tformer train --config FILE (vocabulary sizes are set by the tokenizer)\n"
     return header + yaml.safe_dump(data, sort_keys=False)
 
@@ -134,7 +135,7 @@ def resolve(settings: Settings, resume: Path | None = None) -> Resolved:
         raise ConfigError(f"unknown setting {unknown[0]!r}: not a ModelConfig or TrainConfig field")
     tokenizer = TokenizerSpec(**{**sections.get("tokenizer", {}), **settings.tokenizer})
     if resume is not None:
-        model, train = _resume(resume, sections, given_model, given_train)
+        model, train = _resume(resume, settings, sections, given_train)
         return Resolved(model, train, tokenizer)
     file_train = sections.get("train", {})
     recipe = _recipe(settings.recipe, {**file_train, **given_train}.get("data"))
@@ -180,11 +181,12 @@ def _layered(*layers: Mapping[str, Any]) -> dict[str, Any]:
 
 def _resume(
     run: Path,
+    settings: Settings,
     sections: dict[str, dict[str, Any]],
-    given_model: dict[str, Any],
     given_train: dict[str, Any],
 ) -> tuple[ModelConfig, TrainConfig]:
-    """The saved configs, with the file's and the given training values on top."""
+    """The saved configs, with the file's and the given training values on top; settings
+    that contradict the saved architecture or tokenizer are refused, all named at once."""
     folder = ckpt.resolve(run)
     try:
         config = ckpt.read_verified_config(folder)
@@ -193,7 +195,17 @@ def _resume(
             raise
         raise with_older_checkpoint(error, folder.parent, folder) from error
     saved_model, saved_train, _ = ckpt.parse_configs(folder, config)
-    check_architecture(saved_model, {**sections.get("model", {}), **given_model})
+    check_resume_settings(
+        folder,
+        config,
+        saved_model,
+        given={k: v for k, v in settings.values.items() if k in {*MODEL_FIELDS, "n_layers"}},
+        preset=settings.preset,
+        recipe=settings.recipe,
+        sections=sections,
+        config_file=settings.config_file,
+        tokenizer=settings.tokenizer,
+    )
     # No stopping rule is dropped here: a resumed run keeps the limits it was not given anew.
     merged = {**saved_train.to_dict(), **sections.get("train", {}), **given_train}
     return saved_model, TrainConfig.from_dict(merged, source=str(run))
@@ -216,14 +228,14 @@ def architecture(config: ModelConfig) -> dict[str, Any]:
 
 
 def check_architecture(saved: ModelConfig, requested: Mapping[str, Any]) -> None:
-    """On resume the saved architecture wins; a requested value that contradicts it is refused."""
-    for name, want in requested.items():
-        have = getattr(saved, name)
-        if name not in DERIVED and want is not None and want != have:
-            raise ConfigError(
-                f"{flag(name)} {want} conflicts with the checkpoint being "
-                f"resumed ({have}); drop the flag to keep the saved architecture"
-            )
+    """On resume the saved architecture wins; requested values that contradict it are refused
+    (every one named)."""
+    conflicts = model_conflicts(saved, requested)
+    if conflicts:
+        raise ConfigError(
+            f"{'; '.join(conflicts)}: conflicts with the architecture of the checkpoint being "
+            "resumed; leave these values out to keep the saved architecture"
+        )
 
 
 def changed_settings(saved: TrainConfig, current: TrainConfig) -> list[str]:

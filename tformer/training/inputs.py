@@ -28,12 +28,13 @@ def get_tokenizers(
     if tokenizer_path is not None:
         tok = Tokenizer.load(tokenizer_path)
         return ckpt.Tokenizers(tok, tok)
+    requested = {"kind": kind, "vocab_size": vocab_size, "shared": shared}
     if shared:
         tok = train_tokenizer((t for pair in texts for t in pair), kind=kind, vocab_size=vocab_size)
-        return ckpt.Tokenizers(tok, tok)
+        return ckpt.Tokenizers(tok, tok, requested)
     source = train_tokenizer((s for s, _ in texts), kind=kind, vocab_size=vocab_size)
     target = train_tokenizer((t for _, t in texts), kind=kind, vocab_size=vocab_size)
-    return ckpt.Tokenizers(source, target)
+    return ckpt.Tokenizers(source, target, requested)
 
 
 def shared_tokenizers(

@@ -41,6 +41,7 @@ class RunOptions:
     strict: bool = False
     tokenized_cache: Path | None = None
     num_proc: int | None = None
+    allow_data_change: bool = False
 
     def argv(self) -> list[str]:
         args: list[str] = []
@@ -56,6 +57,8 @@ class RunOptions:
             args += ["--cache-dir", str(self.tokenized_cache)]
         if self.num_proc is not None:
             args += ["--num-proc", str(self.num_proc)]
+        if self.allow_data_change:
+            args.append("--allow-data-change")
         return args
 
 

@@ -86,11 +86,13 @@ class TrainingLoop:
         *,
         precision: Precision,
         world: World,
+        data: dict[str, Any] | None = None,
     ) -> None:
         self.model, self.optimizer, self.cfg = model, optimizer, cfg
         self.model_config, self.tokenizers, self.splits = model_config, tokenizers, splits
         self.device, self.out, self.report = device, out, report
         self.precision, self.world = precision, world
+        self.data = data  # the training data's fingerprint, saved with each checkpoint
         self.scaler = precision.scaler()
         self.forward = wrap_for_training(model, device, world, cfg.compile)
         # Only rank 0 evaluates and saves, so only it needs the average.
@@ -336,6 +338,8 @@ class TrainingLoop:
         }
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
+        if self.data is not None:
+            state["data"] = self.data
         folder = self.saver.save(pos, state)
         self.saved_step = pos.step
         return folder

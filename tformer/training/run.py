@@ -23,10 +23,11 @@ from tformer.checkpoint.lock import RunLock
 from tformer.checkpoint.run_dir import create_output, prepare_output, resume_target
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.batching import BatchPlan
+from tformer.data.fingerprint import fingerprint
 from tformer.data.pairs import EncodedSplit
 from tformer.data.sources import data_name, load_text_pairs
 from tformer.device import resolve_device, seed_everything
-from tformer.errors import CheckpointError, ConfigError
+from tformer.errors import ConfigError
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
 from tformer.training import distributed as dist_
@@ -52,7 +53,8 @@ from tformer.training.loss import sequence_loss
 from tformer.training.optim import build_optimizer
 from tformer.training.precision import Precision, resolve_precision
 from tformer.training.reporting import Reporter, TrainResult
-from tformer.training.state import Position, restore_rng
+from tformer.training.resuming import check_data, load_for_resume, restore_training_state
+from tformer.training.state import Position
 from tformer.training.validation import EVAL_BATCH_TOKENS
 
 DEFAULT_EPOCHS = 10.0
@@ -90,6 +92,7 @@ def train(
     tokenized_cache: Path | None = None,
     num_proc: int | None = None,
     nproc: int | None = None,
+    allow_data_change: bool = False,
 ) -> TrainResult:
     """Train a model and return where it was saved and how well it did.
 
@@ -113,6 +116,8 @@ def train(
         num_proc: processes that tokenise a large corpus (with ``tokenized_cache``).
         nproc: train data-parallel with this many processes on this machine (torchrun is
             started for it; the result is read back from the run folder).
+        allow_data_change: resume even though the training data changed since the checkpoint
+            was saved (refused otherwise, naming what changed).
 
     Raises:
         ConfigError, DataError, CheckpointError, DeviceError: for users to act on.
@@ -126,6 +131,7 @@ def train(
         strict=strict,
         tokenized_cache=tokenized_cache,
         num_proc=num_proc,
+        allow_data_change=allow_data_change,
     )
     job = plan_job(
         model_config,
@@ -184,6 +190,8 @@ class _Setup:
     splits: dict[str, EncodedSplit]
     precision: Precision
     resumed: ckpt.Checkpoint | None
+    data: dict[str, Any]  # the fingerprint of the training data, saved with each checkpoint
+    data_note: str | None = None  # how the data changed since the resumed checkpoint
 
 
 def _run(job: Job, options: RunOptions, reporter: Reporter) -> TrainResult:
@@ -218,12 +226,7 @@ def _run_locked(
     model, resumed = setup.model, setup.resumed
     model.to(device).train()
     optimizer = build_optimizer(model, cfg)
-    state: dict[str, Any] = {}
-    extra: dict[str, torch.Tensor] = {}
-    if resumed is not None:
-        state, rng, extra = ckpt.load_training_state(resumed.path, optimizer)
-        _apply_hyperparameters(optimizer, cfg)
-        restore_rng(state.get("rng", {}), rng)
+    state, extra = restore_training_state(resumed, optimizer, cfg)
     pos = Position(**state["position"]) if "position" in state else Position()
     if world.rank > 0:
         # Rank 0 follows the single-process RNG stream; the others draw their own dropout
@@ -241,10 +244,7 @@ def _run_locked(
             lock=lock,
         )
     report.start(_summary(job, setup, world, device, plan, total_steps, pos))
-    if resumed is not None:
-        changes = changed_settings(resumed.train_config, cfg)
-        if changes:
-            report.message(f"changed since {resumed.path}: {', '.join(changes)}")
+    _report_changes(report, setup, cfg)
     loop = TrainingLoop(
         model,
         optimizer,
@@ -257,6 +257,7 @@ def _run_locked(
         report,
         precision=setup.precision,
         world=world,
+        data=setup.data,
     )
     loop.restore(state, extra)
     try:
@@ -265,13 +266,29 @@ def _run_locked(
         dist_.close(world)
 
 
+def _report_changes(report: Reporter, setup: _Setup, cfg: TrainConfig) -> None:
+    """What differs from the resumed checkpoint: training settings, and the data when allowed."""
+    if setup.resumed is None:
+        return
+    changes = changed_settings(setup.resumed.train_config, cfg)
+    if changes:
+        report.message(f"changed since {setup.resumed.path}: {', '.join(changes)}")
+    if setup.data_note:
+        report.message(setup.data_note)
+
+
 def _set_up(job: Job, options: RunOptions, world: World, device: torch.device) -> _Setup:
     """Data, tokenizers, the full model config and the model (the resumed one when resuming)."""
     cfg, model_config = job.train, job.model
     texts = load_text_pairs(cfg.data, source_field=cfg.source_field, target_field=cfg.target_field)
+    data = fingerprint(
+        cfg.data, texts, source_field=cfg.source_field, target_field=cfg.target_field
+    )
     resumed: ckpt.Checkpoint | None = None
+    data_note = None
     if job.resume_from is not None:
-        resumed = _load_for_resume(job.out, job.resume_from)
+        resumed = load_for_resume(job.out, job.resume_from)
+        data_note = check_data(resumed.path, data, allow=options.allow_data_change)
         if model_config is not None:
             check_architecture(resumed.model_config, architecture(model_config))
         if options.tokenizer is not None:
@@ -310,7 +327,10 @@ def _set_up(job: Job, options: RunOptions, world: World, device: torch.device) -
     )
     # The speed-ups change no parameter and no result (tformer.fast), so every run has them.
     model = accelerate(resumed.model if resumed else Transformer(model_config))
-    return _Setup(model, model_config, tokenizers, splits, precision, resumed)
+    return _Setup(model, model_config, tokenizers, splits, precision, resumed, data, data_note)
+
+
+
 
 
 def _summary(
@@ -359,20 +379,3 @@ def _total_steps(cfg: TrainConfig, batches_per_epoch: int) -> int | None:
     if epochs is not None:
         limits.append(max(1, math.ceil(epochs * batches_per_epoch / cfg.accumulate)))
     return min(limits) if limits else None
-
-
-def _load_for_resume(run: Path, folder: Path) -> ckpt.Checkpoint:
-    try:
-        return ckpt.load_checkpoint(folder, "cpu")
-    except CheckpointError as error:
-        raise with_older_checkpoint(error, run, folder) from error
-
-
-def _apply_hyperparameters(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> None:
-    """Loading an optimizer state brings back the saved betas / eps / decay; the current
-    configuration wins (the learning rate is set at every step anyway)."""
-    for group in optimizer.param_groups:
-        group["betas"] = (cfg.beta1, cfg.beta2)
-        group["eps"] = cfg.eps
-        if "weight_decay" in group:
-            group["weight_decay"] = cfg.weight_decay
