@@ -62,3 +62,12 @@ def test_decode_speed_smoke(cache_only: bool) -> None:
     hf = [r for r in records if r.get("note") == "HF Marian with tformer's weights"]
     if hf:  # transformers installed: the same weights must give the same greedy output
         assert hf[0]["same_greedy_output"] and hf[0]["max_logit_diff"] < 1e-3
+
+
+def test_sharing_smoke() -> None:
+    records = run_script("sharing.py", "--smoke")
+    assert records[0]["cores"] >= 1
+    (row,) = records[1:]
+    assert row["policy"] == "tformer"
+    assert row["train_alone_tokens_per_s"] > 0 and row["train_shared_tokens_per_s"] > 0
+    assert row["generate_alone_sentences_per_s"] > 0

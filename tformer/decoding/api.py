@@ -17,6 +17,7 @@ from tformer.decoding.beam import beam_search
 from tformer.decoding.sampling import StepEvents, sample_steps
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.errors import ConfigError
+from tformer.fast import sharing
 from tformer.model import Transformer
 
 
@@ -94,6 +95,7 @@ def decode_texts(
     for start in range(0, len(order), sources_per_batch):
         chunk = order[start : start + sources_per_batch]
         rows = [fit_source(src_ids[i], model.config.max_len) for i in chunk]
+        sharing.rebalance()  # fewer threads while other tformer processes are busy
         for index, hyps in zip(chunk, decode(model, pad(rows).to(device), config), strict=True):
             results[index] = hyps
     return results

@@ -12,6 +12,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from tformer.fast import sharing
 from tformer.fast.malloc import keep_freed_memory
 
 HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
@@ -23,10 +24,12 @@ class ProcessSettings:
 
     huge_pages: bool  # torch backs large CPU tensors with transparent huge pages
     keep_freed_memory: bool  # glibc keeps freed memory for reuse (tformer.fast.malloc)
+    shares_cores: bool  # threads follow the other busy tformer processes (tformer.fast.sharing)
 
 
 def configure_process() -> ProcessSettings:
-    """Turn on torch's huge pages for large CPU tensors and keep freed memory for reuse.
+    """Turn on torch's huge pages for large CPU tensors, keep freed memory for reuse, and
+    share the cores with other busy tformer processes (``tformer.fast.sharing``).
 
     Training allocates its largest tensors afresh at every step, and with 4 KB pages the
     first touch of each page is a page fault; torch's own switch ``THP_MEM_ALLOC_ENABLE``
@@ -37,4 +40,8 @@ def configure_process() -> ProcessSettings:
     """
     os.environ.setdefault(HUGE_PAGES, "1")
     huge_pages = os.environ[HUGE_PAGES] == "1" and "torch" not in sys.modules
-    return ProcessSettings(huge_pages=huge_pages, keep_freed_memory=keep_freed_memory())
+    return ProcessSettings(
+        huge_pages=huge_pages,
+        keep_freed_memory=keep_freed_memory(),
+        shares_cores=sharing.join() is not None,
+    )

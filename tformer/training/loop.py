@@ -27,6 +27,7 @@ from tformer.errors import (
     OutOfMemoryError,
     TrainingInterrupted,
 )
+from tformer.fast import sharing
 from tformer.model import Transformer
 from tformer.training import distributed as dist_
 from tformer.training.best import BestKeeper
@@ -151,6 +152,7 @@ class TrainingLoop:
             # rank r computes every world-th of them, so the step equals a single process
             # accumulating them all.
             micro = [next(stream) for _ in range(cfg.accumulate * world.world_size)]
+            sharing.rebalance()  # fewer threads while other tformer processes are busy
             loss_sum, n_tokens = self._step(plan, micro, pos.step + 1, total_steps)
             pos.step += 1
             last_epoch, last_index, _ = micro[-1]

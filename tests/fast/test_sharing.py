@@ -1,0 +1,142 @@
+"""Sharing the cores: busy tformer processes each take their part of the threads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from tformer.fast import sharing
+from tformer.fast.sharing import CoreShare
+
+# A second process that registers in FOLDER, says so, and stays until its stdin closes.
+CHILD = """
+import sys
+from pathlib import Path
+from tformer.fast.sharing import CoreShare
+share = CoreShare(Path(sys.argv[1]), 2)
+print(share.path, flush=True)
+sys.stdin.read()
+share.close()
+"""
+
+
+@pytest.fixture(autouse=True)
+def _threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rebalance looks at the others on every call, not once a second."""
+    monkeypatch.setattr(sharing, "CHECK_SECONDS", 0.0)
+
+
+def other_process(folder: Path) -> tuple[subprocess.Popen[str], Path]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(folder)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    return child, Path(child.stdout.readline().strip())
+
+
+def test_a_busy_process_halves_the_threads_and_its_end_gives_them_back(
+    tmp_path: Path, now: None
+) -> None:
+    mine = CoreShare(tmp_path, cores=4)
+    assert mine.rebalance() == 4 and torch.get_num_threads() == 4
+    child, _ = other_process(tmp_path)
+    assert mine.busy_others() == 1
+    assert mine.rebalance() == 2 and torch.get_num_threads() == 2
+    child.communicate("")  # it closes its registration and ends
+    assert mine.rebalance() == 4 and torch.get_num_threads() == 4
+    mine.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_killed_process_no_longer_counts_and_its_file_is_removed(
+    tmp_path: Path, now: None
+) -> None:
+    mine = CoreShare(tmp_path, cores=2)
+    child, path = other_process(tmp_path)
+    assert mine.rebalance() == 1
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert path.exists()  # nothing ran at its end
+    assert mine.rebalance() == 2
+    assert not path.exists()
+    mine.close()
+
+
+def test_an_idle_process_does_not_count(tmp_path: Path, now: None) -> None:
+    mine = CoreShare(tmp_path, cores=2)
+    child, path = other_process(tmp_path)
+    idle_since = time.time() - sharing.BUSY_SECONDS - 1
+    os.utime(path, (idle_since, idle_since))  # as if it waited at a prompt since then
+    assert mine.busy_others() == 0 and mine.rebalance() == 2
+    os.utime(path)  # busy again
+    assert mine.rebalance() == 1
+    child.communicate("")
+    mine.close()
+
+
+def test_at_least_one_thread_and_at_most_once_a_second(tmp_path: Path) -> None:
+    mine = CoreShare(tmp_path, cores=1)
+    child, _ = other_process(tmp_path)
+    assert mine.rebalance() == 1  # 1 // 2 cores would be none
+    child.communicate("")
+    mine.cores = 2
+    assert mine.rebalance() == 1  # within the second: the last choice, not a new count
+    mine.close()
+
+
+@pytest.mark.parametrize("setting", [{"TFORMER_CPU_SHARING": "0"}, {"OMP_NUM_THREADS": "3"}])
+def test_an_explicit_choice_keeps_the_process_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: dict[str, str]
+) -> None:
+    monkeypatch.setattr(sharing, "_share", None)
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    assert sharing.join(tmp_path) is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_command_line_registers_while_it_trains(tmp_path: Path, toy_data: Path) -> None:
+    """A real `tformer train` marks itself busy in the user's folder (TMPDIR moves it here)."""
+    env = {k: v for k, v in os.environ.items() if k not in {"OMP_NUM_THREADS"}}
+    env.update(TMPDIR=str(tmp_path), TFORMER_CPU_SHARING="1")
+    command = [sys.executable, "-c", "from tformer.cli import main; main()", "train",
+               "--data", str(toy_data), "--preset", "tiny", "--max-steps", "100000",
+               "--time-budget", "20s", "--eval-every", "100000", "--save-every", "100000",
+               "--out", str(tmp_path / "run")]  # fmt: skip
+    trainer = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    folder = tmp_path / f"tformer-{os.getuid()}-cores"
+    try:
+        deadline = time.monotonic() + 60
+        watcher: CoreShare | None = None
+        while time.monotonic() < deadline and trainer.poll() is None:
+            if folder.is_dir():
+                watcher = watcher or CoreShare(folder, cores=2)
+                if watcher.busy_others() == 1:
+                    break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the trainer never registered in {folder}")
+    finally:
+        trainer.send_signal(signal.SIGINT)  # stops after its step, with a checkpoint
+        trainer.communicate(timeout=120)
+    assert watcher is not None
+    assert watcher.busy_others() == 0  # its registration ended with it
+    watcher.close()
