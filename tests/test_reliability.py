@@ -207,7 +207,7 @@ def test_resume_logs_changed_flags_and_refuses_architecture_changes(
     assert "changed since" in result.stderr
     assert "--max-steps 4 -> 6" in result.stderr and "--clip-norm 1.0 -> 0.5" in result.stderr
     conflict = cli("train", "--resume", str(out), "--n-heads", "4")
-    assert conflict.exit_code == 2 and "--n-heads 4 conflicts" in conflict.stderr
+    assert conflict.exit_code == 2 and "--n-heads 4 (saved: 2)" in conflict.stderr
 
 
 def test_resume_from_an_older_checkpoint_replays_the_same_steps(
