@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "TrainResult": "tformer.training.reporting",
     "Transformer": "tformer.model",
     "accelerate": "tformer.fast.accelerate",
+    "quantize_int8": "tformer.fast.int8",
     "average_checkpoints": "tformer.checkpoint",
     "configure_process": "tformer.fast.process",
     "corpus_scores": "tformer.metrics",
@@ -92,6 +93,7 @@ if TYPE_CHECKING:
     from tformer.decoding.text import Generation, generate, translate
     from tformer.errors import CheckpointError, ConfigError, DataError, DeviceError, TformerError
     from tformer.fast.accelerate import accelerate
+    from tformer.fast.int8 import quantize_int8
     from tformer.fast.process import configure_process
     from tformer.metrics import corpus_scores
     from tformer.model import AttentionMaps, Transformer
@@ -156,6 +158,7 @@ __all__ = [
     "measure_batch_limits",
     "plan_job",
     "preset",
+    "quantize_int8",
     "save_attention",
     "save_checkpoint",
     "stream_tokens",

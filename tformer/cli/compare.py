@@ -19,7 +19,9 @@ from tformer.cli.options import (
     DEVICE,
     INPUT_FILE,
     MAX_NEW_TOKENS,
+    QUANTIZE,
     TEXTS,
+    apply_quantize,
     check_batch_size,
     default,
     read_inputs,
@@ -153,6 +155,7 @@ def compare_command(
         False, "--json", help="One JSON record per input and setting instead of tables."
     ),
     device: str = DEVICE,
+    quantize: str = QUANTIZE,
 ) -> None:
     """Decode the same inputs under several settings; outputs, log p and lengths side by side.
 
@@ -180,5 +183,6 @@ def compare_command(
     )
     inputs = read_inputs(texts, input_file)
     loaded = load_checkpoint(checkpoint, resolve_device(device))
+    apply_quantize(loaded.model, quantize)
     warn_long_inputs(loaded.tokenizers.source, inputs, loaded.model_config.max_len)
     print_comparison(loaded, inputs, settings, batch_size=batch_size, as_json=as_json)

@@ -22,6 +22,7 @@ from tformer.cli.options import (
     MIN_NEW_TOKENS,
     MIN_P,
     NO_REPEAT_NGRAM_SIZE,
+    QUANTIZE,
     REPETITION_PENALTY,
     SEED,
     SOURCE_FIELD,
@@ -29,6 +30,7 @@ from tformer.cli.options import (
     TEMPERATURE,
     TOP_K,
     TOP_P,
+    apply_quantize,
     check_batch_size,
     decoding_config,
     folder_option,
@@ -71,6 +73,7 @@ def evaluate_command(
     seed: int | None = SEED,
     batch_size: int = typer.Option(64, "--batch-size"),
     device: str = DEVICE,
+    quantize: str = QUANTIZE,
 ) -> None:
     """Translate a split and report sacreBLEU and chrF (with signatures), loss and perplexity.
 
@@ -87,10 +90,12 @@ def evaluate_command(
         raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
     pairs = splits[split][:limit] if limit else splits[split]
     ckpt = load_checkpoint(checkpoint, resolve_device(device))
+    apply_quantize(ckpt.model, quantize)
     folder_option(out or ckpt.path / f"eval-{split}", "--out")
     err_console.print(f"translating {len(pairs):,} pairs of {split} …")
     warn_long_inputs(ckpt.tokenizers.source, [s for s, _ in pairs], ckpt.model_config.max_len)
     result = evaluate(ckpt, pairs, split=split, decoding=decoding, batch_size=batch_size)
+    result.decoding["quantize"] = quantize  # the card says whether int8 made these outputs
     card = result_card(ckpt, result, data=data, pairs=pairs)
     folder = out or ckpt.path / f"eval-{split}"
     try:

@@ -29,12 +29,14 @@ from tformer.cli.options import (
     MIN_P,
     N_BEST,
     NO_REPEAT_NGRAM_SIZE,
+    QUANTIZE,
     REPETITION_PENALTY,
     SEED,
     TEMPERATURE,
     TEXTS,
     TOP_K,
     TOP_P,
+    apply_quantize,
     check_batch_size,
     decoding_config,
     default,
@@ -47,10 +49,19 @@ from tformer.decoding.text import Generation, translate
 from tformer.device import resolve_device
 from tformer.errors import ConfigError
 from tformer.fast.accelerate import accelerate
+from tformer.model import Transformer
 
 NUM_SAMPLES = typer.Option(
     default(DecodingConfig, "num_samples"), "--num-samples", "-n", help="Samples per input."
 )
+
+
+def _prepare(model: Transformer, quantize: str) -> None:
+    """int8 layers with --quantize int8; tformer's float32 speed-ups otherwise."""
+    if quantize == "none":
+        accelerate(model)
+    else:
+        apply_quantize(model, quantize)
 
 
 @app.command("generate")
@@ -100,6 +111,7 @@ def generate_command(
         "the outputs side by side (see `tformer compare`).",
     ),
     device: str = DEVICE,
+    quantize: str = QUANTIZE,
 ) -> None:
     """Generate outputs; one line per output, in input order (an input's outputs together).
 
@@ -125,14 +137,14 @@ def generate_command(
         if texts or input_file is not None:
             raise ConfigError("--interactive reads inputs at a prompt: drop TEXT / --input-file")
         loaded = load_checkpoint(checkpoint, resolve_device(device))
-        accelerate(loaded.model)
+        _prepare(loaded.model, quantize)
         _interactive(loaded, config, as_json=as_json, stream=stream)
         return
     inputs = read_inputs(texts, input_file)
     if explain_steps and len(inputs) != 1:
         raise ConfigError(f"--explain shows one input at a time; got {len(inputs)}")
     loaded = load_checkpoint(checkpoint, resolve_device(device))
-    accelerate(loaded.model)
+    _prepare(loaded.model, quantize)
     warn_long_inputs(loaded.tokenizers.source, inputs, loaded.model_config.max_len)
     if compare:
         settings = default_settings(max_new_tokens=max_new_tokens, seed=seed or 0)

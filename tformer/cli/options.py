@@ -20,6 +20,7 @@ from tformer.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # importing the tokenizers library is slow: only commands that need it do
     from tformer.data.tokenizer import Tokenizer
+    from tformer.model import Transformer
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,6 +45,12 @@ def field_help(cls: type, name: str) -> str:
 
 DEVICE = typer.Option(
     default(TrainConfig, "device"), "--device", help=field_help(TrainConfig, "device")
+)
+QUANTIZE = typer.Option(
+    "none",
+    "--quantize",
+    help="int8: decode with int8 linear layers on the CPU (quantised on load; the checkpoint "
+    "stays float32). none: float32.",
 )
 DATA = typer.Option(None, "--data", help=field_help(TrainConfig, "data"), show_default=False)
 SOURCE_FIELD = typer.Option(
@@ -289,3 +296,12 @@ def split_lines(text: str) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return [line.removesuffix("\r") for line in lines]
+
+
+def apply_quantize(model: Transformer, quantize: str) -> None:
+    """``--quantize int8``: quantise ``model`` in place (CPU only); ``none`` leaves it."""
+    from tformer.fast.int8 import check_quantize, quantize_int8  # loads torch
+
+    device = next(model.parameters()).device
+    if check_quantize(quantize, device):
+        quantize_int8(model)

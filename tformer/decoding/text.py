@@ -13,6 +13,7 @@ from tformer.checkpoint import Checkpoint, Tokenizers
 from tformer.decoding.api import decode_texts
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.fast.accelerate import accelerate
+from tformer.fast.int8 import is_quantized
 from tformer.model import Transformer
 
 
@@ -35,14 +36,16 @@ def translate(
     """Decode ``texts`` with ``model``; outputs per input in the order ``decode_texts`` gives.
 
     ``model`` gets tformer's speed-ups first (``tformer.fast.accelerate``, in place): the same
-    outputs, faster.
+    outputs, faster. A model quantised with ``tformer.fast.int8.quantize_int8`` keeps its
+    int8 layers.
 
     Args:
         batch_size: rows decoded together (each input takes num_samples or beam_size rows).
     Returns:
         For each input, ``config.num_samples`` generations, or the ``n_best`` of beam search.
     """
-    accelerate(model)
+    if not is_quantized(model):
+        accelerate(model)
     src = [tokenizers.source.encode(text) for text in texts]
     hyps = decode_texts(model, src, config or DecodingConfig(), batch_size=batch_size)
     flat = [hyp for per_input in hyps for hyp in per_input]
