@@ -36,6 +36,7 @@ Usage: python benchmarks/decode_speed.py [--shape small|base] [--repeats 3] [--t
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -68,7 +69,8 @@ from tformer.config import (  # noqa: E402
 )
 from tformer.decoding.api import decode  # noqa: E402
 from tformer.decoding.settings import DecodingConfig  # noqa: E402
-from tformer.fast.accelerate import accelerate  # noqa: E402
+from tformer.fast.accelerate import accelerate, plain  # noqa: E402
+from tformer.fast.int8 import quantize_int8  # noqa: E402
 from tformer.model import Transformer  # noqa: E402
 
 SHAPES: dict[str, dict[str, int]] = {
@@ -587,6 +589,13 @@ def main() -> None:
             caches=caches,
         )
     }
+    if device.type == "cpu":  # --quantize int8: the same weights, quantised on load
+        int8_model = quantize_int8(copy.deepcopy(plain(model)))
+        accelerate(model)
+        impls["tformer-int8"] = Impl(
+            lambda src, case, cache: tformer_runner(int8_model, src, case, new_tokens, cache),
+            caches=(True,),
+        )
     try:
         marian = to_marian(model).to(device)
     except ImportError:
