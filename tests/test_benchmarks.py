@@ -58,6 +58,8 @@ def test_decode_speed_smoke(cache_only: bool) -> None:
     cases = {(r["strategy"], r["batch"]) for r in ours}
     assert cases == {("greedy", 1), ("greedy", 4), ("beam4", 1)}
     assert {r["cache"] for r in ours} == ({True} if cache_only else {True, False})
+    int8 = {(r["strategy"], r["batch"]) for r in records if r.get("impl") == "tformer-int8"}
+    assert int8 == cases
     assert all(r["tokens_per_s"] > 0 and r["new_tokens"] > 0 for r in ours)
     hf = [r for r in records if r.get("note") == "HF Marian with tformer's weights"]
     if hf:  # transformers installed: the same weights must give the same greedy output
