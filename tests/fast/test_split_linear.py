@@ -104,6 +104,7 @@ def test_decoding_with_split_products_equals_plain_f_linear(
     src = torch.randint(4, 300, (1, 7))
     config = DecodingConfig(beam_size=beam_size, min_new_tokens=10, max_new_tokens=10)
     monkeypatch.setattr(linear_module, "SPLIT_MIN_WEIGHT", 0)
+    monkeypatch.setattr(linear_module, "split_pays", lambda *_: True)  # whatever this CPU says
     shapes: set[tuple[int, int]] = set()
     split = linear_module.split_linear
 
@@ -119,3 +120,35 @@ def test_decoding_with_split_products_equals_plain_f_linear(
     assert {(300, 32), (96, 32), (32, 32), (128, 32), (32, 128), folded} <= shapes
     plain_linear(monkeypatch)
     same_hypotheses(got, decode(model, src, config))
+
+
+def test_the_faster_of_split_and_whole_is_measured_once_per_shape(
+    two_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+    import types
+
+    monkeypatch.setattr(linear_module, "_SPLIT_PAYS", {})
+    weight, bias, x = torch.randn(384, 256), torch.randn(384), torch.randn(1, 256)
+    split = linear_module.split_linear
+
+    def slow_split(*args: object) -> torch.Tensor:
+        time.sleep(0.002)
+        return split(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(linear_module, "split_linear", slow_split)
+    assert linear_module.split_pays(x, weight, bias, 2) is False
+    monkeypatch.setattr(linear_module, "split_linear", split)
+    assert linear_module.split_pays(x, weight, bias, 2) is False  # kept: measured once
+
+    def slow_linear(*args: object) -> torch.Tensor:
+        time.sleep(0.002)
+        return F.linear(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(linear_module, "F", types.SimpleNamespace(linear=slow_linear))
+    other = torch.randn(512, 256)  # another shape: measured afresh
+    assert linear_module.split_pays(x, other, None, 2) is True
+    layer = Linear(256, 512, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(other)
+        close_to_f_linear(layer(x), x, layer)  # and the layer takes the split product

@@ -22,6 +22,8 @@ weight sizes below are where each measured faster (docs/performance.md has the f
 from __future__ import annotations
 
 import platform
+import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -157,7 +159,9 @@ def fast_linear(owner: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None
         return None
     parts = split_parts(rows, weight)
     if parts:
-        return split_linear(x, weight, bias, parts)
+        if split_pays(x, weight, bias, parts):
+            return split_linear(x, weight, bias, parts)
+        return None
     if _packs(rows, weight):
         return packed_linear(owner, x, weight, bias, rows)
     return None
@@ -168,7 +172,41 @@ def unpacked_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     packed (packing a weight costs more than one product with it)."""
     rows = inference_rows(x, weight)
     parts = split_parts(rows, weight) if rows else 0
-    return split_linear(x, weight, bias, parts) if parts else F.linear(x, weight, bias)
+    if parts and split_pays(x, weight, bias, parts):
+        return split_linear(x, weight, bias, parts)
+    return F.linear(x, weight, bias)
+
+
+# Whether splitting paid, per (weight shape, rows, parts, threads): measured once per process.
+_SPLIT_PAYS: dict[tuple[int, ...], bool] = {}
+_TRIALS = 5  # calls of each kind per measurement; the fastest of each is compared
+
+
+def split_pays(x: Tensor, weight: Tensor, bias: Tensor | None, parts: int) -> bool:
+    """Whether :func:`split_linear` beats ``F.linear`` for this product on this machine.
+
+    Where it pays depends on the CPU and how its threads wake: it was 2x faster on an AMD EPYC
+    and 3x slower on another 2-core Xeon (docs/performance.md). So the first product of each
+    shape times both, on its own input, and the faster one is kept for the process.
+    """
+    rows = x.numel() // x.size(-1)
+    key = (*weight.shape, rows, parts, torch.get_num_threads())
+    known = _SPLIT_PAYS.get(key)
+    if known is None:
+        split = _fastest(lambda: split_linear(x, weight, bias, parts))
+        whole = _fastest(lambda: F.linear(x, weight, bias))
+        known = _SPLIT_PAYS[key] = split < whole
+    return known
+
+
+def _fastest(call: Callable[[], Tensor]) -> float:
+    call()  # warm: the first call may allocate or start threads
+    best = float("inf")
+    for _ in range(_TRIALS):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, parts: int) -> Tensor:
