@@ -54,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "decode_texts": "tformer.decoding.api",
     "evaluate": "tformer.analysis.evaluate",
     "explain": "tformer.analysis.explain",
+    "export_checkpoint": "tformer.export",
     "generate": "tformer.decoding.text",
     "head_statistics": "tformer.analysis.head_stats",
     "inspect_attention": "tformer.analysis.attention",
@@ -91,6 +92,7 @@ if TYPE_CHECKING:
     from tformer.decoding.settings import DecodingConfig, Hypothesis
     from tformer.decoding.text import Generation, generate, translate
     from tformer.errors import CheckpointError, ConfigError, DataError, DeviceError, TformerError
+    from tformer.export import export_checkpoint
     from tformer.fast.accelerate import accelerate
     from tformer.fast.process import configure_process
     from tformer.metrics import corpus_scores
@@ -148,6 +150,7 @@ __all__ = [
     "decode_texts",
     "evaluate",
     "explain",
+    "export_checkpoint",
     "generate",
     "head_statistics",
     "inspect_attention",
