@@ -12,6 +12,9 @@ Prints one JSON line per measurement, then a Markdown table. Measures new tokens
   int8 weights, one row each; it always caches, so it has no cache-free row), when
   ``ctranslate2`` is importable, with as many threads (``intra_threads``) as torch.
 
+Both conversions are the product's (``tformer.export``, what ``tformer export`` writes), so
+<pad> and <bos> are masked inside the converted models as in tformer, with no decoding option.
+
 Workload: a random-weight model of the "small" preset shape (d_model 256, 4 heads, 3+3
 layers, d_ff 1024, vocabulary 8000), sources of 32 random tokens, exactly 64 new tokens per
 output (min = max new tokens, so <eos> cannot end a row early). Speeds are the best of

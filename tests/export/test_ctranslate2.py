@@ -155,7 +155,7 @@ def test_quantization_passes_through(
     out = export_checkpoint(checkpoint, tmp_path / "q", to="ctranslate2", quantization=quantization)
     full = exported("post-relu-shared-tied")
     ratio = (out / "model.bin").stat().st_size / (full / "model.bin").stat().st_size
-    assert ratio < (0.4 if quantization.startswith("int8") else 0.6), ratio
+    assert ratio < (0.45 if quantization.startswith("int8") else 0.6), ratio
     assert json.loads((out / MARKER).read_text())["quantization"] == quantization
     readme = readme_snippet(out, monkeypatch)
     texts = readme["translate"](inputs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -158,3 +159,30 @@ def test_empty_out_folder_is_used(world: Path) -> None:
     result = export(world / "ckpt", world / "empty", "--to", "ctranslate2")
     assert result.exit_code == 0, result.output
     assert (world / "empty" / "model.bin").is_file() and (world / "empty" / MARKER).is_file()
+
+
+def test_overwrite_looks_inside_subfolders(
+    world: Path, trained_variant: Callable[[str], Path]
+) -> None:
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    out = world / "hf"
+    checkpoint = trained_variant("post-gelu-separate-tied")  # separate: a target_tokenizer/
+    assert export(checkpoint, out, "--to", "huggingface").exit_code == 0
+    (out / "target_tokenizer" / "mine.txt").write_text("mine")
+    before = tree(world)
+    refused(
+        export(checkpoint, out, "--to", "huggingface", "--overwrite"),
+        2,
+        "target_tokenizer/mine.txt",
+        "nothing was deleted",
+    )
+    assert tree(world) == before
+
+
+def test_importing_tformer_and_its_cli_loads_no_export_package() -> None:
+    code = (
+        "import sys, tformer, tformer.export, tformer.cli.commands; "
+        "print(sorted({'ctranslate2', 'transformers'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -16,7 +16,7 @@ from tformer.checkpoint.run_dir import resolve
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.errors import ConfigError
 from tformer.export.ctranslate2 import export_ctranslate2
-from tformer.export.folder import MARKER, check_out, marker_text, staging
+from tformer.export.folder import MARKER, check_out, marker_text, staging, written_files
 from tformer.export.huggingface import check_marian, export_huggingface
 from tformer.paths import excerpt
 from tformer.version import __version__
@@ -102,7 +102,7 @@ def export_checkpoint(
         check_marian(loaded.model_config)
     with staging(out) as tmp:
         _write(loaded, tmp, to, quantization)
-        written = sorted(p.name for p in tmp.iterdir())
+        written = written_files(tmp)
         (tmp / MARKER).write_text(
             marker_text(
                 written,

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tformer.checkpoint.files import fsync_dir, fsync_files
+from tformer.checkpoint.files import fsync_dir
 from tformer.errors import CheckpointError, ConfigError
 from tformer.paths import excerpt, file_kind, first_line, inside, read_small_text
 
@@ -36,7 +36,9 @@ def check_out(out: Path, *, overwrite: bool, checkpoint: Path) -> None:
             sits under a file, is a non-empty folder without ``overwrite``, or (with it) is not
             a folder an earlier export wrote, or holds files that export did not write.
     """
-    kind = file_kind(out)
+    kind = file_kind(out)  # None for a regular file or nothing at all
+    if kind is None and out.is_file():
+        kind = "a file"
     if kind is not None and kind != "a folder":
         raise ConfigError(
             f"OUT {out}: exists and is {kind}; choose a new folder name for the export"
@@ -72,7 +74,7 @@ def check_earlier_export(out: Path) -> None:
             f"OUT {out}: not written by `tformer export` (no valid {MARKER}); --overwrite only "
             "replaces an earlier export, so choose another folder (nothing was deleted)"
         )
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in written or p.is_symlink())
+    foreign = _foreign_entries(out, written)
     if foreign:
         raise ConfigError(
             f"OUT {out}: holds {excerpt(foreign[0])}, which the earlier export did not write; "
@@ -80,9 +82,26 @@ def check_earlier_export(out: Path) -> None:
         )
 
 
+def _foreign_entries(out: Path, written: set[str]) -> list[str]:
+    """Entries below ``out`` (relative paths) that are not the files of ``written`` nor the
+    folders holding them; a link is always foreign."""
+    folders = {str(Path(name).parent) for name in written} - {"."}
+    foreign = []
+    for path in sorted(out.rglob("*")):
+        name = path.relative_to(out).as_posix()
+        if path.is_symlink():
+            foreign.append(name)
+        elif path.is_dir():
+            if name not in folders:
+                foreign.append(name)
+        elif name not in written:
+            foreign.append(name)
+    return foreign
+
+
 def exported_files(folder: Path) -> set[str] | None:
-    """The top-level names an earlier export wrote into ``folder`` (its marker included), or
-    None when ``folder`` has no valid marker."""
+    """The files (relative paths) an earlier export wrote into ``folder``, its marker
+    included, or None when ``folder`` has no valid marker."""
     text = read_small_text(folder / MARKER, limit=1 << 16)
     try:
         marker = json.loads(text) if text is not None else None
@@ -91,17 +110,24 @@ def exported_files(folder: Path) -> set[str] | None:
     if not isinstance(marker, dict) or marker.get("format") != MARKER_FORMAT:
         return None
     files = marker.get("files")
-    if not isinstance(files, list) or not all(_plain_name(name) for name in files):
+    if not isinstance(files, list) or not all(_relative_name(name) for name in files):
         return None
     return {*files, MARKER}
 
 
-def _plain_name(name: object) -> bool:
-    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
+def _relative_name(name: object) -> bool:
+    if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name:
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def written_files(folder: Path) -> list[str]:
+    """Every file below ``folder`` as a relative POSIX path (what the marker lists)."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
 def marker_text(files: list[str], **fields: Any) -> str:
-    """The marker: what was written (top-level names) and where it came from."""
+    """The marker: what was written (relative paths) and where it came from."""
     marker = {
         "format": MARKER_FORMAT,
         "format_version": MARKER_VERSION,
@@ -142,11 +168,14 @@ def staging(out: Path) -> Iterator[Path]:
 
 
 def fsync_tree(folder: Path) -> None:
-    """Flush every file below ``folder`` (one level of subfolders) to disk."""
-    for path in folder.iterdir():
-        if path.is_dir():
-            fsync_files(path)
-    fsync_files(folder)
+    """Flush every file and folder below ``folder`` (and ``folder``) to disk."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+        elif path.is_dir():
+            fsync_dir(path)
+    fsync_dir(folder)
 
 
 def _move_into_place(tmp: Path, out: Path) -> None:

@@ -120,11 +120,12 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     flat = _flatten(tree)
     source = ours["encoder.embedding.embedding.weight"][:, perm]
     target = ours["decoder.embedding.embedding.weight"][:, perm]
+    # All three, always: with tie_word_embeddings off, transformers ties none of them (not even
+    # a shared vocabulary's encoder and decoder embeddings to model.shared).
     if c.share_embeddings:
         flat["model.shared.weight"] = source
-    else:
-        flat["model.encoder.embed_tokens.weight"] = source
-        flat["model.decoder.embed_tokens.weight"] = target
+    flat["model.encoder.embed_tokens.weight"] = source
+    flat["model.decoder.embed_tokens.weight"] = target
     flat["lm_head.weight"] = model.output_weight().detach().float()[:, perm]
     flat["final_logits_bias"] = special_token_bias(c.tgt_vocab_size)[None, :]
     return flat
@@ -155,8 +156,7 @@ def to_marian(model: Transformer) -> Any:
     missing, unexpected = marian.load_state_dict(state, strict=False)
     # Marian's fixed position tables are not weights: it computes them from the config.
     leftover = [name for name in missing if not name.endswith("embed_positions.weight")]
-    tied = {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"}
-    assert not unexpected and set(leftover) <= tied, (unexpected, leftover)
+    assert not unexpected and not leftover, (unexpected, leftover)
     _set_generation_config(marian, model.config)
     return marian
 
@@ -184,6 +184,8 @@ def fast_tokenizer(tokenizer: Tokenizer) -> Any:
         bos_token=BOS,
         eos_token=EOS,
         unk_token=UNK,
+        model_input_names=["input_ids", "attention_mask"],  # Marian takes no token_type_ids
+        clean_up_tokenization_spaces=False,  # decode as tformer does, spaces as they come
     )
 
 
@@ -236,7 +238,7 @@ tokenizer = AutoTokenizer.from_pretrained(here)  # a fast tokenizer
 target = {target}
 
 batch = tokenizer(["your input here"], return_tensors="pt", padding=True)
-output = model.generate(**batch, max_new_tokens=128)  # greedy; num_beams=4 for beam search
+output = model.generate(**batch)  # greedy, at most max_len tokens; num_beams=4 for beam search
 print(target.batch_decode(output, skip_special_tokens=True))
 ```
 {separate}
