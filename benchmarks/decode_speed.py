@@ -265,7 +265,8 @@ def ct2_max_logprob_difference(model: Transformer, translator: Any, src: torch.T
     tgt = src[:, :7]
     with torch.no_grad():
         tgt_in = torch.cat([torch.full((src.size(0), 1), BOS_ID), tgt], dim=1)
-        logprobs = mask_special_tokens(model(src, tgt_in).logits).log_softmax(-1)
+        logits = model(src, tgt_in).logits
+        logprobs = mask_special_tokens(logits.flatten(0, 1)).view_as(logits).log_softmax(-1)
     gold = torch.cat([tgt, torch.full((src.size(0), 1), EOS_ID)], dim=1)
     ours = logprobs.gather(-1, gold[..., None])[..., 0]
     results = translator.score_batch(ct2_tokens(src), ct2_tokens(tgt))

@@ -65,11 +65,15 @@ def trained_variant(
     return get
 
 
+TEST_SPLIT_INPUTS = 40
+
+
 @pytest.fixture(scope="session")
 def inputs(toy_data: Path) -> list[str]:
-    """Test sources of the digit task, plus an empty one, a long one and unknown characters."""
+    """``TEST_SPLIT_INPUTS`` test sources of the digit task, then an empty one, a long one
+    and one with characters the tokenizer never saw."""
     with open(toy_data / "test.jsonl", encoding="utf-8") as handle:
-        sources = [json.loads(line)["source"] for line in handle][:40]
+        sources = [json.loads(line)["source"] for line in handle][:TEST_SPLIT_INPUTS]
     return [*sources, "", " ".join("9876543210" * 3), "x y z 4 ?"]
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from tformer.checkpoint import load_checkpoint
 from tformer.decoding.settings import DecodingConfig
-from tformer.decoding.text import translate
+from tformer.decoding.text import Generation, translate
 
 
 def readme_snippet(folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
@@ -26,10 +26,17 @@ def readme_snippet(folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, A
     return namespace
 
 
+def tformer_generations(
+    checkpoint: Path, texts: list[str], config: DecodingConfig
+) -> list[Generation]:
+    """tformer's best output for each of ``texts``."""
+    ckpt = load_checkpoint(checkpoint)
+    return [g[0] for g in translate(ckpt.model, ckpt.tokenizers, texts, config)]
+
+
 def tformer_outputs(
     checkpoint: Path, texts: list[str], config: DecodingConfig
 ) -> tuple[list[list[int]], list[str]]:
     """tformer's best output ids and texts for ``texts``."""
-    ckpt = load_checkpoint(checkpoint)
-    generations = translate(ckpt.model, ckpt.tokenizers, texts, config)
-    return [g[0].hypothesis.ids for g in generations], [g[0].text for g in generations]
+    generations = tformer_generations(checkpoint, texts, config)
+    return [g.hypothesis.ids for g in generations], [g.text for g in generations]

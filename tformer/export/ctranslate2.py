@@ -214,8 +214,7 @@ target = tokenizers.Tokenizer.from_file(str(here / "{files["target"]}"))
 
 
 def translate(texts, beam_size=1, length_penalty=1.0, max_new_tokens=128):
-    # tformer reads an empty source as one <eos>; it adds no <bos> / <eos> to sources.
-    batch = [source.encode(text).tokens or ["{EOS}"] for text in texts]
+    batch = [source.encode(text).tokens for text in texts]  # no <bos> / <eos> added
     results = translator.translate_batch(
         batch,
         beam_size=beam_size,  # translate_batch defaults to 2: set it
@@ -237,6 +236,8 @@ print(translate(["your input here"]))
 What tformer does, baked in (no extra option needed):
 
 - the decoder starts from `{BOS}`; sources carry no `{BOS}` / `{EOS}`;
+- one difference: CTranslate2 answers an empty source with an empty output without running
+  the model, where tformer decodes an empty source as a lone `{EOS}`;
 - `<pad>` and `{BOS}` are never predicted: the output projection has a bias of -inf at
   their ids ({PAD_ID} and {BOS_ID}).
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer as RustTokenizer
 
 from tformer.checkpoint.store import Checkpoint, Tokenizers
 from tformer.config import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, ModelConfig
@@ -175,7 +176,6 @@ def _set_generation_config(marian: Any, config: ModelConfig) -> None:
 
 def fast_tokenizer(tokenizer: Tokenizer) -> Any:
     """A ``PreTrainedTokenizerFast`` over the checkpoint's tokenizer, special tokens set."""
-    from tokenizers import Tokenizer as RustTokenizer
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
