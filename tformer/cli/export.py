@@ -34,9 +34,10 @@ def export_command(
 ) -> None:
     """Export a checkpoint for serving with CTranslate2 or Hugging Face transformers.
 
-    OUT gets the model, the tokenizer file(s) and a README showing how to load and call it;
-    it behaves like tformer with no extra option (no <pad> / <bos> predicted, decoding
-    starts from <bos>). Needs pip install "tformer[export]".
+    OUT gets the model, the tokenizer file(s) and a README showing how to load and call it.
+    The exported model behaves like tformer with no extra option: decoding starts from <bos>,
+    and <pad> / <bos> are never predicted. Needs ctranslate2 or transformers (the "export"
+    extra of tformer). See docs/export.md.
 
     Example: tformer export checkpoints/dates --to ctranslate2 exports/dates-ct2
     """
