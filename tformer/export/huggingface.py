@@ -174,8 +174,9 @@ def _set_generation_config(marian: Any, config: ModelConfig) -> None:
     generation.do_sample = False
 
 
-def fast_tokenizer(tokenizer: Tokenizer) -> Any:
-    """A ``PreTrainedTokenizerFast`` over the checkpoint's tokenizer, special tokens set."""
+def fast_tokenizer(tokenizer: Tokenizer, max_len: int) -> Any:
+    """A ``PreTrainedTokenizerFast`` over the checkpoint's tokenizer, special tokens set;
+    ``truncation=True`` cuts a source to ``max_len`` tokens, as tformer reads it."""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
@@ -186,11 +187,12 @@ def fast_tokenizer(tokenizer: Tokenizer) -> Any:
         unk_token=UNK,
         model_input_names=["input_ids", "attention_mask"],  # Marian takes no token_type_ids
         clean_up_tokenization_spaces=False,  # decode as tformer does, spaces as they come
+        model_max_length=max_len,
     )
 
 
-def _save_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
-    fast_tokenizer(tokenizer).save_pretrained(str(folder))
+def _save_tokenizer(tokenizer: Tokenizer, folder: Path, max_len: int) -> None:
+    fast_tokenizer(tokenizer, max_len).save_pretrained(str(folder))
     # Named explicitly, so that AutoTokenizer loads this file and not Marian's SentencePiece
     # tokenizer, which the folder does not have.
     path = folder / "tokenizer_config.json"
@@ -204,9 +206,10 @@ def export_huggingface(checkpoint: Checkpoint, folder: Path) -> None:
     marian = to_marian(checkpoint.model)
     marian.save_pretrained(str(folder))
     tokenizers = checkpoint.tokenizers
-    _save_tokenizer(tokenizers.source, folder)
+    max_len = checkpoint.model_config.max_len
+    _save_tokenizer(tokenizers.source, folder, max_len)
     if not tokenizers.shared:
-        _save_tokenizer(tokenizers.target, folder / TARGET_TOKENIZER)
+        _save_tokenizer(tokenizers.target, folder / TARGET_TOKENIZER, max_len)
     (folder / README).write_text(readme(tokenizers), encoding="utf-8")
 
 
@@ -237,7 +240,7 @@ model = AutoModelForSeq2SeqLM.from_pretrained(here)  # a MarianMTModel
 tokenizer = AutoTokenizer.from_pretrained(here)  # a fast tokenizer
 target = {target}
 
-batch = tokenizer(["your input here"], return_tensors="pt", padding=True)
+batch = tokenizer(["your input here"], return_tensors="pt", padding=True, truncation=True)
 output = model.generate(**batch)  # greedy, at most max_len tokens; num_beams=4 for beam search
 print(target.batch_decode(output, skip_special_tokens=True))
 ```
@@ -245,7 +248,9 @@ print(target.batch_decode(output, skip_special_tokens=True))
 What tformer does, baked in (no extra option needed):
 
 - sources carry no `{BOS}` / `{EOS}` (the tokenizer adds none); the decoder starts from
-  `{BOS}` (`decoder_start_token_id` {BOS_ID});
+  `{BOS}` (`decoder_start_token_id` {BOS_ID}); `truncation=True` reads at most max_len source
+  tokens, as tformer does; tformer reads an empty source as a lone `{EOS}` (id {EOS_ID}): give
+  that id for an empty text;
 - `{PAD}` and `{BOS}` are never predicted: `final_logits_bias` is -inf at their ids;
 - `generation_config.json`: greedy (`num_beams` 1), ends at `{EOS}`, at most max_len tokens.
 
