@@ -245,6 +245,6 @@ What tformer does, baked in (no extra option needed):
 sum log p / length ** length_penalty, the `{EOS}` counted in the length, as tformer does.
 CTranslate2 ends a beam search once `beam_size` hypotheses have finished; tformer goes on
 while a live beam could still beat the worst of them, so on rare inputs the two can differ
-at length_penalty > 0 (at length_penalty 0 they cannot). `compute_type="int8"` quantises
-the weights when the model loads.
+at length_penalty > 0 (at length_penalty 0 they cannot). A float32 export can still be
+quantised when it loads: `ctranslate2.Translator(..., compute_type="int8")`.
 """
