@@ -12,6 +12,9 @@ Prints one JSON line per measurement, then a Markdown table. Measures new tokens
   int8 weights, one row each; it always caches, so it has no cache-free row), when
   ``ctranslate2`` is importable, with as many threads (``intra_threads``) as torch.
 
+Both conversions are the product's (``tformer.export``, what ``tformer export`` writes), so
+<pad> and <bos> are masked inside the converted models as in tformer, with no decoding option.
+
 Workload: a random-weight model of the "small" preset shape (d_model 256, 4 heads, 3+3
 layers, d_ff 1024, vocabulary 8000), sources of 32 random tokens, exactly 64 new tokens per
 output (min = max new tokens, so <eos> cannot end a row early). Speeds are the best of
@@ -57,18 +60,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from tformer.analysis.evaluate import cpu_description  # noqa: E402
 from tformer.config import (  # noqa: E402
-    BOS,
     BOS_ID,
-    EOS,
     EOS_ID,
-    PAD,
     PAD_ID,
     SPECIAL_TOKENS,
-    UNK,
     ModelConfig,
 )
 from tformer.decoding.api import decode  # noqa: E402
+from tformer.decoding.logits import mask_special_tokens  # noqa: E402
 from tformer.decoding.settings import DecodingConfig  # noqa: E402
+from tformer.export.ctranslate2 import save_model  # noqa: E402
+from tformer.export.huggingface import to_marian  # noqa: E402
 from tformer.fast.accelerate import accelerate, plain  # noqa: E402
 from tformer.fast.int8 import quantize_int8  # noqa: E402
 from tformer.model import Transformer  # noqa: E402
@@ -142,117 +144,20 @@ def tformer_runner(
     return run
 
 
-# -- Hugging Face Marian with the same weights ------------------------------------------------
-
-
-def to_marian(model: Transformer) -> Any:
-    """A ``MarianMTModel`` computing the same function as ``model`` (post-norm, ReLU, tied).
-
-    Marian lays its sinusoidal table out as [sin..., cos...] where tformer interleaves
-    sin/cos (the paper's layout), so every d_model axis is permuted to match; LayerNorm is
-    indifferent to the order of features, so the two models then agree.
-    """
-    from transformers import MarianConfig, MarianMTModel  # type: ignore[import-not-found]
-
-    c = model.config
-    marian = MarianMTModel(
-        MarianConfig(
-            vocab_size=c.tgt_vocab_size,
-            d_model=c.d_model,
-            encoder_layers=c.n_encoder_layers,
-            decoder_layers=c.n_decoder_layers,
-            encoder_attention_heads=c.n_heads,
-            decoder_attention_heads=c.n_heads,
-            encoder_ffn_dim=c.d_ff,
-            decoder_ffn_dim=c.d_ff,
-            activation_function="relu",
-            dropout=0.0,
-            attention_dropout=0.0,
-            activation_dropout=0.0,
-            max_position_embeddings=c.max_len,
-            scale_embedding=True,
-            pad_token_id=PAD_ID,
-            eos_token_id=EOS_ID,
-            decoder_start_token_id=BOS_ID,
-            forced_eos_token_id=None,
-            tie_word_embeddings=True,
-        )
-    ).eval()
-    d = c.d_model
-    perm = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
-    ours = model.state_dict()
-
-    def into_residual(prefix: str) -> dict[str, torch.Tensor]:  # reads the residual stream
-        return {"weight": ours[f"{prefix}.weight"][:, perm], "bias": ours[f"{prefix}.bias"]}
-
-    def out_of_residual(prefix: str) -> dict[str, torch.Tensor]:  # writes the residual stream
-        return {"weight": ours[f"{prefix}.weight"][perm], "bias": ours[f"{prefix}.bias"][perm]}
-
-    def norm(prefix: str) -> dict[str, torch.Tensor]:
-        return {"weight": ours[f"{prefix}.weight"][perm], "bias": ours[f"{prefix}.bias"][perm]}
-
-    def attention(src: str) -> dict[str, dict[str, torch.Tensor]]:
-        kv_w, kv_b = ours[f"{src}.kv_proj.weight"], ours[f"{src}.kv_proj.bias"]
-        return {
-            "q_proj": into_residual(f"{src}.q_proj"),
-            "k_proj": {"weight": kv_w[:d][:, perm], "bias": kv_b[:d]},
-            "v_proj": {"weight": kv_w[d:][:, perm], "bias": kv_b[d:]},
-            "out_proj": out_of_residual(f"{src}.out_proj"),
-        }
-
-    new: dict[str, torch.Tensor] = {
-        "model.shared.weight": ours["encoder.embedding.embedding.weight"][:, perm]
-    }
-
-    def put(prefix: str, tree: dict[str, Any]) -> None:
-        for name, value in tree.items():
-            if isinstance(value, dict):
-                put(f"{prefix}.{name}", value)
-            else:
-                new[f"{prefix}.{name}"] = value
-
-    for i in range(c.n_encoder_layers):
-        ours_l, hf = f"encoder.layers.{i}", f"model.encoder.layers.{i}"
-        put(
-            hf,
-            {
-                "self_attn": attention(f"{ours_l}.self_attn"),
-                "self_attn_layer_norm": norm(f"{ours_l}.norm1"),
-                "fc1": into_residual(f"{ours_l}.feed_forward.w1"),
-                "fc2": out_of_residual(f"{ours_l}.feed_forward.w2"),
-                "final_layer_norm": norm(f"{ours_l}.norm2"),
-            },
-        )
-    for i in range(c.n_decoder_layers):
-        ours_l, hf = f"decoder.layers.{i}", f"model.decoder.layers.{i}"
-        put(
-            hf,
-            {
-                "self_attn": attention(f"{ours_l}.self_attn"),
-                "self_attn_layer_norm": norm(f"{ours_l}.norm1"),
-                "encoder_attn": attention(f"{ours_l}.cross_attn"),
-                "encoder_attn_layer_norm": norm(f"{ours_l}.norm2"),
-                "fc1": into_residual(f"{ours_l}.feed_forward.w1"),
-                "fc2": out_of_residual(f"{ours_l}.feed_forward.w2"),
-                "final_layer_norm": norm(f"{ours_l}.norm3"),
-            },
-        )
-    missing, unexpected = marian.load_state_dict(new, strict=False)
-    assert not unexpected, unexpected
-    # Left as Marian made them: the tied copies of the embedding, the fixed position tables
-    # and the zero final_logits_bias.
-    leftover = [m for m in missing if "embed" not in m and "lm_head" not in m]
-    assert leftover == [] or leftover == ["final_logits_bias"], leftover
-    return marian
+# -- Hugging Face Marian with the same weights (tformer.export.huggingface.to_marian) ----------
 
 
 def max_logit_difference(model: Transformer, marian: Any, src: torch.Tensor) -> float:
-    """Teacher-forced logits of both models on the same input: should agree to ~1e-5."""
+    """Teacher-forced logits of both models on the same input: should agree to ~1e-5 (the
+    export's -inf at <pad> and <bos> is tformer's decoding mask, applied to ours too)."""
     tgt = torch.cat([torch.full((src.size(0), 1), BOS_ID, device=src.device), src[:, :7]], 1)
     with torch.no_grad():
-        ours = model(src, tgt).logits
-        theirs = marian(input_ids=src, decoder_input_ids=tgt).logits
-    return float((ours - theirs).abs().max())
+        ours = mask_special_tokens(model(src, tgt).logits.flatten(0, 1))
+        theirs = marian(input_ids=src, decoder_input_ids=tgt).logits.flatten(0, 1)
+    finite = torch.isfinite(ours)
+    if not torch.equal(finite, torch.isfinite(theirs)):
+        return float("inf")
+    return float((ours[finite] - theirs[finite]).abs().max())
 
 
 def marian_runner(
@@ -269,8 +174,7 @@ def marian_runner(
                 do_sample=False,
                 min_new_tokens=new_tokens,
                 max_new_tokens=new_tokens,
-                use_cache=cache,
-                suppress_tokens=[PAD_ID, BOS_ID],  # tformer never predicts them either
+                use_cache=cache,  # <pad> and <bos> are never predicted: baked into the export
             )
         return (out.size(1) - 1) * src.size(0)  # minus the decoder start token
 
@@ -280,8 +184,6 @@ def marian_runner(
 # -- CTranslate2 with the same weights ---------------------------------------------------------
 
 CT2_COMPUTE_TYPES = ("float32", "int8")
-# tformer never predicts these (tformer.decoding.logits.mask_special_tokens); HF is told the same.
-CT2_SUPPRESSED = [[PAD], [BOS]]
 
 
 def ct2_token(i: int) -> str:
@@ -299,84 +201,10 @@ def ct2_vocabulary(size: int) -> list[str]:
 
 
 def to_ctranslate2(model: Transformer, output_dir: str) -> None:
-    """Write ``model`` to ``output_dir`` as a CTranslate2 model with float32 weights.
-
-    The spec is filled from tformer's weights directly. Going through ``to_marian`` and
-    CTranslate2's Transformers converter would not work: its Marian loader starts the decoder
-    from a zero vector (Marian starts from <pad>, whose embedding is zero; tformer starts from
-    <bos>) and cuts the last row off the embeddings (where Marian keeps an extra <pad>), so
-    the weights would no longer match the vocabulary. The plain spec needs no permutation
-    either: it takes tformer's own (interleaved) sinusoidal table, and its attention layers
-    take fused projections laid out as tformer's q_proj / kv_proj.
-    """
-    from ctranslate2.specs import common_spec, transformer_spec
-
-    c = model.config
-    ours = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    spec = transformer_spec.TransformerSpec.from_config(
-        (c.n_encoder_layers, c.n_decoder_layers),
-        c.n_heads,
-        pre_norm=c.norm == "pre",  # post-norm: each layer norm follows its residual sum
-        activation=(
-            common_spec.Activation.RELU if c.activation == "relu" else common_spec.Activation.GELU
-        ),
-    )
-
-    def linear(layer: Any, prefix: str) -> None:
-        layer.weight, layer.bias = ours[f"{prefix}.weight"], ours[f"{prefix}.bias"]
-
-    def norm(layer: Any, prefix: str) -> None:
-        layer.gamma, layer.beta = ours[f"{prefix}.weight"], ours[f"{prefix}.bias"]
-
-    def attention(layer: Any, prefix: str, *, self_attention: bool) -> None:
-        # Self-attention: one fused [q; k; v] projection. Cross-attention: q, then [k; v].
-        if self_attention:
-            for part in ("weight", "bias"):
-                fused = torch.cat(
-                    [ours[f"{prefix}.q_proj.{part}"], ours[f"{prefix}.kv_proj.{part}"]]
-                )
-                setattr(layer.linear[0], part, fused)
-        else:
-            linear(layer.linear[0], f"{prefix}.q_proj")
-            linear(layer.linear[1], f"{prefix}.kv_proj")
-        linear(layer.linear[-1], f"{prefix}.out_proj")
-
-    table = model.encoder.positions.table  # not in the state dict: a function of the config
-    for stack, name in ((spec.encoder, "encoder"), (spec.decoder, "decoder")):
-        stack.scale_embeddings = True  # x sqrt(d_model), as tformer's TokenEmbedding
-        stack.position_encodings.encodings = table
-        if c.norm == "pre":
-            norm(stack.layer_norm, f"{name}.final_norm")
-    spec.encoder.embeddings[0].weight = ours["encoder.embedding.embedding.weight"]
-    spec.decoder.embeddings.weight = ours["decoder.embedding.embedding.weight"]
-    spec.decoder.projection.weight = ours[
-        "decoder.embedding.embedding.weight" if c.tie_embeddings else "output_projection.weight"
-    ]
-    for i, layer in enumerate(spec.encoder.layer):
-        prefix = f"encoder.layers.{i}"
-        attention(layer.self_attention, f"{prefix}.self_attn", self_attention=True)
-        norm(layer.self_attention.layer_norm, f"{prefix}.norm1")
-        linear(layer.ffn.linear_0, f"{prefix}.feed_forward.w1")
-        linear(layer.ffn.linear_1, f"{prefix}.feed_forward.w2")
-        norm(layer.ffn.layer_norm, f"{prefix}.norm2")
-    for i, layer in enumerate(spec.decoder.layer):
-        prefix = f"decoder.layers.{i}"
-        attention(layer.self_attention, f"{prefix}.self_attn", self_attention=True)
-        norm(layer.self_attention.layer_norm, f"{prefix}.norm1")
-        attention(layer.attention, f"{prefix}.cross_attn", self_attention=False)
-        norm(layer.attention.layer_norm, f"{prefix}.norm2")
-        linear(layer.ffn.linear_0, f"{prefix}.feed_forward.w1")
-        linear(layer.ffn.linear_1, f"{prefix}.feed_forward.w2")
-        norm(layer.ffn.layer_norm, f"{prefix}.norm3")
-
-    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = UNK, BOS, EOS
-    spec.config.decoder_start_token = BOS
-    spec.config.layer_norm_epsilon = 1e-5  # torch's LayerNorm default, not CTranslate2's
-    spec.register_source_vocabulary(ct2_vocabulary(c.src_vocab_size))
-    spec.register_target_vocabulary(ct2_vocabulary(c.tgt_vocab_size))
-    spec.validate()
-    spec.optimize(quantization="float32")  # int8 is applied when a translator loads it
-    spec.save(output_dir)
+    """Write ``model`` to ``output_dir`` as a float32 CTranslate2 model (the product's
+    converter, with the token names above in place of a tokenizer's tokens)."""
+    vocabulary = ct2_vocabulary(model.config.tgt_vocab_size)
+    save_model(model, Path(output_dir), vocabulary, vocabulary)
 
 
 def ct2_translators(model: Transformer, threads: int) -> dict[str, Any]:
@@ -408,7 +236,6 @@ def ct2_translate(
         num_hypotheses=1,
         min_decoding_length=new_tokens,
         max_decoding_length=new_tokens,
-        suppress_sequences=CT2_SUPPRESSED,
     )
     return [result.hypotheses[0] for result in results]
 
@@ -440,7 +267,8 @@ def ct2_max_logprob_difference(model: Transformer, translator: Any, src: torch.T
     tgt = src[:, :7]
     with torch.no_grad():
         tgt_in = torch.cat([torch.full((src.size(0), 1), BOS_ID), tgt], dim=1)
-        logprobs = model(src, tgt_in).logits.log_softmax(-1)
+        logits = model(src, tgt_in).logits
+        logprobs = mask_special_tokens(logits.flatten(0, 1)).view_as(logits).log_softmax(-1)
     gold = torch.cat([tgt, torch.full((src.size(0), 1), EOS_ID)], dim=1)
     ours = logprobs.gather(-1, gold[..., None])[..., 0]
     results = translator.score_batch(ct2_tokens(src), ct2_tokens(tgt))
@@ -608,7 +436,6 @@ def main() -> None:
             num_beams=1,
             do_sample=False,
             max_new_tokens=new_tokens,
-            suppress_tokens=[PAD_ID, BOS_ID],
         )
         same = [h[0].ids for h in ours] == [
             [t for t in row[1:] if t not in (PAD_ID, EOS_ID)] for row in theirs.tolist()

@@ -55,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "decode_texts": "tformer.decoding.api",
     "evaluate": "tformer.analysis.evaluate",
     "explain": "tformer.analysis.explain",
+    "export_checkpoint": "tformer.export",
     "generate": "tformer.decoding.text",
     "head_statistics": "tformer.analysis.head_stats",
     "inspect_attention": "tformer.analysis.attention",
@@ -92,6 +93,7 @@ if TYPE_CHECKING:
     from tformer.decoding.settings import DecodingConfig, Hypothesis
     from tformer.decoding.text import Generation, generate, translate
     from tformer.errors import CheckpointError, ConfigError, DataError, DeviceError, TformerError
+    from tformer.export import export_checkpoint
     from tformer.fast.accelerate import accelerate
     from tformer.fast.int8 import quantize_int8
     from tformer.fast.process import configure_process
@@ -150,6 +152,7 @@ __all__ = [
     "decode_texts",
     "evaluate",
     "explain",
+    "export_checkpoint",
     "generate",
     "head_statistics",
     "inspect_attention",

@@ -1,0 +1,125 @@
+"""``export_checkpoint``: the checks, then one target's writer inside an atomic staging folder.
+
+Order: the options (target, quantization), the checkpoint (found and loaded, every file
+checked against its manifest), the output folder, the optional package, the architecture
+against what the target can express. Only then is anything written, into a temporary sibling
+of OUT renamed into place at the end, so a refusal or a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from tformer.checkpoint.files import WEIGHTS, read_manifest
+from tformer.checkpoint.run_dir import resolve
+from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.errors import ConfigError
+from tformer.export.ctranslate2 import export_ctranslate2
+from tformer.export.folder import MARKER, check_out, marker_text, staging, written_files
+from tformer.export.huggingface import check_marian, export_huggingface
+from tformer.paths import excerpt
+from tformer.version import __version__
+
+TARGETS = ("ctranslate2", "huggingface")
+QUANTIZATIONS = ("int8", "int8_float32", "float16")
+INSTALL = 'pip install "tformer[export]"'
+# The package each target needs, imported only when that target is asked for.
+_PACKAGES = {"ctranslate2": "ctranslate2", "huggingface": "transformers"}
+
+
+def check_options(to: str, quantization: str | None) -> None:
+    """Refuse an unknown target or quantization, or a quantization the target lacks.
+
+    Raises:
+        ConfigError: naming the flag, the value and the choices.
+    """
+    if to not in TARGETS:
+        raise ConfigError(f"--to {excerpt(to)} is not a target; choose one of {', '.join(TARGETS)}")
+    if quantization is None:
+        return
+    if to != "ctranslate2":
+        raise ConfigError(
+            f"--quantization {excerpt(quantization)} applies only to --to ctranslate2; "
+            f"leave it out for --to {to}"
+        )
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(
+            f"--quantization {excerpt(quantization)} is not supported; choose one of "
+            f"{', '.join(QUANTIZATIONS)} (or leave it out for float32)"
+        )
+
+
+def require(to: str) -> None:
+    """Import the package ``to`` needs, or say in one line how to install it.
+
+    Raises:
+        ConfigError: the package is not installed.
+    """
+    package = _PACKAGES[to]
+    try:
+        importlib.import_module(package)
+    except ImportError as error:
+        raise ConfigError(
+            f"--to {to} needs the {package} package, which is not installed; {INSTALL}"
+        ) from error
+
+
+def export_checkpoint(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    to: str,
+    quantization: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Export a checkpoint (or a run folder's latest) to a CTranslate2 or Hugging Face folder.
+
+    Args:
+        checkpoint: a checkpoint folder, or a run folder (its latest checkpoint is used).
+        out: the folder to create; it must be absent or empty, or (with ``overwrite``) a
+            folder an earlier export wrote and nothing else touched.
+        to: "ctranslate2" or "huggingface".
+        quantization: CTranslate2 only: "int8", "int8_float32" or "float16" weights
+            (None: float32).
+        overwrite: replace an earlier export in ``out``.
+
+    Returns:
+        The export folder.
+
+    Raises:
+        ConfigError: a bad option, an OUT that may not be written, a missing package, or an
+            architecture the target cannot express (exit 2).
+        CheckpointError: not a checkpoint, or a checkpoint that fails its checks (exit 4).
+    """
+    check_options(to, quantization)
+    folder = resolve(checkpoint)
+    out = Path(out).expanduser()
+    check_out(out, overwrite=overwrite, checkpoint=folder)
+    require(to)
+    loaded = load_checkpoint(folder)
+    if to == "huggingface":
+        check_marian(loaded.model_config)
+    with staging(out) as tmp:
+        _write(loaded, tmp, to, quantization)
+        written = written_files(tmp)
+        (tmp / MARKER).write_text(
+            marker_text(
+                written,
+                target=to,
+                quantization=quantization or ("float32" if to == "ctranslate2" else None),
+                checkpoint=str(loaded.path.absolute()),
+                checkpoint_step=loaded.step,
+                checkpoint_weights_sha256=read_manifest(loaded.path)[WEIGHTS]["sha256"],
+                tformer_version=__version__,
+            ),
+            encoding="utf-8",
+        )
+    return out
+
+
+def _write(checkpoint: Checkpoint, folder: Path, to: str, quantization: str | None) -> None:
+    if to == "ctranslate2":
+        export_ctranslate2(checkpoint, folder, quantization)
+    else:
+        export_huggingface(checkpoint, folder)
