@@ -117,8 +117,14 @@ def broadcast_text(text: str | None, world: World, device: torch.device) -> str:
     return bytes(buffer.cpu().tolist()).decode("utf-8")
 
 
-def close(world: World) -> None:
+def close(world: World, *, finished: bool = False) -> None:
+    """Leave the process group; ``finished``: after a run that ended well on every rank."""
     if world.distributed and dist.is_initialized():
+        if finished:
+            # Every rank reaches the end before any tears its connections down: a rank that
+            # left while rank 0 still validated and saved was seen to abort at exit. Never
+            # after a failure, where the other ranks may never come.
+            dist.barrier()
         dist.destroy_process_group()
 
 

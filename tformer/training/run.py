@@ -261,9 +261,12 @@ def _run_locked(
     )
     loop.restore(state, extra)
     try:
-        return loop.run(plan, pos, total_steps)
-    finally:
+        result = loop.run(plan, pos, total_steps)
+    except BaseException:
         dist_.close(world)
+        raise
+    dist_.close(world, finished=True)
+    return result
 
 
 def _report_changes(report: Reporter, setup: _Setup, cfg: TrainConfig) -> None:
