@@ -6,6 +6,8 @@ Prints one JSON line per measurement, then a Markdown table. Measures new tokens
 - greedy decoding at batch 1 and batch 32, and beam search (4 beams) at batch 1,
 - tformer with its key/value cache (``use_cache=True``) and without it (``use_cache=False``:
   every step re-runs the decoder over the whole prefix),
+- tformer int8 on a CPU (``tformer-int8``: the same weights through ``quantize_int8``, as
+  ``--quantize int8`` loads them; cached only),
 - next to Hugging Face ``MarianMTModel`` of the same shape with the same weights copied in
   (``generate`` with ``use_cache`` on and off), when ``transformers`` is importable,
 - and next to CTranslate2 with the same weights converted (``translate_batch``, float32 and
