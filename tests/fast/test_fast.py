@@ -174,7 +174,7 @@ def test_a_cross_attention_cache_knows_when_its_rows_hold_one_source() -> None:
     assert not cache.one_source  # two sources, reordered
     cache.set(k[:1], k[:1])
     assert cache.one_source
-    cache.folded = FoldedSource(k, k, k, heads=4, length=5)
+    cache.folded = FoldedSource(k, k, k, k, heads=4, length=5)
     cache.reorder(torch.tensor([0, 0, 0, 0]))  # expanded to four beams: its folded matrices hold
     assert cache.one_source and cache.folded is not None
     torch.testing.assert_close(cache.k, k[[0, 0, 0, 0]])

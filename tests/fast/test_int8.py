@@ -13,9 +13,19 @@ from typer.testing import CliRunner
 
 from tformer import load_checkpoint, quantize_int8, translate
 from tformer.cli.commands import app
+from tformer.config import BOS_ID
 from tformer.decoding.settings import DecodingConfig
+from tformer.decoding.steppers import CachedStepper, RecomputeStepper
 from tformer.errors import ConfigError
-from tformer.fast.int8 import Int8Linear, Int8Transformer, _reduce_range, check_quantize
+from tformer.fast.int8 import (
+    Int8Linear,
+    Int8MultiHeadAttention,
+    Int8Transformer,
+    _reduce_range,
+    check_quantize,
+)
+from tformer.fast.step import FastTransformer
+from tformer.model.attention import MultiHeadAttention
 from tformer.training.run import TrainResult
 
 
@@ -41,11 +51,49 @@ def test_each_output_is_within_the_quantisation_error_computed_by_hand() -> None
 def test_every_linear_product_and_the_projection_become_int8(trained: TrainResult) -> None:
     model = load_checkpoint(trained.run_dir).model
     n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    n_attention = sum(type(m) is MultiHeadAttention for m in model.modules())
     quantized = quantize_int8(model)
     assert isinstance(quantized, Int8Transformer) and not quantized.training
-    assert sum(type(m) is torch.nn.Linear for m in quantized.modules()) == 0
-    assert sum(isinstance(m, Int8Linear) for m in quantized.modules()) == n_linear + 1
+    assert sum(isinstance(m, torch.nn.Linear) for m in quantized.modules()) == 0
+    # Each linear layer, the projection, and each attention's stacked W^Q, W^K, W^V.
+    assert sum(isinstance(m, Int8Linear) for m in quantized.modules()) == (
+        n_linear + 1 + n_attention
+    )
     assert quantize_int8(quantized) is quantized  # once is enough
+
+
+def test_the_lean_int8_step_is_as_close_to_float32_as_the_int8_forward(
+    trained: TrainResult,
+) -> None:
+    """Cached lean steps (stacked W^Q W^K W^V, folded cross-attention) against the int8
+    model's own uncached decode over the whole prefix. The two quantise different
+    activations, so they differ by quantisation noise: each is held to the float32 model,
+    the lean step within 1.5x the forward's own error."""
+    loaded = load_checkpoint(trained.run_dir)
+    reference = loaded.model.eval()
+    model = quantize_int8(load_checkpoint(trained.run_dir).model)
+    assert isinstance(model, FastTransformer)  # decoding takes the lean step
+    for sources in (["2021-03-04"], ["2021-03-04", "1999-12-31 and more"]):
+        ids = [torch.tensor(loaded.tokenizers.source.encode(s)) for s in sources]
+        src = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True)
+        errors = {"lean": 0.0, "forward": 0.0}
+        with torch.inference_mode():
+            encoded = model.encode(src)
+            lean, forward = CachedStepper(model, encoded), RecomputeStepper(model, encoded)
+            exact = RecomputeStepper(reference, reference.encode(src))
+            tokens = torch.full((len(sources),), BOS_ID)
+            for _ in range(6):
+                want = exact.step(tokens)
+                for name, stepper in (("lean", lean), ("forward", forward)):
+                    error = float((stepper.step(tokens) - want).abs().max())
+                    errors[name] = max(errors[name], error)
+                tokens = want.argmax(-1)
+        assert 0 < errors["lean"] <= 1.5 * errors["forward"], errors
+        # One source is folded; two are not: both paths were held to the reference.
+        folded = [layer.cross_attn.folded is not None for layer in lean.cache.layers]
+        assert folded == [len(sources) == 1] * len(folded)
+    layers = model.decoder.layers
+    assert all(isinstance(layer.self_attn, Int8MultiHeadAttention) for layer in layers)
 
 
 def test_a_trained_model_keeps_its_exact_match(trained: TrainResult, toy_data: Path) -> None:

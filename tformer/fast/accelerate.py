@@ -52,11 +52,15 @@ def accelerate(model: Transformer) -> FastTransformer:
 def plain(model: Transformer) -> Transformer:
     """Undo :func:`accelerate`: every module back to the model's own class (in place)."""
     _swap(model, _PLAIN)
+    forget_fast_weights(model)
+    return model
+
+
+def forget_fast_weights(model: nn.Module) -> None:
+    """Drop the packed or stacked copies of weights the fast path keeps (plain attributes)."""
     for module in model.modules():
-        # Cached packed or stacked weights belong to the fast path.
         for key in ("_packed_weight", "_qkv", "_transposed_cache"):
             module.__dict__.pop(key, None)
-    return model
 
 
 def is_accelerated(model: nn.Module) -> bool:

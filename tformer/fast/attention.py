@@ -73,6 +73,7 @@ class FoldedSource:
     keys: Tensor  # (H * S, D)
     key_bias: Tensor  # (H * S,)
     values: Tensor  # (D, H * S)
+    out_bias: Tensor  # (D,): b_O
     heads: int
     length: int  # S
 
@@ -108,7 +109,7 @@ class FastMultiHeadAttention(MultiHeadAttention):
         if memory is None:
             # Queries, keys and values of the one new position in one product: one call
             # fewer, and one tall weight streams faster than two.
-            qkv = linear(self, query, *self._fused_qkv()).view(b, 3, self.n_heads, 1, self.d_k)
+            qkv = self.qkv_step(query).view(b, 3, self.n_heads, 1, self.d_k)
             q = qkv[:, 0]
             k, v = cache.append(qkv[:, 1], qkv[:, 2])  # (B, H, t, d_k) each
         else:
@@ -151,7 +152,15 @@ class FastMultiHeadAttention(MultiHeadAttention):
         if memory_mask is not None:  # (R, 1, 1, S), every row the one source's padding
             scores = scores.masked_fill(~memory_mask[:1].view(1, 1, -1), float("-inf"))
         weights = scores.softmax(dim=-1).view(rows, -1)  # (R, H·S)
-        return unpacked_linear(weights, folded.values, self.out_proj.bias).view(rows, 1, -1)
+        return unpacked_linear(weights, folded.values, folded.out_bias).view(rows, 1, -1)
+
+    def qkv_step(self, query: Tensor) -> Tensor:
+        """Queries, keys and values of (B, 1, D) new positions: (B, 1, 3D)."""
+        return linear(self, query, *self._fused_qkv())
+
+    def fold_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """W^Q, its bias, W^O and its bias as float tensors, for :meth:`_fold`."""
+        return self.q_proj.weight, self.q_proj.bias, self.out_proj.weight, self.out_proj.bias
 
     def _fold(self, cache: FoldingKVCache) -> FoldedSource:
         assert cache.k is not None and cache.v is not None
@@ -159,13 +168,14 @@ class FastMultiHeadAttention(MultiHeadAttention):
         k, v = cache.k[0], cache.v[0]  # (H, S, d_k): every row holds the same source
         length = k.size(1)
         scale = 1.0 / math.sqrt(d_k)
-        w_q = self.q_proj.weight.view(h, d_k, -1)  # (H, d_k, D): W_h
+        q_weight, q_bias, o_weight, o_bias = self.fold_weights()
+        w_q = q_weight.view(h, d_k, -1)  # (H, d_k, D): W_h
         keys = (k @ w_q) * scale  # (H, S, D)
-        key_bias = (k @ self.q_proj.bias.view(h, d_k, 1)).view(h * length) * scale
-        w_o = self.out_proj.weight.view(-1, h, d_k).permute(1, 2, 0)  # (H, d_k, D): O_hᵀ
+        key_bias = (k @ q_bias.view(h, d_k, 1)).view(h * length) * scale
+        w_o = o_weight.view(-1, h, d_k).permute(1, 2, 0)  # (H, d_k, D): O_hᵀ
         values = (v @ w_o).reshape(h * length, -1)  # (H·S, D)
         cache.folded = FoldedSource(
-            keys.reshape(h * length, -1), key_bias, values.t().contiguous(), h, length
+            keys.reshape(h * length, -1), key_bias, values.t().contiguous(), o_bias, h, length
         )
         return cache.folded
 

@@ -10,8 +10,9 @@ as torch does by default.
 
 Quantising is for inference only: it happens on load (``--quantize int8``), the checkpoint
 stays float32, and a quantised model cannot be trained or saved. Attention scores, softmax,
-layer norms and embeddings stay float32. The speed-ups of ``tformer.fast.accelerate`` read
-the float weights directly, so a quantised model decodes on the plain (cached) path.
+layer norms and embeddings stay float32. A quantised model decodes through the lean cached
+step of ``tformer.fast.accelerate``: self-attention's W^Q, W^K and W^V as one int8 product,
+and cross-attention of one source folded (in float32, from the dequantised W^Q and W^O).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from torch import Tensor, nn
 
 from tformer.device import cpuinfo
 from tformer.errors import ConfigError
+from tformer.fast.attention import FastMultiHeadAttention
+from tformer.fast.step import FastTransformer
 from tformer.model.transformer import Transformer
 
 QUANTIZE_CHOICES = ("none", "int8")
@@ -49,6 +52,11 @@ class Int8Linear(nn.Module):
             self._packed = torch.ops.quantized.linear_prepack(qweight, b)
         self._reduce_range = _reduce_range()
 
+    def dequantized(self) -> tuple[Tensor, Tensor | None]:
+        """The float32 weight its int8 one stands for (int8 x scale), and the bias."""
+        qweight, bias = torch.ops.quantized.linear_unpack(self._packed)
+        return qweight.dequantize(), bias
+
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1]).float().contiguous()
@@ -59,8 +67,33 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
-class Int8Transformer(Transformer):
-    """:class:`Transformer` whose output projection is an :class:`Int8Linear` too."""
+class Int8MultiHeadAttention(FastMultiHeadAttention):
+    """:class:`FastMultiHeadAttention` over :class:`Int8Linear` projections.
+
+    ``qkv`` is W^Q stacked on W^K and W^V, quantised once (per output channel, so each row's
+    scale is the one its own projection has): a decoding step's queries, keys and values in
+    one product, as in float32.
+    """
+
+    qkv: Int8Linear
+
+    def qkv_step(self, query: Tensor) -> Tensor:
+        return self.qkv.forward(query)
+
+    def fold_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        q_weight, q_bias = _float(self.q_proj)
+        o_weight, o_bias = _float(self.out_proj)
+        return q_weight, q_bias, o_weight, o_bias
+
+
+def _float(layer: nn.Module) -> tuple[Tensor, Tensor]:
+    assert isinstance(layer, Int8Linear)
+    weight, bias = layer.dequantized()
+    return weight, torch.zeros(layer.out_features) if bias is None else bias
+
+
+class Int8Transformer(FastTransformer):
+    """:class:`FastTransformer` whose output projection is an :class:`Int8Linear` too."""
 
     int8_projection: Int8Linear
 
@@ -89,17 +122,24 @@ def quantize_int8(model: Transformer) -> Int8Transformer:
     target embedding when tied; the embedding itself stays float32 for the lookup). The model
     is put in eval mode with gradients off: it is for decoding only.
     """
-    from tformer.fast.accelerate import plain
+    from tformer.fast.accelerate import accelerate, forget_fast_weights
 
     if isinstance(model, Int8Transformer):
         return model
     if next(model.parameters()).device.type != "cpu":
         raise ConfigError("int8 decoding runs on the CPU only: load the model with --device cpu")
-    plain(model).eval().requires_grad_(False)
+    accelerate(model).eval().requires_grad_(False)
+    forget_fast_weights(model)
     projection = Int8Linear(model.output_weight(), None)
+    for attention in list(model.modules()):
+        if type(attention) is FastMultiHeadAttention:
+            q, kv = attention.q_proj, attention.kv_proj
+            fused = Int8Linear(torch.cat([q.weight, kv.weight]), torch.cat([q.bias, kv.bias]))
+            attention.__class__ = Int8MultiHeadAttention
+            attention.qkv = fused
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
+            if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child.weight, child.bias))
     model.__class__ = Int8Transformer
     model.int8_projection = projection

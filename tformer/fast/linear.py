@@ -262,10 +262,13 @@ class Linear(nn.Linear):
         return linear(self, x, self.weight, self.bias)
 
 
-def direct(layer: nn.Linear, x: Tensor) -> Tensor:
+def direct(layer: nn.Module, x: Tensor) -> Tensor:
     """``layer(x)`` without ``nn.Module``'s call machinery (hooks are not run).
 
     For the per-token decoding step, where a small model's time goes to the number of
-    operations and calls rather than to arithmetic.
+    operations and calls rather than to arithmetic. A layer that is not an ``nn.Linear``
+    (an int8 one) runs its own ``forward``.
     """
-    return linear(layer, x, layer.weight, layer.bias)
+    if isinstance(layer, nn.Linear):
+        return linear(layer, x, layer.weight, layer.bias)
+    return layer.forward(x)
