@@ -19,6 +19,7 @@ from tformer.checkpoint import load_checkpoint
 from tformer.config import BOS_ID, EOS, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from tformer.decoding.logits import mask_special_tokens
 from tformer.decoding.settings import DecodingConfig
+from tformer.decoding.text import translate
 from tformer.export import MARKER, export_checkpoint
 from tformer.export.ctranslate2 import decoding_options, save_model
 
@@ -128,6 +129,42 @@ def test_outputs_equal_tformer_token_for_token(
             assert i >= TEST_SPLIT_INPUTS, (name, inputs[i])
             beam_score = ours_i.hypothesis.beam_score
             assert beam_score is not None and beam_score > result.scores[0], (name, inputs[i])
+
+
+@pytest.mark.parametrize("min_new_tokens", [3, 14, 20])
+def test_min_new_tokens_and_n_best_map_to_ctranslate2(
+    min_new_tokens: int,
+    exported: Callable[[str], Path],
+    trained_variant: Callable[[str], Path],
+    inputs: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--min-new-tokens as min_decoding_length (greedy: the same outputs token for token,
+    below, around and above the usual output length) and --n-best as num_hypotheses (beam 4,
+    length penalty 0, where both searches keep the same best hypothesis)."""
+    variant = "post-relu-shared-tied"
+    readme = readme_snippet(exported(variant), monkeypatch)
+    source, target, translator = readme["source"], readme["target"], readme["translator"]
+    max_len = load_checkpoint(trained_variant(variant)).model_config.max_len
+    inputs = [text for text in inputs if text][:12]
+    batch = [source.encode(text).tokens for text in inputs]
+    config = DecodingConfig(min_new_tokens=min_new_tokens)
+    ours = tformer_generations(trained_variant(variant), inputs, config)
+    options = decoding_options(max_len, min_new_tokens=min_new_tokens)
+    results = translator.translate_batch(batch, **options)
+    for ours_i, result in zip(ours, results, strict=True):
+        theirs = [target.token_to_id(t) for t in result.hypotheses[0] if t != EOS]
+        assert theirs == ours_i.hypothesis.ids
+        assert len(theirs) >= min_new_tokens
+    config = DecodingConfig(beam_size=4, length_penalty=0.0, n_best=3)
+    ckpt = load_checkpoint(trained_variant(variant))
+    ours_n = translate(ckpt.model, ckpt.tokenizers, inputs, config)
+    options = decoding_options(max_len, 4, 0.0, n_best=3)
+    results = translator.translate_batch(batch, return_scores=True, **options)
+    for ours_i, result in zip(ours_n, results, strict=True):
+        assert len(ours_i) == len(result.hypotheses) == 3
+        theirs = [target.token_to_id(t) for t in result.hypotheses[0] if t != EOS]
+        assert theirs == ours_i[0].hypothesis.ids
 
 
 def test_folder_holds_model_tokenizers_readme_and_marker(

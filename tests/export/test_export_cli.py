@@ -186,3 +186,22 @@ def test_importing_tformer_and_its_cli_loads_no_export_package() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_failed_export_leaves_no_folder_behind(
+    world: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export stopped half-way (here: Ctrl-C inside the writer) removes its staging
+    folder and the parent folders it created for OUT; folders that were there stay."""
+    import tformer.export.api as api
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    before = tree(world)
+    monkeypatch.setattr(api, "_write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        api.export_checkpoint(world / "ckpt", world / "new" / "deep" / "out", to="ctranslate2")
+    with pytest.raises(KeyboardInterrupt):
+        api.export_checkpoint(world / "ckpt", world / "busy" / "out", to="ctranslate2")
+    assert tree(world) == before

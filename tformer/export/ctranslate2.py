@@ -175,7 +175,13 @@ def export_ctranslate2(checkpoint: Checkpoint, folder: Path, quantization: str |
 
 
 def decoding_options(
-    max_len: int, beam_size: int = 1, length_penalty: float = 1.0, max_new_tokens: int = 128
+    max_len: int,
+    beam_size: int = 1,
+    length_penalty: float = 1.0,
+    max_new_tokens: int = 128,
+    *,
+    min_new_tokens: int = 0,
+    n_best: int = 1,
 ) -> dict[str, Any]:
     """``translate_batch`` options that decode as tformer does with the same settings.
 
@@ -183,6 +189,7 @@ def decoding_options(
     counted in the length; CTranslate2 counts it only with ``return_end_token=True`` (the
     <eos> is then in the output and is dropped by the caller). tformer reads at most
     ``max_len`` source tokens and decodes at most ``min(max_new_tokens, max_len)`` steps.
+    Both forbid <eos> before ``min_new_tokens`` tokens; ``n_best`` hypotheses per input.
     """
     return {
         "beam_size": beam_size,  # always set: translate_batch defaults to 2
@@ -190,6 +197,8 @@ def decoding_options(
         "return_end_token": True,
         "max_input_length": max_len,
         "max_decoding_length": min(max_new_tokens, max_len),
+        "min_decoding_length": min_new_tokens,
+        "num_hypotheses": n_best,
     }
 
 

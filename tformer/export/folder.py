@@ -10,6 +10,7 @@ put there, or a folder tformer did not write, is refused and left as it was.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -147,6 +148,8 @@ def staging(out: Path) -> Iterator[Path]:
     """
     out = out.absolute()
     tmp: Path | None = None
+    # The folders mkdir will create, deepest last: removed again if the export fails.
+    created = [p for p in (out.parent, *out.parent.parents) if not p.exists()][::-1]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
@@ -165,6 +168,9 @@ def staging(out: Path) -> Iterator[Path]:
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+            for folder in reversed(created):
+                with contextlib.suppress(OSError):  # left alone once anything else is in it
+                    folder.rmdir()
 
 
 def fsync_tree(folder: Path) -> None:
