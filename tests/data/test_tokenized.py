@@ -9,10 +9,15 @@ from typer.testing import CliRunner
 
 from tests.conftest import digit_pairs, write_jsonl
 from tformer.cli.commands import app
+from tformer.data.store import TokenIds
 from tformer.data.tokenized import encode_texts, texts_key
 from tformer.data.tokenizer import Tokenizer, train_tokenizer
 
 TEXTS = [f"{p['source']} = {p['target']}" for p in digit_pairs(400, seed=5)]
+
+
+def rows(ids: TokenIds) -> list[list[int]]:
+    return [ids.row(i) for i in range(len(ids))]
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +29,7 @@ def test_cached_ids_equal_direct_encoding_and_are_reused(
     tokenizer: Tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     direct = tokenizer.encode_batch(TEXTS)
-    assert encode_texts(TEXTS, tokenizer, cache_dir=tmp_path) == direct
+    assert rows(encode_texts(TEXTS, tokenizer, cache_dir=tmp_path)) == direct
     files = list(tmp_path.glob("ids-*.arrow"))
     assert len(files) == 1
 
@@ -32,7 +37,7 @@ def test_cached_ids_equal_direct_encoding_and_are_reused(
         raise AssertionError("tokenised again instead of reading the cache")
 
     monkeypatch.setattr(Tokenizer, "encode_batch", refuse)
-    assert encode_texts(TEXTS, tokenizer, cache_dir=tmp_path) == direct
+    assert rows(encode_texts(TEXTS, tokenizer, cache_dir=tmp_path)) == direct
 
 
 def test_the_cache_key_covers_every_text_and_the_tokenizer(tokenizer: Tokenizer) -> None:
@@ -46,9 +51,10 @@ def test_the_cache_key_covers_every_text_and_the_tokenizer(tokenizer: Tokenizer)
 
 def test_several_processes_give_the_same_ids(tokenizer: Tokenizer, tmp_path: Path) -> None:
     many = TEXTS * 30  # 12,000 texts: enough for worker processes to be used
-    assert encode_texts(many, tokenizer, cache_dir=tmp_path, num_proc=2) == (
+    assert rows(encode_texts(many, tokenizer, cache_dir=tmp_path, num_proc=2)) == (
         tokenizer.encode_batch(many)
     )
+    assert rows(encode_texts(many, tokenizer)) == tokenizer.encode_batch(many)  # no cache
 
 
 def test_train_fills_the_cache_and_a_second_run_reads_it(tmp_path: Path) -> None:

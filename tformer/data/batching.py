@@ -9,12 +9,12 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from tformer.config import BOS_ID, EOS_ID, PAD_ID
-
-IdPair = tuple[list[int], list[int]]
+from tformer.data.store import CHUNK, IdPair, as_store
 
 
 @dataclass
@@ -62,48 +62,97 @@ def collate(pairs: Sequence[IdPair]) -> Batch:
 
 
 def bucket_batches(
-    lengths: Sequence[tuple[int, int]], max_tokens: int, seed: int
-) -> list[list[int]]:
+    lengths: tuple[np.ndarray, np.ndarray] | Sequence[tuple[int, int]], max_tokens: int, seed: int
+) -> list[np.ndarray]:
     """Group example indices into batches of similar length under a padded-token budget.
 
     Examples are sorted by length (ties broken at random, so each seed groups them differently)
     and cut into consecutive runs while ``rows * longest <= max_tokens``, where ``longest``
     counts the source or the target + 1, whichever is longer. The batch order is shuffled.
     An example longer than the whole budget gets a batch of its own.
+
+    ``lengths`` is (source lengths, target lengths) as arrays, or (source, target) per pair.
+    The random numbers are Python's ``random.Random(seed)``, drawn in bulk through NumPy's
+    Mersenne Twister set to the same state, so the batches are the ones every earlier version
+    made, at the memory of a few arrays rather than a tuple per example.
     """
+    src, tgt = _length_arrays(lengths)
     rng = random.Random(seed)
-    keys = [rng.random() for _ in lengths]
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i][0], lengths[i][1], keys[i]))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order:
-        size = max(lengths[i][0], lengths[i][1] + 1)
-        if current and (len(current) + 1) * max(longest, size) > max_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, size)
-    if current:
-        batches.append(current)
-    rng.shuffle(batches)
-    return batches
+    keys = _python_randoms(rng, len(src))
+    order = np.lexsort((keys, tgt, src))  # by source, then target length, then key
+    del keys
+    sizes = np.maximum(src, tgt + 1)[order]
+    batches = np.split(order, _cuts(sizes, max_tokens)) if len(order) else []
+    shuffled = list(range(len(batches)))
+    rng.shuffle(shuffled)  # the permutation random.shuffle gives any list of this length
+    return [batches[i] for i in shuffled]
+
+
+def _length_arrays(
+    lengths: tuple[np.ndarray, np.ndarray] | Sequence[tuple[int, int]],
+) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(lengths, tuple) and len(lengths) == 2 and isinstance(lengths[0], np.ndarray):
+        return lengths[0].astype(np.int64), np.asarray(lengths[1]).astype(np.int64)
+    pairs = np.asarray(list(lengths), dtype=np.int64).reshape(-1, 2)
+    return pairs[:, 0], pairs[:, 1]
+
+
+def _python_randoms(rng: random.Random, n: int) -> np.ndarray:
+    """``[rng.random() for _ in range(n)]`` as an array, leaving ``rng`` where that would.
+
+    Both are MT19937 with the same 53-bit doubles, so NumPy's generator set to ``rng``'s
+    state draws the same numbers, and its state afterwards is handed back to ``rng``.
+    """
+    version, internal, gauss = rng.getstate()
+    mt = np.random.RandomState()
+    words = np.array(internal[:624], dtype=np.uint32)
+    mt.set_state(("MT19937", words, internal[624], 0, 0.0))  # no cached Gaussian
+    keys = mt.random_sample(n)
+    after = mt.get_state(legacy=False)["state"]
+    rng.setstate((version, (*map(int, after["key"]), int(after["pos"])), gauss))
+    return keys
+
+
+def _cuts(sizes: np.ndarray, max_tokens: int) -> list[int]:
+    """Where the sorted examples of padded ``sizes`` are cut into batches (start positions)."""
+    cuts: list[int] = []
+    rows = longest = position = 0
+    for start in range(0, len(sizes), CHUNK):
+        for size in sizes[start : start + CHUNK].tolist():
+            if rows and (rows + 1) * max(longest, size) > max_tokens:
+                cuts.append(position)
+                rows = longest = 0
+            rows += 1
+            longest = max(longest, size)
+            position += 1
+    return cuts
 
 
 class BatchPlan:
     """The batches of every epoch, as a pure function of (data, max_tokens, seed, epoch).
 
-    Resuming therefore needs only the epoch and the position inside it.
+    Resuming therefore needs only the epoch and the position inside it. The pairs are kept
+    as a :class:`PairStore` and their lengths as two arrays.
     """
 
     def __init__(self, pairs: Sequence[IdPair], max_tokens: int, seed: int) -> None:
-        self.pairs = pairs
+        self.pairs = as_store(pairs)
         self.max_tokens = max_tokens
         self.seed = seed
-        self.lengths = [(len(s), len(t)) for s, t in pairs]
+        self.src_lengths, self.tgt_lengths = self.pairs.lengths()
+        self._epoch: tuple[int, list[np.ndarray]] | None = None
 
-    def epoch(self, epoch: int) -> list[list[int]]:
-        return bucket_batches(self.lengths, self.max_tokens, self.seed * 100_003 + epoch)
+    def epoch(self, epoch: int) -> list[np.ndarray]:
+        """The batches (arrays of example indices) of ``epoch``; the last one asked is kept."""
+        if self._epoch is None or self._epoch[0] != epoch:
+            seed = self.seed * 100_003 + epoch
+            lengths = (self.src_lengths, self.tgt_lengths)
+            self._epoch = (epoch, bucket_batches(lengths, self.max_tokens, seed))
+        return self._epoch[1]
+
+    def target_tokens(self, indices: np.ndarray | Sequence[int]) -> int:
+        """Tokens the decoder predicts for these examples: each target and its <eos>."""
+        return int(self.tgt_lengths[np.asarray(indices, dtype=np.int64)].sum()) + len(indices)
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         for indices in self.epoch(epoch)[start:]:
@@ -113,8 +162,8 @@ class BatchPlan:
         """The share of padded positions across one epoch's batches (source + target)."""
         real = padded = 0
         for indices in self.epoch(0):
-            src = [self.lengths[i][0] for i in indices]
-            tgt = [self.lengths[i][1] + 1 for i in indices]
-            real += sum(src) + sum(tgt)
-            padded += len(indices) * (max(src) + max(tgt))
+            src = self.src_lengths[indices]
+            tgt = self.tgt_lengths[indices] + 1
+            real += int(src.sum()) + int(tgt.sum())
+            padded += len(indices) * (int(src.max()) + int(tgt.max()))
         return 1.0 - real / padded if padded else 0.0

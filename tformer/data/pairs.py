@@ -8,33 +8,57 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
-from tformer.data.batching import IdPair
+import numpy as np
+
 from tformer.data.sources import TextPair
+from tformer.data.store import PairStore
 from tformer.data.tokenized import encode_texts
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import DataError
+
+
+class KeptTexts(Sequence[TextPair]):
+    """The texts of the pairs a split kept, in order, without copying them."""
+
+    def __init__(self, texts: Sequence[TextPair], kept: np.ndarray) -> None:
+        self.texts, self.kept = texts, kept
+
+    def __len__(self) -> int:
+        return len(self.kept)
+
+    @overload
+    def __getitem__(self, i: int) -> TextPair: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[TextPair]: ...
+
+    def __getitem__(self, i: int | slice) -> TextPair | list[TextPair]:
+        if isinstance(i, slice):
+            return [self.texts[int(k)] for k in self.kept[i]]
+        return self.texts[int(self.kept[i])]
 
 
 @dataclass(frozen=True)
 class EncodedSplit:
     """A split as id pairs, with the text kept for evaluation and the count of dropped pairs."""
 
-    pairs: list[IdPair]
-    texts: list[TextPair]
+    pairs: PairStore
+    texts: Sequence[TextPair]
     dropped: int
     dropped_empty: int = 0  # of ``dropped``, the pairs with an empty side (not too long)
 
     def length_percentiles(self, qs: Sequence[int] = (50, 90, 99, 100)) -> dict[str, list[int]]:
         """Token-length percentiles (nearest rank) per side: {"source": [...], "target": [...]}."""
         result: dict[str, list[int]] = {}
-        for side, index in (("source", 0), ("target", 1)):
-            lengths = sorted(len(pair[index]) for pair in self.pairs)
-            if not lengths:
+        for side, lengths in zip(("source", "target"), self.pairs.lengths(), strict=True):
+            if not len(lengths):
                 result[side] = [0 for _ in qs]
                 continue
-            result[side] = [lengths[max(0, math.ceil(q / 100 * len(lengths)) - 1)] for q in qs]
+            ordered = np.sort(lengths)
+            ranks = [max(0, math.ceil(q / 100 * len(ordered)) - 1) for q in qs]
+            result[side] = [int(ordered[r]) for r in ranks]
         return result
 
 
@@ -61,33 +85,52 @@ def encode_pairs(
         DataError: with ``strict``, naming the first pair that would be dropped and why.
     """
     options: dict[str, Any] = {"cache_dir": cache_dir, "num_proc": num_proc}
-    src_ids = encode_texts([s for s, _ in texts], src_tokenizer, **options)
-    tgt_ids = encode_texts([t for _, t in texts], tgt_tokenizer, **options)
-    kept: list[IdPair] = []
-    kept_text: list[TextPair] = []
-    empty = 0
-    for row, (text, src, tgt) in enumerate(zip(texts, src_ids, tgt_ids, strict=True), start=1):
-        problem = _unfit(src, tgt, max_len)
-        if problem is None:
-            kept.append((src, tgt))
-            kept_text.append(text)
-            continue
-        empty += not src or not tgt
-        if strict:
-            fix = "fix the pair" if not src or not tgt else "raise --max-len, fix the pair"
-            raise DataError(
-                f"{where}: pair {row}: {problem} (--strict); {fix}, "
-                "or drop --strict to skip and count such pairs"
-            )
-    return EncodedSplit(kept, kept_text, len(texts) - len(kept), empty)
+    src_ids = encode_texts(_Side(texts, 0), src_tokenizer, **options)
+    tgt_ids = encode_texts(_Side(texts, 1), tgt_tokenizer, **options)
+    src_len, tgt_len = src_ids.lengths(), tgt_ids.lengths()
+    empty = (src_len == 0) | (tgt_len == 0)
+    fits = ~empty & (src_len <= max_len) & (tgt_len + 1 <= max_len)
+    if strict and not fits.all():
+        row = int(np.argmin(fits))
+        problem = _unfit(int(src_len[row]), int(tgt_len[row]), max_len)
+        fix = "fix the pair" if empty[row] else "raise --max-len, fix the pair"
+        raise DataError(
+            f"{where}: pair {row + 1}: {problem} (--strict); {fix}, "
+            "or drop --strict to skip and count such pairs"
+        )
+    kept = np.flatnonzero(fits)
+    store = PairStore(src_ids.select(kept), tgt_ids.select(kept))
+    return EncodedSplit(store, KeptTexts(texts, kept), len(texts) - len(kept), int(empty.sum()))
 
 
-def _unfit(src: list[int], tgt: list[int], max_len: int) -> str | None:
-    """Why a pair cannot be trained on, or None. The decoder sees one extra position."""
+class _Side(Sequence[str]):
+    """One side of the text pairs as a sequence, without copying the texts."""
+
+    def __init__(self, texts: Sequence[TextPair], side: int) -> None:
+        self.texts, self.side = texts, side
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [pair[self.side] for pair in self.texts[i]]
+        return self.texts[i][self.side]
+
+
+def _unfit(src: int, tgt: int, max_len: int) -> str | None:
+    """Why a pair of these lengths cannot be trained on, or None. The decoder sees one extra
+    position."""
     if not src or not tgt:
         return f"the {'source' if not src else 'target'} is empty (no tokens)"
-    if len(src) > max_len:
-        return f"the source is {len(src)} tokens, over --max-len {max_len}"
-    if len(tgt) + 1 > max_len:
-        return f"the target is {len(tgt)} tokens + <eos>, over --max-len {max_len}"
+    if src > max_len:
+        return f"the source is {src} tokens, over --max-len {max_len}"
+    if tgt + 1 > max_len:
+        return f"the target is {tgt} tokens + <eos>, over --max-len {max_len}"
     return None

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from tformer.data.store import CHUNK, TokenIds
 from tformer.data.tokenizer import Tokenizer
 
 CACHE_ENV = "TFORMER_CACHE"
@@ -61,17 +64,20 @@ def encode_texts(
     *,
     cache_dir: Path | None = None,
     num_proc: int | None = None,
-) -> list[list[int]]:
-    """Token ids of ``texts``; through a ``datasets.map`` cache in ``cache_dir`` when given."""
+) -> TokenIds:
+    """Token ids of ``texts``; through a ``datasets.map`` cache in ``cache_dir`` when given.
+
+    Returned packed (:class:`TokenIds`): 4 bytes a token, never a list per text.
+    """
     if cache_dir is None:
-        return tokenizer.encode_batch(list(texts))
+        return TokenIds.from_rows(_rows(texts, tokenizer))
     import datasets  # lazy: slow to import, and only a cached corpus needs it
 
     key = texts_key(texts, tokenizer)
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"ids-{key}.arrow"
     if path.is_file():  # memory-map the ids: no tokenisation, no copy of the texts
-        return datasets.Dataset.from_file(str(path))["ids"]
+        return _packed(datasets.Dataset.from_file(str(path)))
     table = datasets.Dataset.from_dict({"text": list(texts)})
     # Several processes only pay off for a large corpus: starting each costs a second or so.
     procs = num_proc if num_proc and num_proc > 1 and len(texts) >= 10_000 else None
@@ -90,4 +96,21 @@ def encode_texts(
     finally:
         if was_enabled:
             datasets.enable_progress_bars()
-    return encoded["ids"]
+    return _packed(encoded)
+
+
+def _rows(texts: Sequence[str], tokenizer: Tokenizer) -> Iterator[list[int]]:
+    for start in range(0, len(texts), CHUNK):
+        yield from tokenizer.encode_batch(texts[start : start + CHUNK])
+
+
+def _packed(dataset: Any) -> TokenIds:
+    """The ``ids`` column of a ``datasets`` table as :class:`TokenIds`, chunk by chunk
+    from Arrow's own buffers (no Python list per row)."""
+    import pyarrow.compute as pc
+
+    values, lengths = [], []
+    for chunk in dataset.data.column("ids").chunks:
+        values.append(chunk.flatten().to_numpy(zero_copy_only=False).astype(np.int32))
+        lengths.append(pc.list_value_length(chunk).to_numpy(zero_copy_only=False))
+    return TokenIds.concatenate(values, [n.astype(np.int64) for n in lengths])

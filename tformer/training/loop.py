@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -43,7 +44,7 @@ from tformer.training.signals import StopOnSignal, exit_code
 from tformer.training.state import Position, batch_stream
 from tformer.training.validation import exact_match
 
-Micro = tuple[int, int, list[int]]  # (epoch, batch index, example indices)
+Micro = tuple[int, int, np.ndarray]  # (epoch, batch index, example indices)
 
 
 def wrap_for_training(
@@ -222,7 +223,7 @@ class TrainingLoop:
         # Normalise by the target tokens of the whole (global) step, so accumulating k batches
         # equals one batch k times larger, and n ranks equal one process. Every rank knows
         # every batch of the step, so this needs no communication.
-        n_tokens = sum(plan.lengths[i][1] + 1 for _, _, indices in micro for i in indices)
+        n_tokens = sum(plan.target_tokens(indices) for _, _, indices in micro)
         mine = micro[world.rank :: world.world_size]
         batches = [collate([plan.pairs[i] for i in indices]) for _, _, indices in mine]
         budget = self.cfg.time_budget

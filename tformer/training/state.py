@@ -31,7 +31,7 @@ class Position:
         return self.epoch + self.batch / max(len(plan.epoch(self.epoch)), 1)
 
 
-def batch_stream(plan: BatchPlan, pos: Position) -> Iterator[tuple[int, int, list[int]]]:
+def batch_stream(plan: BatchPlan, pos: Position) -> Iterator[tuple[int, int, np.ndarray]]:
     """(epoch, batch index, example indices) forever, starting at ``pos``."""
     epoch, start = pos.epoch, pos.batch
     while True:
