@@ -145,7 +145,7 @@ def test_every_data_shape_loads_the_same_pairs(tmp_path: Path) -> None:
     expected = [(r["source"], r["target"]) for r in records]
     paired = load_text_pairs(str(_paired_folder(tmp_path, records)), source_field="en",
                              target_field="de")
-    assert paired["train"] + paired["validation"] + paired["test"] == expected
+    assert [*paired["train"], *paired["validation"], *paired["test"]] == expected
     translation = write_jsonl(tmp_path / "tr" / "train.jsonl",
                               [{"translation": {"en": s, "de": t}} for s, t in expected])
     assert load_text_pairs(str(translation), source_field="en",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import typer
@@ -50,10 +51,10 @@ def train_tokenizer_command(
     pairs = load_text_pairs(data, source_field=source_field, target_field=target_field)["train"]
     # Texts alternate source, target: text 2k+1 is pair k+1's source (k+1's target with
     # --separate-vocab's second tokenizer).
-    sides = {"": [t for pair in pairs for t in pair]}
+    sides: dict[str, Iterable[str]] = {"": (t for pair in pairs for t in pair)}
     where = {"": "the train split (texts alternate source, target)"}
     if separate:
-        sides = {".source": [s for s, _ in pairs], ".target": [t for _, t in pairs]}
+        sides = {".source": (s for s, _ in pairs), ".target": (t for _, t in pairs)}
         where = {".source": "the train split's sources", ".target": "the train split's targets"}
     out.parent.mkdir(parents=True, exist_ok=True)
     for suffix, texts in sides.items():

@@ -12,7 +12,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from tformer.data.sources import TextPair
+from tformer.data.columns import TextPair, side
 from tformer.data.store import PairStore
 from tformer.data.tokenized import encode_texts
 from tformer.data.tokenizer import Tokenizer
@@ -52,13 +52,13 @@ class EncodedSplit:
     def length_percentiles(self, qs: Sequence[int] = (50, 90, 99, 100)) -> dict[str, list[int]]:
         """Token-length percentiles (nearest rank) per side: {"source": [...], "target": [...]}."""
         result: dict[str, list[int]] = {}
-        for side, lengths in zip(("source", "target"), self.pairs.lengths(), strict=True):
+        for name, lengths in zip(("source", "target"), self.pairs.lengths(), strict=True):
             if not len(lengths):
-                result[side] = [0 for _ in qs]
+                result[name] = [0 for _ in qs]
                 continue
             ordered = np.sort(lengths)
             ranks = [max(0, math.ceil(q / 100 * len(ordered)) - 1) for q in qs]
-            result[side] = [int(ordered[r]) for r in ranks]
+            result[name] = [int(ordered[r]) for r in ranks]
         return result
 
 
@@ -72,11 +72,14 @@ def encode_pairs(
     where: str = "data",
     cache_dir: Path | None = None,
     num_proc: int | None = None,
+    keep_texts: bool = True,
 ) -> EncodedSplit:
     """Tokenise pairs; drop those that do not fit ``max_len`` or have an empty side.
 
     Args:
         strict: refuse such a pair instead of dropping it.
+        keep_texts: keep the kept pairs' texts (for BLEU and samples); without it the split
+            holds no reference to ``texts``, so a training corpus's text can be freed.
         where: names the data in error messages (e.g. "--data pairs.jsonl, train split").
         cache_dir: tokenise through ``datasets.map`` with the ids cached there
             (``tformer.data.tokenized``); ``num_proc`` worker processes for a large corpus.
@@ -85,8 +88,8 @@ def encode_pairs(
         DataError: with ``strict``, naming the first pair that would be dropped and why.
     """
     options: dict[str, Any] = {"cache_dir": cache_dir, "num_proc": num_proc}
-    src_ids = encode_texts(_Side(texts, 0), src_tokenizer, **options)
-    tgt_ids = encode_texts(_Side(texts, 1), tgt_tokenizer, **options)
+    src_ids = encode_texts(side(texts, 0), src_tokenizer, **options)
+    tgt_ids = encode_texts(side(texts, 1), tgt_tokenizer, **options)
     src_len, tgt_len = src_ids.lengths(), tgt_ids.lengths()
     empty = (src_len == 0) | (tgt_len == 0)
     fits = ~empty & (src_len <= max_len) & (tgt_len + 1 <= max_len)
@@ -100,28 +103,8 @@ def encode_pairs(
         )
     kept = np.flatnonzero(fits)
     store = PairStore(src_ids.select(kept), tgt_ids.select(kept))
-    return EncodedSplit(store, KeptTexts(texts, kept), len(texts) - len(kept), int(empty.sum()))
-
-
-class _Side(Sequence[str]):
-    """One side of the text pairs as a sequence, without copying the texts."""
-
-    def __init__(self, texts: Sequence[TextPair], side: int) -> None:
-        self.texts, self.side = texts, side
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return [pair[self.side] for pair in self.texts[i]]
-        return self.texts[i][self.side]
+    kept_texts = KeptTexts(texts, kept) if keep_texts else KeptTexts((), kept[:0])
+    return EncodedSplit(store, kept_texts, len(texts) - len(kept), int(empty.sum()))
 
 
 def _unfit(src: int, tgt: int, max_len: int) -> str | None:

@@ -4,12 +4,15 @@ paired plain-text files) or Hugging Face datasets -> {split: [(source, target), 
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tformer.data.columns import TextColumns
 from tformer.data.dates import write_splits
 from tformer.data.layout import LOADERS, SPLIT_NAMES, paired_text_files, split_files_of
 from tformer.errors import DataError
@@ -17,6 +20,7 @@ from tformer.paths import excerpt, excerpt_list
 
 SPLITS = ("train", "validation", "test")
 TextPair = tuple[str, str]
+Pairs = Sequence[TextPair]  # a list, or TextColumns over Arrow arrays
 
 
 def bundled_data_dir() -> Path:
@@ -45,7 +49,7 @@ def data_name(spec: str | None) -> str:
 
 def load_text_pairs(
     spec: str | None, *, source_field: str = "source", target_field: str = "target"
-) -> dict[str, list[TextPair]]:
+) -> dict[str, Pairs]:
     """Load every available split as (source, target) text pairs.
 
     Args:
@@ -73,30 +77,45 @@ def load_text_pairs(
     return _load_hub(spec, source_field, target_field)
 
 
-def _load_paired_text(source: Path, target: Path) -> list[TextPair]:
-    """Two line-aligned text files -> pairs, through the HF datasets ``text`` loader."""
+def _load_paired_text(source: Path, target: Path) -> TextColumns:
+    """Two line-aligned text files -> pairs, through the HF datasets ``text`` loader, kept as
+    its memory-mapped Arrow columns."""
     datasets: Any = _quiet_datasets()
     sides = []
     for path in (source, target):
-        raw = path.read_bytes()
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as error:
-            line = raw[: error.start].count(b"\n") + 1
-            raise DataError(f"{path}: line {line}: invalid UTF-8 (byte {error.start})") from error
-        if not raw:
-            raise DataError(f"{path}: the file is empty")
+        _check_utf8(path)
         loaded = datasets.load_dataset("text", data_files=str(path), split="train")
-        sides.append(loaded["text"])
+        sides.append(loaded.data.column("text"))
     if len(sides[0]) != len(sides[1]):
         raise DataError(
             f"{source} has {len(sides[0]):,} lines but {target} has {len(sides[1]):,}; "
             "paired files must be aligned line by line"
         )
-    return list(zip(sides[0], sides[1], strict=True))
+    return TextColumns(*sides)
 
 
-def _load_folder(folder: Path, source_field: str, target_field: str) -> dict[str, list[TextPair]]:
+def _check_utf8(path: Path, block: int = 1 << 24) -> None:
+    """Refuse an empty file or invalid UTF-8 (naming the line), reading a block at a time."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lines = offset = 0
+    with open(path, "rb") as handle:
+        while True:
+            raw = handle.read(block)
+            try:
+                decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as error:
+                line = lines + raw[: max(error.start, 0)].count(b"\n") + 1
+                byte = offset + max(error.start, 0)
+                raise DataError(f"{path}: line {line}: invalid UTF-8 (byte {byte})") from error
+            if not raw:
+                break
+            lines += raw.count(b"\n")
+            offset += len(raw)
+    if offset == 0:
+        raise DataError(f"{path}: the file is empty")
+
+
+def _load_folder(folder: Path, source_field: str, target_field: str) -> dict[str, Pairs]:
     paired = paired_text_files(folder, source_field, target_field)
     if "train" in paired:
         return {split: _load_paired_text(*files) for split, files in paired.items()}
@@ -124,7 +143,7 @@ def _quiet_datasets() -> object:
     return datasets
 
 
-def _load_file(path: Path, source_field: str, target_field: str) -> list[TextPair]:
+def _load_file(path: Path, source_field: str, target_field: str) -> Pairs:
     loader = LOADERS.get(path.suffix.lower())
     if loader is None:
         raise DataError(
@@ -250,7 +269,7 @@ def _read_json_lines(path: Path, source_field: str, target_field: str) -> Any:
     return datasets.Dataset(table)
 
 
-def _load_hub(name: str, source_field: str, target_field: str) -> dict[str, list[TextPair]]:
+def _load_hub(name: str, source_field: str, target_field: str) -> dict[str, Pairs]:
     datasets: Any = _quiet_datasets()
 
     # NAME[:CONFIG][@REVISION], e.g. "wmt16:de-en@main".
@@ -263,7 +282,7 @@ def _load_hub(name: str, source_field: str, target_field: str) -> dict[str, list
             f"--data {name}: not a local file or folder, and loading it from the Hugging Face "
             f"hub failed ({_first_line(error)}); check the name, or the network / cache"
         ) from error
-    splits: dict[str, list[TextPair]] = {}
+    splits: dict[str, Pairs] = {}
     for split, names in SPLIT_NAMES.items():
         for candidate in names:
             if candidate in loaded:
@@ -280,7 +299,7 @@ def _load_hub(name: str, source_field: str, target_field: str) -> dict[str, list
 
 def _pairs_from_columns(
     dataset: object, where: str, source_field: str, target_field: str
-) -> list[TextPair]:
+) -> Sequence[TextPair]:
     columns = list(getattr(dataset, "column_names", []))
     if "translation" in columns and source_field not in columns:
         return _pairs_from_translation(dataset, where, source_field, target_field)
@@ -290,31 +309,40 @@ def _pairs_from_columns(
                 f"{where}: no column {excerpt(field)} ({option}); columns are "
                 f"{excerpt_list(columns)}"
             )
-    sources = dataset[source_field]  # type: ignore[index]
-    targets = dataset[target_field]  # type: ignore[index]
+    table = dataset.data  # type: ignore[attr-defined]
+    sources, targets = table.column(source_field), table.column(target_field)
     if len(sources) == 0:
         raise DataError(f"{where}: no rows")
-    pairs = []
-    for option, field, values in (
-        ("--source-field", source_field, sources),
-        ("--target-field", target_field, targets),
-    ):
-        if all(v is None for v in values):
+    _check_text_columns(where, (source_field, sources), (target_field, targets))
+    return TextColumns(sources, targets)
+
+
+def _check_text_columns(where: str, *named: tuple[str, Any]) -> None:
+    """Both columns text, with no null: else one line naming the first row that is not."""
+    import pyarrow as pa  # lazy: comes with datasets
+    import pyarrow.compute as pc
+
+    options = ("--source-field", "--target-field")
+    for option, (field, column) in zip(options, named, strict=True):
+        if column.null_count == len(column):
             raise DataError(f"{where}: no field {field!r} ({option}) in any row")
-    for row, (src, tgt) in enumerate(zip(sources, targets, strict=True), start=1):
-        if src is None or tgt is None:
-            missing = source_field if src is None else target_field
-            raise DataError(
-                f"{where}: row {row}: {missing!r} is null or missing; give it a text value "
-                "(an empty text is \"\")"
-            )
-        if not isinstance(src, str) or not isinstance(tgt, str):
-            raise DataError(
-                f"{where}: row {row}: {source_field!r} and {target_field!r} must be text, "
-                f"got {type(src).__name__} and {type(tgt).__name__}"
-            )
-        pairs.append((src, tgt))
-    return pairs
+    nulls = [
+        int(pc.index(pc.is_null(column), True).as_py()) if column.null_count else len(column)
+        for _, column in named
+    ]
+    row = min(nulls)
+    if row < len(named[0][1]):
+        missing = named[0][0] if nulls[0] == row else named[1][0]
+        raise DataError(
+            f"{where}: row {row + 1}: {missing!r} is null or missing; give it a text value "
+            '(an empty text is "")'
+        )
+    kinds = [column.type for _, column in named]
+    if not all(pa.types.is_string(k) or pa.types.is_large_string(k) for k in kinds):
+        raise DataError(
+            f"{where}: row 1: {named[0][0]!r} and {named[1][0]!r} must be text, "
+            f"got {kinds[0]} and {kinds[1]}"
+        )
 
 
 def _pairs_from_translation(

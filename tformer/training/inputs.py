@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -18,7 +18,7 @@ from tformer.training.distributed import World
 
 def get_tokenizers(
     tokenizer_path: Path | None,
-    texts: list[tuple[str, str]],
+    texts: Sequence[tuple[str, str]],
     *,
     kind: str,
     vocab_size: int,
@@ -67,7 +67,7 @@ def check_same_tokenizer(path: Path, resumed: ckpt.Checkpoint) -> None:
 
 
 def encode_splits(
-    texts: dict[str, list[tuple[str, str]]],
+    texts: Mapping[str, Sequence[tuple[str, str]]],
     tokenizers: ckpt.Tokenizers,
     max_len: int,
     data: str | None,
@@ -88,6 +88,7 @@ def encode_splits(
             where=f"{where} ({name} split)",
             cache_dir=cache_dir,
             num_proc=num_proc,
+            keep_texts=name != "train",  # only validation and test texts are read later
         )
         for name, pairs in texts.items()
     }
