@@ -70,5 +70,5 @@ def train_tokenizer_command(
         tok.save(path)
         console.print(
             f"wrote {escape(str(path))}: {tok.kind}, {tok.vocab_size:,} tokens "
-            f"(trained on {len(texts):,} texts)"
+            f"(trained on {len(pairs) * (1 if separate else 2):,} texts)"
         )

@@ -9,13 +9,51 @@ pages are read as they are used. Texts become Python strings only a slice at a t
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
+T = TypeVar("T")
 TextPair = tuple[str, str]
 SLICE = 16_384  # texts converted to Python strings at a time when iterating
 
 
-class TextColumn(Sequence[str]):
+class Rows(Sequence[T]):
+    """A read-only sequence whose items are made on demand: a subclass gives its length, one
+    item and a run of items; indexing, slicing and iteration (a run at a time) follow."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _item(self, i: int) -> T:
+        raise NotImplementedError
+
+    def _run(self, start: int, stop: int) -> list[T]:
+        return [self._item(k) for k in range(start, stop)]
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[T]: ...
+
+    def __getitem__(self, i: int | slice) -> T | list[T]:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step == 1:
+                return self._run(start, max(stop, start))
+            return [self._item(k) for k in range(start, stop, step)]
+        i = int(i)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._item(i)
+
+    def __iter__(self) -> Iterator[T]:
+        for start in range(0, len(self), SLICE):
+            yield from self._run(start, min(start + SLICE, len(self)))
+
+
+class TextColumn(Rows[str]):
     """One side's texts: an Arrow string (or large string) array, chunked or not."""
 
     def __init__(self, array: Any) -> None:
@@ -24,32 +62,16 @@ class TextColumn(Sequence[str]):
     def __len__(self) -> int:
         return len(self.array)
 
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            start, stop, step = i.indices(len(self))
-            if step != 1:
-                return [self[k] for k in range(start, stop, step)]
-            texts: list[str] = self.array.slice(start, max(stop - start, 0)).to_pylist()
-            return texts
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError(i)
+    def _item(self, i: int) -> str:
         text: str = self.array[i].as_py()
         return text
 
-    def __iter__(self) -> Iterator[str]:
-        for start in range(0, len(self), SLICE):
-            yield from self[start : start + SLICE]
+    def _run(self, start: int, stop: int) -> list[str]:
+        texts: list[str] = self.array.slice(start, stop - start).to_pylist()
+        return texts
 
 
-class TextColumns(Sequence[TextPair]):
+class TextColumns(Rows[TextPair]):
     """(source, target) pairs over two :class:`TextColumn` of equal length."""
 
     def __init__(self, source: Any, target: Any) -> None:
@@ -60,24 +82,17 @@ class TextColumns(Sequence[TextPair]):
     def __len__(self) -> int:
         return len(self.source)
 
-    @overload
-    def __getitem__(self, i: int) -> TextPair: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[TextPair]: ...
-
-    def __getitem__(self, i: int | slice) -> TextPair | list[TextPair]:
-        if isinstance(i, slice):
-            return list(zip(self.source[i], self.target[i], strict=True))
+    def _item(self, i: int) -> TextPair:
         return self.source[i], self.target[i]
 
-    def __iter__(self) -> Iterator[TextPair]:
-        for start in range(0, len(self), SLICE):
-            yield from self[start : start + SLICE]
+    def _run(self, start: int, stop: int) -> list[TextPair]:
+        return list(zip(self.source[start:stop], self.target[start:stop], strict=True))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence) and not isinstance(other, str):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+            return len(self) == len(other) and all(
+                a == b for a, b in zip(self, other, strict=True)
+            )
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
@@ -90,20 +105,15 @@ def side(texts: Sequence[TextPair], index: int) -> Sequence[str]:
     return _Side(texts, index)
 
 
-class _Side(Sequence[str]):
+class _Side(Rows[str]):
     def __init__(self, texts: Sequence[TextPair], which: int) -> None:
         self.texts, self.which = texts, which
 
     def __len__(self) -> int:
         return len(self.texts)
 
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return [pair[self.which] for pair in self.texts[i]]
+    def _item(self, i: int) -> str:
         return self.texts[i][self.which]
+
+    def _run(self, start: int, stop: int) -> list[str]:
+        return [pair[self.which] for pair in self.texts[start:stop]]

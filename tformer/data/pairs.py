@@ -8,18 +8,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
-from tformer.data.columns import TextPair, side
+from tformer.data.columns import Rows, TextPair, side
 from tformer.data.store import PairStore
 from tformer.data.tokenized import encode_texts
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import DataError
 
 
-class KeptTexts(Sequence[TextPair]):
+class KeptTexts(Rows[TextPair]):
     """The texts of the pairs a split kept, in order, without copying them."""
 
     def __init__(self, texts: Sequence[TextPair], kept: np.ndarray) -> None:
@@ -28,15 +28,7 @@ class KeptTexts(Sequence[TextPair]):
     def __len__(self) -> int:
         return len(self.kept)
 
-    @overload
-    def __getitem__(self, i: int) -> TextPair: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[TextPair]: ...
-
-    def __getitem__(self, i: int | slice) -> TextPair | list[TextPair]:
-        if isinstance(i, slice):
-            return [self.texts[int(k)] for k in self.kept[i]]
+    def _item(self, i: int) -> TextPair:
         return self.texts[int(self.kept[i])]
 
 
