@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tformer.data.columns import TextColumn
 from tformer.data.store import CHUNK, TokenIds
 from tformer.data.tokenizer import Tokenizer
 
@@ -78,7 +79,7 @@ def encode_texts(
     path = cache_dir / f"ids-{key}.arrow"
     if path.is_file():  # memory-map the ids: no tokenisation, no copy of the texts
         return _packed(datasets.Dataset.from_file(str(path)))
-    table = datasets.Dataset.from_dict({"text": list(texts)})
+    table = _text_table(datasets, texts)
     # Several processes only pay off for a large corpus: starting each costs a second or so.
     procs = num_proc if num_proc and num_proc > 1 and len(texts) >= 10_000 else None
     was_enabled = datasets.is_progress_bar_enabled()
@@ -97,6 +98,15 @@ def encode_texts(
         if was_enabled:
             datasets.enable_progress_bars()
     return _packed(encoded)
+
+
+def _text_table(datasets: Any, texts: Sequence[str]) -> Any:
+    """A one-column ``datasets`` table of ``texts``: Arrow columns are passed as they are."""
+    if isinstance(texts, TextColumn):
+        import pyarrow as pa
+
+        return datasets.Dataset(pa.table({"text": texts.array}))
+    return datasets.Dataset.from_dict({"text": list(texts)})
 
 
 def _rows(texts: Sequence[str], tokenizer: Tokenizer) -> Iterator[list[int]]:
