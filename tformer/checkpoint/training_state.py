@@ -95,10 +95,16 @@ def saved_data_fingerprint(folder: Path) -> dict[str, Any] | None:
     """The fingerprint of the training data recorded in ``folder``'s trainer state; None when
     there is none (a checkpoint saved before fingerprints, or an unreadable state, which
     ``load_training_state`` reports)."""
+    return saved_record(folder, "data")
+
+
+def saved_record(folder: Path, key: str) -> dict[str, Any] | None:
+    """The record ``key`` of ``folder``'s trainer state (e.g. ``init_from``, where a fine-tuned
+    run started); None when there is none, or no readable trainer state."""
     try:
         check_manifest(folder, [TRAINER_STATE])
         state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
     except (CheckpointError, OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    data = state.get("data") if isinstance(state, dict) else None
-    return data if isinstance(data, dict) else None
+    found = state.get(key) if isinstance(state, dict) else None
+    return found if isinstance(found, dict) else None

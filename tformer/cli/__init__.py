@@ -16,4 +16,6 @@ def main() -> None:
     # switch that configure_process sets.
     from tformer.cli.commands import app
 
-    app()
+    # Named tformer also under `python -m tformer`, so --show-completion writes a script for
+    # the tformer command.
+    app(prog_name="tformer")

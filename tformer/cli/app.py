@@ -130,7 +130,7 @@ app = typer.Typer(
     name="tformer",
     help="Train, sample and inspect an encoder-decoder Transformer.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (docs/README.md)
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from tformer.checkpoint.store import load_checkpoint
+from tformer.checkpoint.training_state import saved_record
 from tformer.cli.app import app
 from tformer.cli.console import console
 from tformer.config import DEFAULT_PRESET, PRESETS, preset
@@ -34,6 +35,14 @@ def info_command(
     if checkpoint is not None:
         loaded = load_checkpoint(checkpoint)
         model, source = loaded.model, f"{loaded.path} (step {loaded.step})"
+        start = saved_record(loaded.path, "init_from")
+        if start is not None:
+            console.print(
+                f"fine-tuned from {start.get('path')} (step {start.get('step')}, weights "
+                f"sha256 {start.get('weights_sha256')})",
+                soft_wrap=True,
+                highlight=False,
+            )
     else:
         name = preset_name or DEFAULT_PRESET
         model = Transformer(preset(name, src_vocab_size=vocab_size, tgt_vocab_size=vocab_size))

@@ -23,6 +23,7 @@ from tformer.device import set_threads
 from tformer.errors import ConfigError
 from tformer.training.configs import Settings, dump_config
 from tformer.training.dryrun import dry_run
+from tformer.training.loggers import check_installed, log_targets
 from tformer.training.run import plan_job, train
 
 # The config fields `tformer train` takes as options, in --help order.
@@ -103,6 +104,22 @@ def train_command(
         help="Continue a run exactly where it stopped: give its folder (latest checkpoint) or "
         "one of its step-* checkpoints (later ones are dropped). Training flags given again "
         "override the saved ones (and are listed); architecture flags must match.",
+        show_default=False,
+    ),
+    init_from: Path | None = typer.Option(
+        None,
+        "--init-from",
+        help="Fine-tune: start a new run from this checkpoint (or run folder's latest) with its "
+        "weights, architecture and tokenizer, and a fresh optimizer, schedule and step count. "
+        "Architecture and tokenizer flags must agree with it.",
+        show_default=False,
+    ),
+    log_to: list[str] | None = typer.Option(
+        None,
+        "--log-to",
+        help="Also log the metrics (and attention entropy per layer at each evaluation) to "
+        "tensorboard (RUN/tensorboard/), wandb or mlflow; repeat or separate with commas. "
+        "Needs the optional package: pip install \"tformer[tensorboard]\" ...",
         show_default=False,
     ),
     overwrite: bool = typer.Option(
@@ -228,11 +245,20 @@ def train_command(
     settings = Settings(
         recipe=recipe, preset=preset, config_file=config, values=given, tokenizer=tokenizer_spec
     )
+    targets = log_targets(log_to or [])
+    check_installed(targets)
     job = plan_job(
-        None, None, settings=settings, out=out, resume=resume or False, overwrite=overwrite
+        None,
+        None,
+        settings=settings,
+        out=out,
+        resume=resume or False,
+        overwrite=overwrite,
+        init_from=init_from,
     )
-    if print_config:
-        typer.echo(dump_config(job.model, job.train, job.tokenizer), nl=False)
+    if print_config:  # fine-tuning: the architecture and tokenizer are the checkpoint's
+        model = None if init_from is not None else job.model
+        typer.echo(dump_config(model, job.train, job.tokenizer), nl=False)
         return
     if dry_run_:
         show_dry_run(dry_run(job, tokenizer=tokenizer))
@@ -255,6 +281,8 @@ def train_command(
             num_proc=num_proc,
             nproc=nproc,
             allow_data_change=allow_data_change,
+            init_from=init_from,
+            log_to=targets,
         )
     finally:
         if reporter.progress is not None:  # leave the terminal clean for the error line

@@ -13,8 +13,8 @@ from tformer.config import TrainConfig
 from tformer.data.pairs import EncodedSplit
 from tformer.errors import CheckpointError
 from tformer.model import Transformer
+from tformer.training.loggers import Records
 from tformer.training.precision import Precision
-from tformer.training.reporting import Reporter
 from tformer.training.validation import evaluate_loss, translation_scores
 
 
@@ -26,9 +26,9 @@ class BestKeeper:
     """
 
     def __init__(
-        self, cfg: TrainConfig, out: Path, tokenizers: ckpt.Tokenizers, report: Reporter
+        self, cfg: TrainConfig, out: Path, tokenizers: ckpt.Tokenizers, records: Records
     ) -> None:
-        self.cfg, self.out, self.tokenizers, self.report = cfg, out, tokenizers, report
+        self.cfg, self.out, self.tokenizers, self.records = cfg, out, tokenizers, records
         self.last_val: float | None = None
         self.best_value: float | None = None
         self.evals_without_gain = 0
@@ -88,14 +88,13 @@ class BestKeeper:
             self._save_best(model, step, {k: v for k, v in record.items() if k.startswith("val_")})
         else:
             self.evals_without_gain += 1
-        ckpt.append_metrics(self.out, record)
-        self.report.log(record)
+        self.records.write(record)
 
     def check_patience(self) -> None:
         patience = self.cfg.patience
         if patience is not None and self.evals_without_gain >= patience:
             self.stopped_early = True
-            self.report.message(
+            self.records.report.message(
                 f"early stop: {self.cfg.best_metric} has not improved for {patience} "
                 f"evaluations (best {self.best_value})"
             )

@@ -2,8 +2,10 @@
 
 A new run: dataclass defaults < recipe < ``--config`` file < values given (flags). A resumed
 run: the checkpoint's configs < ``--config`` file < values given, where architecture values
-must match the checkpoint's. ``dump_config`` writes the resolved configs as YAML that
-``--config`` reads back, so a printed config reproduces its run.
+must match the checkpoint's. A fine-tuned run (``--init-from``): training settings as for a new
+run, the checkpoint's architecture (values given must match it, as on resume). ``dump_config``
+writes the resolved configs as YAML that ``--config`` reads back, so a printed config
+reproduces its run.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ from tformer.config import (
 )
 from tformer.errors import CheckpointError, ConfigError
 from tformer.paths import excerpt, first_line
-from tformer.training.resume_flags import DERIVED, check_resume_settings, model_conflicts
+from tformer.training.resume_flags import (
+    DERIVED,
+    ROLES,
+    check_resume_settings,
+    model_conflicts,
+)
 
 MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 TRAIN_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
@@ -120,8 +127,11 @@ def dump_config(model: ModelConfig | None, train: TrainConfig, tokenizer: Tokeni
     return header + yaml.safe_dump(data, sort_keys=False)
 
 
-def resolve(settings: Settings, resume: Path | None = None) -> Resolved:
-    """The configs of the run ``settings`` ask for (of the run in ``resume`` when resuming)."""
+def resolve(
+    settings: Settings, resume: Path | None = None, *, init_from: Path | None = None
+) -> Resolved:
+    """The configs of the run ``settings`` ask for (of the run in ``resume`` when resuming;
+    with the architecture of checkpoint ``init_from`` when fine-tuning from it)."""
     sections = read_config_file(settings.config_file) if settings.config_file else {}
     values = dict(settings.values)
     n_layers = values.pop("n_layers", None)
@@ -140,6 +150,9 @@ def resolve(settings: Settings, resume: Path | None = None) -> Resolved:
     file_train = sections.get("train", {})
     recipe = _recipe(settings.recipe, {**file_train, **given_train}.get("data"))
     train_values = _layered(recipe["train"], file_train, given_train)
+    if init_from is not None:
+        saved, _ = _checked_against(init_from, settings, sections, "--init-from")
+        return Resolved(saved, TrainConfig(**train_values), tokenizer)
     base = PRESETS[_preset_name(settings.preset)] if settings.preset else None
     model_values = {
         **(recipe["model"] or PRESETS[DEFAULT_PRESET]),
@@ -187,11 +200,22 @@ def _resume(
 ) -> tuple[ModelConfig, TrainConfig]:
     """The saved configs, with the file's and the given training values on top; settings
     that contradict the saved architecture or tokenizer are refused, all named at once."""
-    folder = ckpt.resolve(run)
+    saved_model, saved_train = _checked_against(run, settings, sections, "--resume")
+    # No stopping rule is dropped here: a resumed run keeps the limits it was not given anew.
+    merged = {**saved_train.to_dict(), **sections.get("train", {}), **given_train}
+    return saved_model, TrainConfig.from_dict(merged, source=str(run))
+
+
+def _checked_against(
+    path: Path, settings: Settings, sections: dict[str, dict[str, Any]], option: str
+) -> tuple[ModelConfig, TrainConfig]:
+    """The configs saved in checkpoint ``path`` (named by ``option``), once every setting
+    that contradicts its architecture or tokenizer has been refused."""
+    folder = ckpt.resolve(path)
     try:
         config = ckpt.read_verified_config(folder)
     except CheckpointError as error:
-        if not ckpt.is_run_dir(folder.parent):
+        if option != "--resume" or not ckpt.is_run_dir(folder.parent):
             raise
         raise with_older_checkpoint(error, folder.parent, folder) from error
     saved_model, saved_train, _ = ckpt.parse_configs(folder, config)
@@ -205,10 +229,9 @@ def _resume(
         sections=sections,
         config_file=settings.config_file,
         tokenizer=settings.tokenizer,
+        option=option,
     )
-    # No stopping rule is dropped here: a resumed run keeps the limits it was not given anew.
-    merged = {**saved_train.to_dict(), **sections.get("train", {}), **given_train}
-    return saved_model, TrainConfig.from_dict(merged, source=str(run))
+    return saved_model, saved_train
 
 
 def with_older_checkpoint(error: CheckpointError, run: Path, folder: Path) -> CheckpointError:
@@ -227,14 +250,16 @@ def architecture(config: ModelConfig) -> dict[str, Any]:
     return {k: v for k, v in config.to_dict().items() if k not in DERIVED}
 
 
-def check_architecture(saved: ModelConfig, requested: Mapping[str, Any]) -> None:
-    """On resume the saved architecture wins; requested values that contradict it are refused
-    (every one named)."""
+def check_architecture(
+    saved: ModelConfig, requested: Mapping[str, Any], option: str = "--resume"
+) -> None:
+    """On resume (and with ``--init-from``) the saved architecture wins; requested values that
+    contradict it are refused (every one named)."""
     conflicts = model_conflicts(saved, requested)
     if conflicts:
         raise ConfigError(
-            f"{'; '.join(conflicts)}: conflicts with the architecture of the checkpoint being "
-            "resumed; leave these values out to keep the saved architecture"
+            f"{'; '.join(conflicts)}: conflicts with the architecture of the checkpoint "
+            f"{ROLES[option]} ({option}); leave these values out to keep the saved architecture"
         )
 
 

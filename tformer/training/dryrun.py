@@ -56,7 +56,7 @@ def dry_run(job: Job, *, tokenizer: Path | None = None) -> DryRunReport:
     architecture and vocabulary when resuming)."""
     assert job.model is not None  # plan_job resolves the architecture, the saved one on resume
     vocab_size = job.tokenizer.vocab_size
-    if job.resume_from is not None:
+    if job.resume_from is not None or job.init_from is not None:
         vocab_size = job.model.src_vocab_size
     return measure_batch_limits(job.model, job.train, tokenizer=tokenizer, vocab_size=vocab_size)
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 
 from tformer import checkpoint as ckpt
+from tformer.config import ModelConfig
 from tformer.data.pairs import EncodedSplit, encode_pairs
 from tformer.data.sources import bundled_data_dir
 from tformer.data.tokenizer import Tokenizer, train_tokenizer
 from tformer.errors import CheckpointError, DataError
 from tformer.training import distributed as dist_
+from tformer.training.configs import TokenizerSpec
 from tformer.training.distributed import World
 
 
@@ -54,16 +57,48 @@ def shared_tokenizers(
     return ckpt.Tokenizers(src, src if shared == "shared" else Tokenizer.from_str(shared))
 
 
-def check_same_tokenizer(path: Path, resumed: ckpt.Checkpoint) -> None:
-    """A ``--tokenizer`` given on resume must be the one the run was trained with."""
-    given = Tokenizer.load(path)
-    saved = resumed.tokenizers.source
-    if given.sha256() != saved.sha256():
-        name = resumed.tokenizers.files()["source"]
-        raise CheckpointError(
-            f"--tokenizer {path} differs from {resumed.path / name}, which the run was trained "
-            "with; drop --tokenizer to resume with the saved one"
-        )
+def new_run_tokenizers(
+    model: ModelConfig,
+    spec: TokenizerSpec,
+    path: Path | None,
+    world: World,
+    device: torch.device,
+    pairs: Sequence[tuple[str, str]],
+) -> tuple[ckpt.Tokenizers, ModelConfig]:
+    """A new run's tokenizers (the one at ``path``, or trained on ``pairs`` as ``spec`` says)
+    and its model config sized for them."""
+    tokenizers = shared_tokenizers(
+        world,
+        device,
+        lambda: get_tokenizers(
+            path, pairs, kind=spec.kind, vocab_size=spec.vocab_size, shared=spec.shared
+        ),
+    )
+    sized = dataclasses.replace(
+        model,
+        src_vocab_size=tokenizers.source.vocab_size,
+        tgt_vocab_size=tokenizers.target.vocab_size,
+        share_embeddings=model.share_embeddings and tokenizers.shared,
+    )
+    return tokenizers, sized
+
+
+def check_same_tokenizer(path: Path, saved: ckpt.Checkpoint, option: str = "--resume") -> None:
+    """A ``--tokenizer`` given on resume (or with ``--init-from``) must be the one the
+    checkpoint was trained with: the data is never tokenised with another one."""
+    given = Tokenizer.load(path).sha256()
+    files = saved.tokenizers.files()
+    for side, tok in (("source", saved.tokenizers.source), ("target", saved.tokenizers.target)):
+        if given != tok.sha256():
+            fix = (
+                "resume with the saved one"
+                if option == "--resume"
+                else "tokenise the data with the checkpoint's own"
+            )
+            raise CheckpointError(
+                f"--tokenizer {path} differs from {saved.path / files[side]}, which the "
+                f"checkpoint of {option} was trained with; drop --tokenizer to {fix}"
+            )
 
 
 def encode_splits(

@@ -30,6 +30,7 @@ class Job:
     tokenizer: TokenizerSpec
     out: Path
     resume_from: Path | None = None
+    init_from: Path | None = None  # fine-tuning: the checkpoint whose weights it starts from
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,9 +43,10 @@ class RunOptions:
     tokenized_cache: Path | None = None
     num_proc: int | None = None
     allow_data_change: bool = False
+    log_to: tuple[str, ...] = ()  # tensorboard / wandb / mlflow (tformer.training.loggers)
 
     def argv(self) -> list[str]:
-        args: list[str] = []
+        args: list[str] = [arg for target in self.log_to for arg in ("--log-to", target)]
         if self.tokenizer is not None:
             args += ["--tokenizer", str(self.tokenizer)]
         if self.overwrite:
@@ -81,10 +83,15 @@ def train_data_parallel(job: Job, options: RunOptions, nproc: int) -> TrainResul
         dist_.check_gpus_per_process(resolve_device(job.train.device), nproc)
     with tempfile.TemporaryDirectory(prefix="tformer-") as folder:
         config = Path(folder) / "run.yaml"
-        config.write_text(dump_config(job.model, job.train, job.tokenizer), encoding="utf-8")
+        # A fine-tuned run's architecture and tokenizer are its checkpoint's: the ranks read
+        # them from there, as on resume.
+        model = None if job.init_from is not None else job.model
+        config.write_text(dump_config(model, job.train, job.tokenizer), encoding="utf-8")
         argv = ["train", "--config", str(config), "--recipe", "none", "--out", str(job.out)]
         if job.resume_from is not None:
             argv += ["--resume", str(job.resume_from)]
+        if job.init_from is not None:
+            argv += ["--init-from", str(job.init_from)]
         code = dist_.launch(nproc, argv + options.argv())
     if code != 0:
         raise DataParallelFailed(code)

@@ -13,6 +13,7 @@ import contextlib
 import inspect
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from tformer.training.best import BestKeeper
 from tformer.training.distributed import World
 from tformer.training.ema import WeightAverage, averaged
 from tformer.training.faults import NumericsGuard, is_out_of_memory, last_good
+from tformer.training.loggers import MetricLogger, Records
 from tformer.training.loss import sequence_loss
 from tformer.training.optim import lr_at
 from tformer.training.precision import Precision
@@ -89,12 +91,16 @@ class TrainingLoop:
         precision: Precision,
         world: World,
         data: dict[str, Any] | None = None,
+        init_from: dict[str, Any] | None = None,
+        loggers: Sequence[MetricLogger] = (),
     ) -> None:
         self.model, self.optimizer, self.cfg = model, optimizer, cfg
         self.model_config, self.tokenizers, self.splits = model_config, tokenizers, splits
         self.device, self.out, self.report = device, out, report
         self.precision, self.world = precision, world
         self.data = data  # the training data's fingerprint, saved with each checkpoint
+        self.init_from = init_from  # fine-tuning: the checkpoint the run started from
+        self.records = Records(out, report, loggers)
         self.scaler = precision.scaler()
         self.forward = wrap_for_training(model, device, world, cfg.compile)
         # Only rank 0 evaluates and saves, so only it needs the average.
@@ -103,7 +109,7 @@ class TrainingLoop:
         )
         self.guard = NumericsGuard(device, out, precision.name)
         self.window = LossWindow(device, world)
-        self.keeper = BestKeeper(cfg, out, tokenizers, report)
+        self.keeper = BestKeeper(cfg, out, tokenizers, self.records)
         self.saver = RunSaver(model, optimizer, cfg, tokenizers, out, self.ema)
         self.last_train: float | None = None
         self.time_used = 0.0  # seconds of the time budget used, agreed by every rank
@@ -113,6 +119,7 @@ class TrainingLoop:
         """Take back the bookkeeping saved in a checkpoint's trainer state."""
         self.window.restore(state.get("window", {}))
         self.last_train = state.get("last_train")
+        self.init_from = state.get("init_from", self.init_from)
         self.guard.skipped = int(state.get("skipped", 0))
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
@@ -314,8 +321,7 @@ class TrainingLoop:
         }
         if self.precision.mixed:
             record["skipped_steps"] = self.guard.skipped
-        ckpt.append_metrics(self.out, record)
-        self.report.log(record)
+        self.records.write(record)
 
     def _evaluate(self, pos: Position) -> None:
         split = self.splits.get("validation")
@@ -324,6 +330,7 @@ class TrainingLoop:
         self.guard.check()
         with averaged(self.ema):
             self.keeper.evaluate(self.model, split, pos.step, self.device, self.precision)
+            self.records.attention(self.model, split, pos.step)
         self.keeper.check_patience()
 
     def _save(self, pos: Position) -> Path | None:
@@ -343,6 +350,8 @@ class TrainingLoop:
             state["scaler"] = self.scaler.state_dict()
         if self.data is not None:
             state["data"] = self.data
+        if self.init_from is not None:
+            state["init_from"] = self.init_from
         folder = self.saver.save(pos, state)
         self.saved_step = pos.step
         return folder
@@ -378,4 +387,4 @@ class TrainingLoop:
         with averaged(self.ema):
             result.exact_match, result.samples = exact_match(self.model, split, self.tokenizers)
         result.exact_match_split = "validation"
-        ckpt.append_metrics(self.out, {"step": step, "validation_exact_match": result.exact_match})
+        self.records.write({"step": step, "validation_exact_match": result.exact_match})

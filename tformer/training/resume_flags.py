@@ -1,10 +1,12 @@
-"""``--resume`` with settings that would change the saved architecture: refused, all at once.
+"""``--resume`` (or ``--init-from``) with settings that would change the saved architecture:
+refused, all at once.
 
-A resumed run keeps the architecture and the tokenizer it was saved with. A setting given again
-that agrees with them is accepted; one that contradicts them is refused, and every such setting
-is named in one line: architecture flags (``--d-model``, ``--n-heads``, ``--max-len`` ...,
-``--n-layers``), ``--preset``, a ``--recipe``'s architecture, a ``--config`` file's ``model``
-and ``tokenizer`` sections, and the tokenizer flags (``--tokenizer-kind``, ``--vocab-size``,
+A resumed run keeps the architecture and the tokenizer it was saved with, and so does a run
+fine-tuned from a checkpoint (``--init-from``). A setting given again that agrees with them is
+accepted; one that contradicts them is refused, and every such setting is named in one line:
+architecture flags (``--d-model``, ``--n-heads``, ``--max-len`` ..., ``--n-layers``),
+``--preset``, a ``--recipe``'s architecture, a ``--config`` file's ``model`` and ``tokenizer``
+sections, and the tokenizer flags (``--tokenizer-kind``, ``--vocab-size``,
 ``--separate-vocab``), which are compared with how the saved tokenizer was trained.
 """
 
@@ -28,6 +30,8 @@ TOKENIZER_FLAGS = {
     "vocab_size": "--vocab-size",
     "shared": "--separate-vocab",
 }
+# What the checkpoint is to the run, by the option that names it.
+ROLES = {"--resume": "being resumed", "--init-from": "fine-tuned from"}
 
 
 def model_conflicts(saved: ModelConfig, values: Mapping[str, Any]) -> list[str]:
@@ -53,12 +57,15 @@ def check_resume_settings(
     sections: Mapping[str, Mapping[str, Any]],
     config_file: Path | None,
     tokenizer: Mapping[str, Any],
+    option: str = "--resume",
 ) -> None:
-    """Refuse every setting that contradicts the checkpoint ``folder`` being resumed.
+    """Refuse every setting that contradicts the checkpoint ``folder`` being resumed (or, with
+    ``option`` "--init-from", fine-tuned from).
 
     Args:
         given: values given as flags, by field name (``n_layers`` for both depths).
         tokenizer: tokenizer settings given as flags (``kind``, ``vocab_size``, ``shared``).
+        option: the option that named ``folder``, as the message names it.
 
     Raises:
         ConfigError: naming each contradicting flag or file key with both values.
@@ -92,8 +99,8 @@ def check_resume_settings(
     if found:
         them = "it" if len(found) == 1 else "them"
         raise ConfigError(
-            f"--resume {folder}: {'; '.join(found)} conflict{'s' * (len(found) == 1)} with the "
-            f"architecture of the checkpoint being resumed; drop {them} to keep the saved "
+            f"{option} {folder}: {'; '.join(found)} conflict{'s' * (len(found) == 1)} with the "
+            f"architecture of the checkpoint {ROLES[option]}; drop {them} to keep the saved "
             "architecture (settings that agree with it are accepted)"
         )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,15 @@ from tformer.training.configs import (
     with_older_checkpoint,
 )
 from tformer.training.distributed import World
+from tformer.training.init_from import check_not_resuming, check_out, load_start, provenance
 from tformer.training.inputs import (
     check_same_tokenizer,
     encode_splits,
     get_tokenizers,
-    shared_tokenizers,
+    new_run_tokenizers,
 )
 from tformer.training.launch import Job, RunOptions, train_data_parallel
+from tformer.training.loggers import check_installed, log_targets, open_loggers
 from tformer.training.loop import TrainingLoop
 from tformer.training.loss import sequence_loss
 from tformer.training.optim import build_optimizer
@@ -93,6 +96,8 @@ def train(
     num_proc: int | None = None,
     nproc: int | None = None,
     allow_data_change: bool = False,
+    init_from: str | Path | None = None,
+    log_to: Sequence[str] = (),
 ) -> TrainResult:
     """Train a model and return where it was saved and how well it did.
 
@@ -118,6 +123,11 @@ def train(
             started for it; the result is read back from the run folder).
         allow_data_change: resume even though the training data changed since the checkpoint
             was saved (refused otherwise, naming what changed).
+        init_from: fine-tune: start from this checkpoint's (or run folder's latest) weights,
+            architecture and tokenizer(s), with a fresh optimizer, schedule and step count.
+            A ``model_config`` given with it must agree with the checkpoint's architecture.
+        log_to: also send the run's records to "tensorboard" (``out/tensorboard/``), "wandb"
+            or "mlflow" (their optional packages must be installed).
 
     Raises:
         ConfigError, DataError, CheckpointError, DeviceError: for users to act on.
@@ -125,6 +135,8 @@ def train(
         TrainingInterrupted: SIGINT / SIGTERM; a checkpoint was written first.
     """
     given = {"kind": tokenizer_kind, "vocab_size": vocab_size, "shared": shared_vocab}
+    targets = log_targets(log_to)
+    check_installed(targets)  # before anything is loaded or written
     options = RunOptions(
         tokenizer=tokenizer,
         overwrite=overwrite,
@@ -132,6 +144,7 @@ def train(
         tokenized_cache=tokenized_cache,
         num_proc=num_proc,
         allow_data_change=allow_data_change,
+        log_to=targets,
     )
     job = plan_job(
         model_config,
@@ -141,6 +154,7 @@ def train(
         out=out,
         resume=resume,
         overwrite=overwrite,
+        init_from=init_from,
     )
     if nproc is not None and not dist_.launched_by_torchrun():
         return train_data_parallel(job, options, nproc)
@@ -156,8 +170,13 @@ def plan_job(
     out: Path | None = None,
     resume: bool | str | Path = False,
     overwrite: bool = False,
+    init_from: str | Path | None = None,
 ) -> Job:
     """The configs and folders of a run, before anything is loaded or written."""
+    start = None if init_from is None else Path(init_from)
+    check_not_resuming(start, resume)
+    if start is not None:
+        start = ckpt.resolve(start)  # a run folder: its latest checkpoint
     if resume is not False and overwrite:
         raise ConfigError("--resume continues a run and --overwrite replaces it; give one")
     if resume is True and out is None:
@@ -169,7 +188,7 @@ def plan_job(
             raise ConfigError("give train() both configs, or settings to resolve them from")
         settings = settings or Settings()
         tokens = {**settings.tokenizer, **(tokenizer or {})}
-        resolved = resolve(dataclasses.replace(settings, tokenizer=tokens), given)
+        resolved = resolve(dataclasses.replace(settings, tokenizer=tokens), given, init_from=start)
         model_config, train_config, spec = resolved.model, resolved.train, resolved.tokenizer
     else:
         spec = TokenizerSpec(**(tokenizer or {}))
@@ -177,7 +196,9 @@ def plan_job(
     if resume is not False:
         out, resume_from = resume_target(out, resume)
     out = Path(out) if out is not None else Path("checkpoints") / data_name(train_config.data)
-    return Job(model_config, train_config, spec, out, resume_from)
+    if start is not None:
+        check_out(start, out, overwrite=overwrite)
+    return Job(model_config, train_config, spec, out, resume_from, start)
 
 
 @dataclass
@@ -192,6 +213,7 @@ class _Setup:
     resumed: ckpt.Checkpoint | None
     data: dict[str, Any]  # the fingerprint of the training data, saved with each checkpoint
     data_note: str | None = None  # how the data changed since the resumed checkpoint
+    init_from: dict[str, Any] | None = None  # fine-tuning: the checkpoint it started from
 
 
 def _run(job: Job, options: RunOptions, reporter: Reporter) -> TrainResult:
@@ -245,6 +267,8 @@ def _run_locked(
         )
     report.start(_summary(job, setup, world, device, plan, total_steps, pos))
     _report_changes(report, setup, cfg)
+    params = {"model": setup.model_config.to_dict(), "train": cfg.to_dict()}
+    loggers = open_loggers(options.log_to, out, params, step=pos.step) if world.is_main else []
     loop = TrainingLoop(
         model,
         optimizer,
@@ -258,6 +282,8 @@ def _run_locked(
         precision=setup.precision,
         world=world,
         data=setup.data,
+        init_from=setup.init_from,
+        loggers=loggers,
     )
     loop.restore(state, extra)
     try:
@@ -265,12 +291,21 @@ def _run_locked(
     except BaseException:
         dist_.close(world)
         raise
+    finally:
+        for logger in loggers:
+            logger.close()
     dist_.close(world, finished=True)
     return result
 
 
 def _report_changes(report: Reporter, setup: _Setup, cfg: TrainConfig) -> None:
-    """What differs from the resumed checkpoint: training settings, and the data when allowed."""
+    """What differs from the resumed checkpoint: training settings, and the data when allowed
+    (fine-tuning: where the weights come from)."""
+    if setup.init_from is not None:
+        report.message(
+            f"fine-tuning from {setup.init_from['path']} (step {setup.init_from['step']}): its "
+            "weights and tokenizer, a fresh optimizer and learning-rate schedule"
+        )
     if setup.resumed is None:
         return
     changes = changed_settings(setup.resumed.train_config, cfg)
@@ -281,13 +316,15 @@ def _report_changes(report: Reporter, setup: _Setup, cfg: TrainConfig) -> None:
 
 
 def _set_up(job: Job, options: RunOptions, world: World, device: torch.device) -> _Setup:
-    """Data, tokenizers, the full model config and the model (the resumed one when resuming)."""
+    """Data, tokenizers, the full model config and the model (the resumed one when resuming,
+    the checkpoint's when fine-tuning)."""
     cfg, model_config = job.train, job.model
     texts = load_text_pairs(cfg.data, source_field=cfg.source_field, target_field=cfg.target_field)
     data = fingerprint(
         cfg.data, texts, source_field=cfg.source_field, target_field=cfg.target_field
     )
     resumed: ckpt.Checkpoint | None = None
+    start: ckpt.Checkpoint | None = None
     data_note = None
     if job.resume_from is not None:
         resumed = load_for_resume(job.out, job.resume_from)
@@ -296,27 +333,16 @@ def _set_up(job: Job, options: RunOptions, world: World, device: torch.device) -
             check_architecture(resumed.model_config, architecture(model_config))
         if options.tokenizer is not None:
             check_same_tokenizer(options.tokenizer, resumed)
-        tokenizers, model_config = resumed.tokenizers, resumed.model_config
+    elif job.init_from is not None:
+        start = load_start(job.init_from, model_config=model_config, tokenizer=options.tokenizer)
+    base = resumed or start  # the checkpoint whose weights the run continues from
+    if base is not None:
+        tokenizers, model_config = base.tokenizers, base.model_config
     else:
         if model_config is None:
-            raise ConfigError("a model configuration is needed unless resuming")
-        spec = job.tokenizer
-        tokenizers = shared_tokenizers(
-            world,
-            device,
-            lambda: get_tokenizers(
-                options.tokenizer,
-                texts["train"],
-                kind=spec.kind,
-                vocab_size=spec.vocab_size,
-                shared=spec.shared,
-            ),
-        )
-        model_config = dataclasses.replace(
-            model_config,
-            src_vocab_size=tokenizers.source.vocab_size,
-            tgt_vocab_size=tokenizers.target.vocab_size,
-            share_embeddings=model_config.share_embeddings and tokenizers.shared,
+            raise ConfigError("a model configuration is needed unless resuming or fine-tuning")
+        tokenizers, model_config = new_run_tokenizers(
+            model_config, job.tokenizer, options.tokenizer, world, device, texts["train"]
         )
     precision = resolve_precision(cfg.precision, device, model_config)
     splits = encode_splits(
@@ -329,11 +355,11 @@ def _set_up(job: Job, options: RunOptions, world: World, device: torch.device) -
         num_proc=options.num_proc,
     )
     # The speed-ups change no parameter and no result (tformer.fast), so every run has them.
-    model = accelerate(resumed.model if resumed else Transformer(model_config))
-    return _Setup(model, model_config, tokenizers, splits, precision, resumed, data, data_note)
-
-
-
+    model = accelerate(base.model if base else Transformer(model_config))
+    return _Setup(
+        model, model_config, tokenizers, splits, precision, resumed, data, data_note,
+        init_from=provenance(start) if start else None,
+    )
 
 
 def _summary(
