@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tformer.data.columns import TextColumn
-from tformer.data.store import CHUNK, TokenIds
+from tformer.data.store import TokenIds
 from tformer.data.tokenizer import Tokenizer
 
 CACHE_ENV = "TFORMER_CACHE"
@@ -71,7 +71,7 @@ def encode_texts(
     Returned packed (:class:`TokenIds`): 4 bytes a token, never a list per text.
     """
     if cache_dir is None:
-        return TokenIds.from_rows(_rows(texts, tokenizer))
+        return tokenizer.encode_packed(texts)
     import datasets  # lazy: slow to import, and only a cached corpus needs it
 
     key = texts_key(texts, tokenizer)
@@ -107,11 +107,6 @@ def _text_table(datasets: Any, texts: Sequence[str]) -> Any:
 
         return datasets.Dataset(pa.table({"text": texts.array}))
     return datasets.Dataset.from_dict({"text": list(texts)})
-
-
-def _rows(texts: Sequence[str], tokenizer: Tokenizer) -> Iterator[list[int]]:
-    for start in range(0, len(texts), CHUNK):
-        yield from tokenizer.encode_batch(texts[start : start + CHUNK])
 
 
 def _packed(dataset: Any) -> TokenIds:

@@ -14,6 +14,7 @@ Every tformer tokenizer shares one pipeline so that its output can be decoded ba
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import tempfile
@@ -22,10 +23,13 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from tformer.config import SPECIAL_TOKENS, UNK
+from tformer.data.store import TokenIds
+from tformer.data.wordcache import WordCache
 from tformer.errors import CheckpointError, ConfigError, DataError
 from tformer.native import interruptible
 from tformer.paths import check_replaceable, first_line, replace_file
@@ -62,6 +66,7 @@ class Tokenizer:
             )
         self.inner = inner
         self._text = inner.to_str()
+        self._words: WordCache | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -76,13 +81,30 @@ class Tokenizer:
         return self.inner.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        # Calls into Rust, which encodes each chunk in parallel; between chunks Ctrl-C is seen.
+        """Token ids of each text, as :meth:`encode` gives them."""
         ids: list[list[int]] = []
         for start in range(0, len(texts), ENCODE_CHUNK):
-            chunk = list(texts[start : start + ENCODE_CHUNK])
-            encodings = self.inner.encode_batch(chunk, add_special_tokens=False)
-            ids.extend(encoding.ids for encoding in encodings)
+            values, lengths = self._encode_chunk(texts[start : start + ENCODE_CHUNK])
+            flat = values.tolist()
+            ends = np.cumsum(lengths).tolist()
+            ids.extend(flat[end - n : end] for end, n in zip(ends, lengths.tolist(), strict=True))
         return ids
+
+    def encode_packed(self, texts: Sequence[str]) -> TokenIds:
+        """Token ids of each text packed in flat arrays (4 bytes a token, no list per text)."""
+        values, lengths = [], []
+        for start in range(0, len(texts), ENCODE_CHUNK):
+            chunk_values, chunk_lengths = self._encode_chunk(texts[start : start + ENCODE_CHUNK])
+            values.append(chunk_values)
+            lengths.append(chunk_lengths)
+        return TokenIds.concatenate(values, lengths)
+
+    def _encode_chunk(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        # One call per chunk, so Ctrl-C is seen between chunks. tformer's own pipeline goes
+        # through the word cache (same ids, several times faster); any other through Rust.
+        if self._words is None:
+            self._words = WordCache(self.inner, SPECIAL_TOKENS, enabled=_is_own_pipeline(self))
+        return self._words.encode(texts)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens (padding, BOS/EOS, unknowns) left out."""
@@ -270,6 +292,14 @@ def _bounded(texts: Iterable[str], where: str, refused: list[DataError]) -> Iter
 def _cut_word(match: re.Match[str]) -> str:
     word = match.group(0)
     return " ".join(word[i : i + MAX_WORD_CHARS] for i in range(0, len(word), MAX_WORD_CHARS))
+
+
+def _is_own_pipeline(tokenizer: Tokenizer) -> bool:
+    """Whether the normaliser and pre-tokeniser are the ones :func:`_pipeline` builds (what the
+    word cache relies on), not those of a tokenizer.json made elsewhere."""
+    data = json.loads(tokenizer.to_str())
+    own = json.loads(_pipeline(tokenizer.kind).to_str())
+    return all(data.get(key) == own.get(key) for key in ("normalizer", "pre_tokenizer"))
 
 
 def _pipeline(kind: str) -> tokenizers.Tokenizer:
