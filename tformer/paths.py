@@ -9,6 +9,7 @@ short, escaped excerpt (``excerpt``), so an error never prints a file it was poi
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from pathlib import Path
 from tformer.errors import CheckpointError, ConfigError, TformerError
 
 EXCERPT_CHARS = 60
+HASH_CHUNK = 1 << 20  # bytes read at a time when hashing a file
 MESSAGE_CHARS = 200  # a quoted error is cut here: it may quote what a file holds
 
 _KINDS = (
@@ -135,3 +137,25 @@ def inside(folder: Path, path: Path) -> bool:
         return path.resolve().is_relative_to(folder.resolve())
     except (OSError, RuntimeError):  # RuntimeError: a symlink loop
         return False
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (a rename inside it) to disk, where the platform allows."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # some platforms cannot open folders; the rename is still atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -7,7 +7,6 @@ checked against it, so a truncated or altered file is an error, never garbage we
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -17,7 +16,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from tformer.errors import CheckpointError
-from tformer.paths import check_replaceable, excerpt, first_line, replace_file
+from tformer.paths import (
+    check_replaceable,
+    excerpt,
+    file_sha256,
+    first_line,
+    fsync_dir,
+    replace_file,
+)
 from tformer.version import __version__
 
 FORMAT = "tformer-checkpoint"
@@ -30,7 +36,6 @@ TRAINER_STATE = "trainer_state.json"
 SHARED_TOKENIZER = "tokenizer.json"
 SOURCE_TOKENIZER = "source_tokenizer.json"
 TARGET_TOKENIZER = "target_tokenizer.json"
-_HASH_CHUNK = 1 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -45,14 +50,6 @@ def write_failure(where: Path, error: OSError) -> str:
 
 
 # -- the manifest -----------------------------------------------------------------------------
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_manifest(folder: Path) -> dict[str, Any]:
@@ -209,20 +206,6 @@ def remove_checkpoint(folder: Path, *, hashes: bool = True) -> bool:
 
 
 # -- atomic writes ----------------------------------------------------------------------------
-
-
-def fsync_dir(path: Path) -> None:
-    """Flush a folder's entries (a rename inside it) to disk, where the platform allows."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # some platforms cannot open folders; the rename is still atomic
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def fsync_files(folder: Path) -> None:
