@@ -141,6 +141,22 @@ def test_nproc_launches_torchrun_and_resume_works_under_ddp(
     assert resolve(out).name == f"step-{STEPS:06d}"
 
 
+def test_a_prepared_folder_trains_and_resumes_under_ddp_as_the_text_does(
+    ddp_run: Path, data: Path, tmp_path: Path
+) -> None:
+    """The same batches on each rank from memory-mapped ids: the text run's trajectory."""
+    prepared = tmp_path / "prepared"
+    made = tformer("prepare", "--data", str(data), "--out", str(prepared), "--vocab-size", "60")
+    assert made.returncode == 0, made.stderr[-3000:]
+    out = tmp_path / "run"
+    first = tformer("train", "--nproc", "2", "--data", str(prepared), "--out", str(out),
+                    *CLI_ARGS, "--max-steps", str(STEPS // 2))  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = tformer("train", "--nproc", "2", "--resume", str(out), "--max-steps", str(STEPS))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert losses(out) == pytest.approx(losses(ddp_run / "run"), rel=1e-6)
+
+
 def _rank_pid(parent: int, rank: int) -> int | None:
     """The pid of the child process started with RANK=<rank> (Linux /proc)."""
     for entry in Path("/proc").iterdir():

@@ -117,3 +117,22 @@ class _Side(Rows[str]):
 
     def _run(self, start: int, stop: int) -> list[str]:
         return [pair[self.which] for pair in self.texts[start:stop]]
+
+
+def sample_rows(texts: Sequence[T], n: int, seed: int = 0) -> Sequence[T]:
+    """``n`` rows of ``texts`` drawn at random without replacement (all of them when there are
+    no more than ``n``), kept in their order; Arrow columns stay Arrow columns."""
+    if n >= len(texts):
+        return texts
+    import numpy as np  # lazy: only sampling a large corpus needs it
+
+    rows = np.sort(np.random.default_rng(seed).choice(len(texts), size=n, replace=False))
+    if isinstance(texts, TextColumns):
+        import pyarrow as pa  # lazy: comes with datasets, whose columns these are
+
+        taken = pa.array(rows)
+        sampled: Sequence[Any] = TextColumns(
+            texts.source.array.take(taken), texts.target.array.take(taken)
+        )
+        return sampled
+    return [texts[i] for i in rows.tolist()]

@@ -11,7 +11,7 @@ and unlike a file's modification time it does not change when the data is copied
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +23,29 @@ FINGERPRINTED = ("train", "validation")
 _CHUNK = 10_000  # pairs hashed per update: few Python calls, bounded memory
 
 
+class PairsDigest:
+    """SHA-256 of pairs fed a run at a time, each side length-prefixed so that no two lists
+    hash alike; the runs' boundaries do not change the result."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+        self.pairs = 0
+
+    def update(self, sources: Iterable[str], targets: Iterable[str]) -> None:
+        pieces = [f"{len(s)},{len(t)}:{s}{t}" for s, t in zip(sources, targets, strict=True)]
+        self.digest.update("".join(pieces).encode("utf-8", "surrogatepass"))
+        self.pairs += len(pieces)
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
 def pairs_sha256(pairs: Sequence[TextPair]) -> str:
-    """SHA-256 of the pairs, each side length-prefixed so that no two lists hash alike."""
-    digest = hashlib.sha256()
+    """SHA-256 of the pairs (see :class:`PairsDigest`)."""
+    digest = PairsDigest()
     for start in range(0, len(pairs), _CHUNK):
-        chunk = "".join(
-            f"{len(s)},{len(t)}:{s}{t}" for s, t in pairs[start : start + _CHUNK]
-        )
-        digest.update(chunk.encode("utf-8", "surrogatepass"))
+        run = pairs[start : start + _CHUNK]
+        digest.update((s for s, _ in run), (t for _, t in run))
     return digest.hexdigest()
 
 
@@ -42,17 +57,33 @@ def fingerprint(
     target_field: str = "target",
 ) -> dict[str, Any]:
     """The fingerprint of the data ``spec`` as loaded into ``texts`` (see the module)."""
+    hashes = {
+        split: (len(texts[split]), pairs_sha256(texts[split]))
+        for split in FINGERPRINTED
+        if split in texts
+    }
+    return fingerprint_of(spec, hashes, source_field=source_field, target_field=target_field)
+
+
+def fingerprint_of(
+    spec: str | None,
+    hashes: Mapping[str, tuple[int, str]],
+    *,
+    source_field: str = "source",
+    target_field: str = "target",
+) -> dict[str, Any]:
+    """The fingerprint of ``spec`` from each split's (pairs, SHA-256) already computed."""
     root = Path(spec).expanduser() if spec is not None else bundled_data_dir()
     files = split_files(root, source_field, target_field) if spec is None or root.exists() else {}
-    splits = {}
-    for split in FINGERPRINTED:
-        if split not in texts:
-            continue
-        splits[split] = {
+    splits = {
+        split: {
             "files": [_file_entry(path, root) for path in files.get(split, [])],
-            "pairs": len(texts[split]),
-            "sha256": pairs_sha256(texts[split]),
+            "pairs": hashes[split][0],
+            "sha256": hashes[split][1],
         }
+        for split in FINGERPRINTED
+        if split in hashes
+    }
     return {"data": spec, "splits": splits}
 
 

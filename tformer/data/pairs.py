@@ -87,7 +87,7 @@ def encode_pairs(
     fits = ~empty & (src_len <= max_len) & (tgt_len + 1 <= max_len)
     if strict and not fits.all():
         row = int(np.argmin(fits))
-        problem = _unfit(int(src_len[row]), int(tgt_len[row]), max_len)
+        problem = unfit(int(src_len[row]), int(tgt_len[row]), max_len)
         fix = "fix the pair" if empty[row] else "raise --max-len, fix the pair"
         raise DataError(
             f"{where}: pair {row + 1}: {problem} (--strict); {fix}, "
@@ -99,7 +99,7 @@ def encode_pairs(
     return EncodedSplit(store, kept_texts, len(texts) - len(kept), int(empty.sum()))
 
 
-def _unfit(src: int, tgt: int, max_len: int) -> str | None:
+def unfit(src: int, tgt: int, max_len: int) -> str | None:
     """Why a pair of these lengths cannot be trained on, or None. The decoder sees one extra
     position."""
     if not src or not tgt:

@@ -24,8 +24,11 @@ CHUNK = 16_384  # rows converted at a time, so no whole-corpus list of lists is 
 class TokenIds:
     """One side's ids: ``values[offsets[i]:offsets[i + 1]]`` are row i's."""
 
-    values: np.ndarray  # (tokens,) int32
+    values: np.ndarray  # (tokens,) int32 (or uint16 memory-mapped from a prepared folder)
     offsets: np.ndarray  # (rows + 1,) int64, offsets[0] == 0
+    # (rows,) int32 tokens per row when stored apart (a prepared folder), so that planning
+    # batches reads this small array rather than every offset.
+    stored_lengths: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -36,13 +39,15 @@ class TokenIds:
 
     def lengths(self) -> np.ndarray:
         """Tokens per row, int32."""
+        if self.stored_lengths is not None:
+            return np.asarray(self.stored_lengths, dtype=np.int32)
         return np.diff(self.offsets).astype(np.int32)
 
     def select(self, rows: np.ndarray) -> TokenIds:
         """The ids of ``rows`` (indices, in order) as new compact arrays."""
         if len(rows) == len(self) and np.array_equal(rows, np.arange(len(self))):
             return self  # every row in order: nothing to copy
-        lengths = np.diff(self.offsets)[rows]
+        lengths = self.lengths()[rows].astype(np.int64)
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         # Each kept token's position in the old values: its row's old start plus its place

@@ -28,6 +28,7 @@ from tformer.config import (
     flag,
     parse_duration,
 )
+from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE
 from tformer.errors import CheckpointError, ConfigError
 from tformer.paths import excerpt, first_line
 from tformer.training.resume_flags import (
@@ -50,6 +51,7 @@ class TokenizerSpec:
     kind: str = "bpe"
     vocab_size: int = 8000
     shared: bool = True
+    sample: int = DEFAULT_TOKENIZER_SAMPLE  # trained on at most this many pairs, drawn at random
 
 
 TOKENIZER_FIELDS = frozenset(f.name for f in dataclasses.fields(TokenizerSpec))

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from tformer.config import ModelConfig, TrainConfig
+from tformer.data.prepared import is_prepared, open_prepared
 from tformer.data.tokenizer import Tokenizer
 from tformer.device import resolve_device, seed_everything
 from tformer.fast.accelerate import accelerate
@@ -58,6 +59,9 @@ def dry_run(job: Job, *, tokenizer: Path | None = None) -> DryRunReport:
     vocab_size = job.tokenizer.vocab_size
     if job.resume_from is not None or job.init_from is not None:
         vocab_size = job.model.src_vocab_size
+    elif tokenizer is None and is_prepared(job.train.data):
+        assert job.train.data is not None
+        vocab_size = open_prepared(job.train.data, check_hashes=False).tokenizers[0].vocab_size
     return measure_batch_limits(job.model, job.train, tokenizer=tokenizer, vocab_size=vocab_size)
 
 

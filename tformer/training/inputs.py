@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from tformer import checkpoint as ckpt
-from tformer.config import ModelConfig
+from tformer.config import ModelConfig, TrainConfig
+from tformer.data.fingerprint import fingerprint
 from tformer.data.pairs import EncodedSplit, encode_pairs
-from tformer.data.sources import bundled_data_dir
-from tformer.data.tokenizer import Tokenizer, train_tokenizer
+from tformer.data.prepare import tokenizers_for
+from tformer.data.prepared import Prepared, is_prepared, open_prepared
+from tformer.data.sources import bundled_data_dir, load_text_pairs
+from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, Tokenizer
 from tformer.errors import CheckpointError, DataError
 from tformer.training import distributed as dist_
 from tformer.training.configs import TokenizerSpec
@@ -26,18 +31,61 @@ def get_tokenizers(
     kind: str,
     vocab_size: int,
     shared: bool,
+    sample: int = DEFAULT_TOKENIZER_SAMPLE,
 ) -> ckpt.Tokenizers:
-    """Load the given tokenizer, or train one on the training pairs."""
+    """Load the given tokenizer, or train one on (a sample of ``sample``) training pairs."""
     if tokenizer_path is not None:
         tok = Tokenizer.load(tokenizer_path)
         return ckpt.Tokenizers(tok, tok)
     requested = {"kind": kind, "vocab_size": vocab_size, "shared": shared}
-    if shared:
-        tok = train_tokenizer((t for pair in texts for t in pair), kind=kind, vocab_size=vocab_size)
-        return ckpt.Tokenizers(tok, tok, requested)
-    source = train_tokenizer((s for s, _ in texts), kind=kind, vocab_size=vocab_size)
-    target = train_tokenizer((t for _, t in texts), kind=kind, vocab_size=vocab_size)
+    source, target = tokenizers_for(
+        texts, kind=kind, vocab_size=vocab_size, shared=shared, sample=sample
+    )
     return ckpt.Tokenizers(source, target, requested)
+
+
+@dataclass(frozen=True)
+class RunData:
+    """The data of a run: text pairs read from ``--data``, or a prepared folder."""
+
+    texts: Mapping[str, Sequence[tuple[str, str]]] | None
+    prepared: Prepared | None
+    fingerprint: dict[str, Any]  # saved with each checkpoint; compared on resume
+
+
+def load_data(cfg: TrainConfig) -> RunData:
+    """Read ``--data``: a prepared folder is checked file by file, anything else loaded."""
+    if is_prepared(cfg.data):
+        assert cfg.data is not None
+        prepared = open_prepared(cfg.data)
+        return RunData(None, prepared, prepared.fingerprint())
+    fields = {"source_field": cfg.source_field, "target_field": cfg.target_field}
+    texts = load_text_pairs(cfg.data, **fields)
+    return RunData(texts, None, fingerprint(cfg.data, texts, **fields))
+
+
+def prepared_tokenizers(
+    prepared: Prepared, *, given: Path | None, base: ckpt.Checkpoint | None, option: str
+) -> ckpt.Tokenizers:
+    """The tokenizers a prepared folder was made with, which a ``--tokenizer`` given and the
+    checkpoint continued from (``option``: --resume or --init-from) must be: ids are never
+    read with another tokenizer than the one that made them."""
+    source, target = prepared.tokenizers
+    if given is not None and Tokenizer.load(given).sha256() not in (source.sha256(),):
+        raise DataError(
+            f"--tokenizer {given} is not the tokenizer {prepared.folder} was prepared with; "
+            "leave out --tokenizer (the folder's is used) or prepare again with it"
+        )
+    if base is not None:
+        theirs = (base.tokenizers.source.sha256(), base.tokenizers.target.sha256())
+        if theirs != (source.sha256(), target.sha256()):
+            raise DataError(
+                f"--data {prepared.folder} was prepared with another tokenizer than the "
+                f"checkpoint of {option} ({base.path}); prepare it again with "
+                f"--tokenizer {base.path / base.tokenizers.files()['source']}"
+            )
+        return base.tokenizers
+    return ckpt.Tokenizers(source, source if target is source else target)
 
 
 def shared_tokenizers(
@@ -71,16 +119,25 @@ def new_run_tokenizers(
         world,
         device,
         lambda: get_tokenizers(
-            path, pairs, kind=spec.kind, vocab_size=spec.vocab_size, shared=spec.shared
+            path,
+            pairs,
+            kind=spec.kind,
+            vocab_size=spec.vocab_size,
+            shared=spec.shared,
+            sample=spec.sample,
         ),
     )
-    sized = dataclasses.replace(
+    return tokenizers, sized_for(model, tokenizers)
+
+
+def sized_for(model: ModelConfig, tokenizers: ckpt.Tokenizers) -> ModelConfig:
+    """``model`` with the vocabulary sizes (and sharing) of ``tokenizers``."""
+    return dataclasses.replace(
         model,
         src_vocab_size=tokenizers.source.vocab_size,
         tgt_vocab_size=tokenizers.target.vocab_size,
         share_embeddings=model.share_embeddings and tokenizers.shared,
     )
-    return tokenizers, sized
 
 
 def check_same_tokenizer(path: Path, saved: ckpt.Checkpoint, option: str = "--resume") -> None:
@@ -99,6 +156,19 @@ def check_same_tokenizer(path: Path, saved: ckpt.Checkpoint, option: str = "--re
                 f"--tokenizer {path} differs from {saved.path / files[side]}, which the "
                 f"checkpoint of {option} was trained with; drop --tokenizer to {fix}"
             )
+
+
+def prepared_splits(
+    prepared: Prepared, max_len: int, *, strict: bool
+) -> dict[str, EncodedSplit]:
+    """A prepared folder's splits, memory-mapped; pairs over ``max_len`` are dropped."""
+    splits = {name: prepared.split(name, max_len, strict=strict) for name in prepared.splits}
+    if not splits["train"].pairs:
+        raise DataError(
+            f"--data {prepared.folder}: no training pair fits --max-len {max_len} (the folder "
+            f"was prepared for --max-len {prepared.max_len}); raise --max-len"
+        )
+    return splits
 
 
 def encode_splits(

@@ -24,9 +24,8 @@ from tformer.checkpoint.lock import RunLock
 from tformer.checkpoint.run_dir import create_output, prepare_output, resume_target
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.batching import BatchPlan
-from tformer.data.fingerprint import fingerprint
 from tformer.data.pairs import EncodedSplit
-from tformer.data.sources import data_name, load_text_pairs
+from tformer.data.sources import data_name
 from tformer.device import resolve_device, seed_everything
 from tformer.errors import ConfigError
 from tformer.fast.accelerate import accelerate
@@ -47,7 +46,11 @@ from tformer.training.inputs import (
     check_same_tokenizer,
     encode_splits,
     get_tokenizers,
+    load_data,
     new_run_tokenizers,
+    prepared_splits,
+    prepared_tokenizers,
+    sized_for,
 )
 from tformer.training.launch import Job, RunOptions, train_data_parallel
 from tformer.training.loggers import check_installed, log_targets, open_loggers
@@ -319,16 +322,13 @@ def _set_up(job: Job, options: RunOptions, world: World, device: torch.device) -
     """Data, tokenizers, the full model config and the model (the resumed one when resuming,
     the checkpoint's when fine-tuning)."""
     cfg, model_config = job.train, job.model
-    texts = load_text_pairs(cfg.data, source_field=cfg.source_field, target_field=cfg.target_field)
-    data = fingerprint(
-        cfg.data, texts, source_field=cfg.source_field, target_field=cfg.target_field
-    )
+    data = load_data(cfg)
     resumed: ckpt.Checkpoint | None = None
     start: ckpt.Checkpoint | None = None
     data_note = None
     if job.resume_from is not None:
         resumed = load_for_resume(job.out, job.resume_from)
-        data_note = check_data(resumed.path, data, allow=options.allow_data_change)
+        data_note = check_data(resumed.path, data.fingerprint, allow=options.allow_data_change)
         if model_config is not None:
             check_architecture(resumed.model_config, architecture(model_config))
         if options.tokenizer is not None:
@@ -336,28 +336,43 @@ def _set_up(job: Job, options: RunOptions, world: World, device: torch.device) -
     elif job.init_from is not None:
         start = load_start(job.init_from, model_config=model_config, tokenizer=options.tokenizer)
     base = resumed or start  # the checkpoint whose weights the run continues from
+    if data.prepared is not None:
+        option = "--resume" if resumed else "--init-from"
+        tokenizers = prepared_tokenizers(
+            data.prepared, given=options.tokenizer, base=base, option=option
+        )
+        if base is None:
+            if model_config is None:
+                raise ConfigError("a model configuration is needed unless resuming or fine-tuning")
+            model_config = sized_for(model_config, tokenizers)
     if base is not None:
         tokenizers, model_config = base.tokenizers, base.model_config
-    else:
+    elif data.prepared is None:
         if model_config is None:
             raise ConfigError("a model configuration is needed unless resuming or fine-tuning")
+        assert data.texts is not None
         tokenizers, model_config = new_run_tokenizers(
-            model_config, job.tokenizer, options.tokenizer, world, device, texts["train"]
+            model_config, job.tokenizer, options.tokenizer, world, device, data.texts["train"]
         )
+    assert model_config is not None
     precision = resolve_precision(cfg.precision, device, model_config)
-    splits = encode_splits(
-        texts,
-        tokenizers,
-        model_config.max_len,
-        cfg.data,
-        strict=options.strict,
-        cache_dir=options.tokenized_cache,
-        num_proc=options.num_proc,
-    )
+    if data.prepared is not None:
+        splits = prepared_splits(data.prepared, model_config.max_len, strict=options.strict)
+    else:
+        assert data.texts is not None
+        splits = encode_splits(
+            data.texts,
+            tokenizers,
+            model_config.max_len,
+            cfg.data,
+            strict=options.strict,
+            cache_dir=options.tokenized_cache,
+            num_proc=options.num_proc,
+        )
     # The speed-ups change no parameter and no result (tformer.fast), so every run has them.
     model = accelerate(base.model if base else Transformer(model_config))
     return _Setup(
-        model, model_config, tokenizers, splits, precision, resumed, data, data_note,
+        model, model_config, tokenizers, splits, precision, resumed, data.fingerprint, data_note,
         init_from=provenance(start) if start else None,
     )
 

@@ -1,0 +1,202 @@
+"""`tformer prepare` and training on a prepared folder: the same ids, batches and run as
+training on the text, a run that survives kill -9, and files changed afterwards refused."""
+
+from __future__ import annotations
+
+import random
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from tests.training.test_resume import (
+    assert_same_run,
+    logged_step,
+    reference,  # noqa: F401 (a fixture)
+    resume_in_process,
+    small_data,  # noqa: F401 (a fixture)
+    start,
+    train_args,
+    wait_for,
+)
+from tformer.checkpoint.run_dir import resolve
+from tformer.checkpoint.training_state import saved_data_fingerprint
+from tformer.cli.commands import app
+from tformer.data.batching import BatchPlan
+from tformer.data.pairs import encode_pairs
+from tformer.data.prepare import prepare
+from tformer.data.prepared import MANIFEST, PREPARED, open_prepared
+from tformer.data.sources import load_text_pairs
+from tformer.data.tokenizer import Tokenizer
+from tformer.errors import ConfigError, DataError
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.fixture(scope="module")
+def prepared(small_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    out = tmp_path_factory.mktemp("prepared") / "small"
+    code, output = run_cli("prepare", "--data", str(small_data), "--out", str(out),
+                           "--vocab-size", "60")  # fmt: skip
+    assert code == 0, output
+    assert "train: 300 pairs tokenised" in output  # the progress line off a terminal
+    return out
+
+
+def test_the_folder_holds_the_ids_train_would_make_and_lists_every_file(
+    prepared: Path, small_data: Path  # noqa: F811
+) -> None:
+    folder = open_prepared(prepared)
+    texts = load_text_pairs(str(small_data))
+    tok = folder.tokenizers[0]
+    assert folder.tokenizers[1] is tok and tok.vocab_size <= 60
+    for split in ("train", "validation"):
+        expected = encode_pairs(texts[split], tok, tok, folder.max_len)
+        got = folder.split(split, folder.max_len, strict=False)
+        assert list(got.pairs) == list(expected.pairs)
+        assert got.dropped == expected.dropped
+        if split == "validation":
+            assert list(got.texts) == list(expected.texts)
+    listed = PREPARED.files_of(prepared)
+    assert listed == {p.name for p in prepared.iterdir()}
+    assert folder.manifest["dtype"] == "<u2"  # a small vocabulary takes 2 bytes a token
+
+
+def test_batches_equal_those_from_the_text(prepared: Path, small_data: Path) -> None:  # noqa: F811
+    folder = open_prepared(prepared)
+    tok = folder.tokenizers[0]
+    from_text = encode_pairs(load_text_pairs(str(small_data))["train"], tok, tok, 48)
+    from_folder = folder.split("train", 48, strict=False)
+    a, b = BatchPlan(from_text.pairs, 256, seed=7), BatchPlan(from_folder.pairs, 256, seed=7)
+    for epoch in (0, 1):
+        assert [x.tolist() for x in a.epoch(epoch)] == [x.tolist() for x in b.epoch(epoch)]
+    for x, y in zip(a.batches(1), b.batches(1), strict=True):
+        for k in ("src", "tgt_in", "tgt_out"):
+            assert np.array_equal(getattr(x, k), getattr(y, k))
+    assert isinstance(from_folder.pairs.source.values, np.memmap)  # read from disk, not copied
+
+
+def test_training_on_it_follows_the_text_run_through_kill_9_and_resume(
+    prepared: Path, reference: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    """The reference run trained on the text; this one on the folder, killed and resumed."""
+    run = tmp_path / "run"
+    kill_at = random.Random(7).randint(5, 30)
+    proc = start(train_args(prepared, run), tmp_path / "first")
+    wait_for(lambda: logged_step(run) >= kill_at, proc, tmp_path / "first", f"step {kill_at}")
+    proc.kill()
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    resume_in_process(run)
+    assert_same_run(run, reference)
+    # The same data in both forms: their fingerprints agree, so either resumes the other.
+    ours, theirs = (saved_data_fingerprint(resolve(r)) for r in (run, reference))
+    assert ours is not None and ours["splits"] == theirs["splits"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda p: _flip_a_byte(p / "train.source.ids"), "'train.source.ids' changed after"),
+        (lambda p: (p / "train.target.lengths").write_bytes(b""), "'train.target.lengths' changed"),
+        (lambda p: (p / "validation.texts.jsonl").unlink(), "'validation.texts.jsonl' is missing"),
+        (lambda p: (p / MANIFEST).write_text("{"), f"{MANIFEST} is damaged"),
+    ],
+    ids=["same-size edit", "truncated", "missing", "manifest"],
+)
+def test_a_file_changed_after_preparing_is_refused(
+    prepared: Path, tmp_path: Path, damage: object, named: str
+) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(prepared, copy)
+    damage(copy)  # type: ignore[operator]
+    code, output = run_cli("train", "--data", str(copy), "--out", str(tmp_path / "run"),
+                           "--preset", "tiny", "--max-steps", "2")  # fmt: skip
+    assert code == 3, output
+    assert named in output and "prepare the data again" in output
+    assert "Traceback" not in output and not (tmp_path / "run").exists()
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_a_tokenizer_other_than_the_folders_is_refused(
+    prepared: Path, small_data: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    other = tmp_path / "other.json"
+    run_cli("train-tokenizer", "--data", str(small_data), "--vocab-size", "50", "-o", str(other))
+    code, output = run_cli("train", "--data", str(prepared), "--tokenizer", str(other),
+                           "--out", str(tmp_path / "run"), "--max-steps", "1")  # fmt: skip
+    assert code == 3 and "is not the tokenizer" in output, output
+    # Fine-tuning a checkpoint on ids of another tokenizer: refused, not retokenised.
+    base = tmp_path / "base"
+    code, output = run_cli("train", "--data", str(small_data), "--tokenizer", str(other),
+                           "--out", str(base), "--preset", "tiny", "--max-steps", "1")  # fmt: skip
+    assert code == 0, output
+    code, output = run_cli("train", "--data", str(prepared), "--init-from", str(base),
+                           "--out", str(tmp_path / "tuned"), "--max-steps", "1")  # fmt: skip
+    assert code == 3 and "prepared with another tokenizer" in output, output
+    assert not (tmp_path / "tuned").exists()
+
+
+def test_a_smaller_max_len_at_training_drops_and_counts(prepared: Path) -> None:
+    folder = open_prepared(prepared)
+    full = folder.split("train", folder.max_len, strict=False)
+    lengths = np.maximum(*[x.astype(int) for x in full.pairs.lengths()])
+    limit = int(np.median(lengths))
+    cut = folder.split("train", limit, strict=False)
+    src, tgt = full.pairs.lengths()
+    fits = (src <= limit) & (tgt + 1 <= limit)
+    assert len(cut.pairs) == int(fits.sum()) and cut.dropped == int((~fits).sum())
+    assert list(cut.pairs) == [full.pairs[i] for i in np.flatnonzero(fits)]
+    with pytest.raises(DataError, match="--strict"):
+        folder.split("train", limit, strict=True)
+
+
+def test_out_is_written_whole_or_not_at_all(small_data: Path, tmp_path: Path) -> None:  # noqa: F811
+    out = tmp_path / "deep" / "er" / "out"
+    with pytest.raises(DataError, match="pair 1: .* --strict"):
+        prepare(str(small_data), out, vocab_size=60, max_len=3, strict=True)
+    assert not (tmp_path / "deep").exists()  # nothing left, not even the parents it made
+    prepare(str(small_data), out, vocab_size=60)
+    first = (out / MANIFEST).read_text()
+    with pytest.raises(ConfigError, match="--overwrite"):
+        prepare(str(small_data), out, vocab_size=60)
+    prepare(str(small_data), out, vocab_size=60, overwrite=True)  # an earlier one: replaced
+    assert (out / MANIFEST).read_text() == first  # deterministic
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="notes.txt"):
+        prepare(str(small_data), out, vocab_size=60, overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine"
+    with pytest.raises(DataError, match="already a prepared folder"):
+        prepare(str(out), tmp_path / "again")
+
+
+def test_the_tokenizer_is_trained_on_a_sample(small_data: Path, tmp_path: Path) -> None:  # noqa: F811
+    from tformer.data.columns import sample_rows
+    from tformer.data.tokenizer import train_tokenizer
+
+    folder = prepare(str(small_data), tmp_path / "p", vocab_size=60, tokenizer_sample=40)
+    pairs = load_text_pairs(str(small_data))["train"]
+    chosen = sample_rows(pairs, 40, 0)
+    remaining = iter(pairs)
+    assert len(chosen) == 40 and all(pair in remaining for pair in chosen)  # kept in order
+    assert list(sample_rows(pairs, 40, 0)) == list(chosen) != list(sample_rows(pairs, 40, 1))
+    expected = train_tokenizer((t for p in chosen for t in p), vocab_size=60)
+    assert folder.tokenizers[0].sha256() == expected.sha256()
+    whole = Tokenizer.load(prepare(str(small_data), tmp_path / "q", vocab_size=60).folder
+                           / "tokenizer.json")  # fmt: skip
+    assert whole.sha256() != expected.sha256()

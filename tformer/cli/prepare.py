@@ -1,0 +1,124 @@
+"""``tformer prepare``: tokenise a corpus ahead of training, with a progress bar."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
+
+from tformer.cli.app import app
+from tformer.cli.console import console, err_console
+from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD, existing_file
+from tformer.data.prepare import DEFAULT_TOKENIZER_SAMPLE, prepare
+from tformer.data.tokenizer import TOKENIZER_KINDS
+
+
+class _Bar:
+    """A Rich bar per split (pairs, pairs/s, time left) on a terminal; else one line a split."""
+
+    def __init__(self) -> None:
+        self.progress: Progress | None = None
+        self.tasks: dict[str, TaskID] = {}
+        self.started = time.perf_counter()
+
+    def __enter__(self) -> _Bar:
+        if err_console.is_terminal:
+            self.progress = Progress(
+                TextColumn("[bold blue]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("pairs, {task.fields[rate]:,.0f}/s"),
+                TimeRemainingColumn(),
+                console=err_console,
+            )
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def __call__(self, split: str, done: int, total: int) -> None:
+        if split not in self.tasks:
+            self.started = time.perf_counter()
+            self.tasks[split] = (
+                self.progress.add_task(split, total=total, rate=0.0) if self.progress else TaskID(0)
+            )
+        rate = done / max(time.perf_counter() - self.started, 1e-9)
+        if self.progress is not None:
+            self.progress.update(self.tasks[split], completed=done, rate=rate)
+        elif done == total:
+            err_console.print(f"{split}: {total:,} pairs tokenised ({rate:,.0f} pairs/s)")
+
+
+@app.command("prepare")
+def prepare_command(
+    data: str | None = DATA,
+    out: Path = typer.Option(..., "--out", "-o", help="The prepared folder to write."),
+    source_field: str = SOURCE_FIELD,
+    target_field: str = TARGET_FIELD,
+    tokenizer: Path | None = typer.Option(
+        None, "--tokenizer", help="tokenizer.json to use (default: train one on a sample)."
+    ),
+    tokenizer_kind: str = typer.Option("bpe", "--tokenizer-kind", help=" | ".join(TOKENIZER_KINDS)),
+    vocab_size: int = typer.Option(8000, "--vocab-size", help="For an automatic tokenizer."),
+    separate_vocab: bool = typer.Option(
+        False, "--separate-vocab", help="Separate source and target vocabularies."
+    ),
+    tokenizer_sample: int = typer.Option(
+        DEFAULT_TOKENIZER_SAMPLE,
+        "--tokenizer-sample",
+        help="Train the tokenizer on at most this many training pairs, drawn at random.",
+    ),
+    max_len: int = typer.Option(
+        256, "--max-len", help="Drop pairs longer than this (train with the same or less)."
+    ),
+    strict: bool = typer.Option(False, "--strict", help="Refuse, not drop, pairs that do not fit."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace an earlier prepared folder at --out."
+    ),
+) -> None:
+    """Tokenise a data set once into a folder that `tformer train --data DIR` memory-maps.
+
+    Reads --data as train does, trains a tokenizer on a sample of the training pairs (or uses
+    --tokenizer) and writes each split's token ids with a manifest of every file's SHA-256;
+    training on the folder starts at once and holds only the pages a batch reads.
+    Example: tformer prepare --data corpus --src-lang en --tgt-lang de --out corpus.prepared
+    """
+    existing_file(tokenizer, "--tokenizer")
+    with _Bar() as bar:
+        prepared = prepare(
+            data,
+            out,
+            tokenizer=tokenizer,
+            tokenizer_kind=tokenizer_kind,
+            vocab_size=vocab_size,
+            shared_vocab=not separate_vocab,
+            tokenizer_sample=tokenizer_sample,
+            max_len=max_len,
+            strict=strict,
+            overwrite=overwrite,
+            source_field=source_field,
+            target_field=target_field,
+            progress=bar,
+        )
+    splits = prepared.manifest["splits"]
+    counts = ", ".join(
+        f"{name} {entry['pairs']:,}"
+        + (f" ({entry['dropped']:,} dropped)" if entry["dropped"] else "")
+        for name, entry in splits.items()
+    )
+    console.print(
+        f"wrote {escape(str(out))}: {counts} pairs; vocabulary "
+        f"{prepared.tokenizers[0].vocab_size:,}; train with --data {escape(str(out))}"
+    )
