@@ -61,3 +61,24 @@ def test_average_of_two_checkpoints_is_their_mean(trained: TrainResult, tmp_path
         torch.testing.assert_close(avg[name], (a[name] + b[name]) / 2)
     with pytest.raises(CheckpointError, match="at least two"):
         average_checkpoints(steps[-1:], tmp_path / "x")
+
+
+def test_evaluate_on_a_prepared_folder_scores_its_kept_test_pairs(
+    trained: TrainResult, toy_data: Path, tmp_path: Path
+) -> None:
+    prepared = tmp_path / "prepared"
+    made = CliRunner().invoke(app, ["prepare", "--data", str(toy_data), "--out", str(prepared),
+                                    "--tokenizer", str(trained.checkpoint / "tokenizer.json")])
+    assert made.exit_code == 0, made.output
+    cards = []
+    for data, name in ((toy_data, "text"), (prepared, "prepared")):
+        result = CliRunner().invoke(app, ["evaluate", str(trained.run_dir), "--data", str(data),
+                                          "--split", "test", "--limit", "40",
+                                          "--out", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+        cards.append(json.loads((tmp_path / name / "result.json").read_text()))
+    assert cards[0]["metrics"] == cards[1]["metrics"]  # no test pair was too long: the same
+    assert cards[0]["data_sha256"] == cards[1]["data_sha256"]
+    refused = CliRunner().invoke(app, ["train-tokenizer", "--data", str(prepared),
+                                       "-o", str(tmp_path / "tok.json")])
+    assert refused.exit_code == 3 and "keeps token ids, not the training text" in refused.output

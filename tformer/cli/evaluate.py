@@ -36,7 +36,7 @@ from tformer.cli.options import (
     folder_option,
     warn_long_inputs,
 )
-from tformer.data.sources import load_text_pairs
+from tformer.data.prepare import text_splits
 from tformer.device import resolve_device
 from tformer.errors import CheckpointError, ConfigError, DataError
 
@@ -85,7 +85,7 @@ def evaluate_command(
     folder_option(out, "--out")
     # The same decoding flags as `tformer generate`; one output per input is scored.
     decoding = decoding_config(ctx.params)
-    splits = load_text_pairs(data, source_field=source_field, target_field=target_field)
+    splits = text_splits(data, source_field=source_field, target_field=target_field)
     if split not in splits:
         raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
     pairs = splits[split][:limit] if limit else splits[split]

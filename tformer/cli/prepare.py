@@ -2,63 +2,17 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import typer
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-)
 
 from tformer.cli.app import app
-from tformer.cli.console import console, err_console
+from tformer.cli.console import console
 from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD, existing_file
+from tformer.cli.progress import TokenisingBar
 from tformer.data.prepare import DEFAULT_TOKENIZER_SAMPLE, prepare
 from tformer.data.tokenizer import TOKENIZER_KINDS
-
-
-class _Bar:
-    """A Rich bar per split (pairs, pairs/s, time left) on a terminal; else one line a split."""
-
-    def __init__(self) -> None:
-        self.progress: Progress | None = None
-        self.tasks: dict[str, TaskID] = {}
-        self.started = time.perf_counter()
-
-    def __enter__(self) -> _Bar:
-        if err_console.is_terminal:
-            self.progress = Progress(
-                TextColumn("[bold blue]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("pairs, {task.fields[rate]:,.0f}/s"),
-                TimeRemainingColumn(),
-                console=err_console,
-            )
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-    def __call__(self, split: str, done: int, total: int) -> None:
-        if split not in self.tasks:
-            self.started = time.perf_counter()
-            self.tasks[split] = (
-                self.progress.add_task(split, total=total, rate=0.0) if self.progress else TaskID(0)
-            )
-        rate = done / max(time.perf_counter() - self.started, 1e-9)
-        if self.progress is not None:
-            self.progress.update(self.tasks[split], completed=done, rate=rate)
-        elif done == total:
-            err_console.print(f"{split}: {total:,} pairs tokenised ({rate:,.0f} pairs/s)")
 
 
 @app.command("prepare")
@@ -96,7 +50,7 @@ def prepare_command(
     Example: tformer prepare --data corpus --src-lang en --tgt-lang de --out corpus.prepared
     """
     existing_file(tokenizer, "--tokenizer")
-    with _Bar() as bar:
+    with TokenisingBar() as bar:
         prepared = prepare(
             data,
             out,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
+    MofNCompleteColumn,
     Progress,
     TaskID,
     TextColumn,
@@ -32,8 +34,16 @@ class RichReporter(Reporter):
         self.total_steps: int | None = None
         self.time_budget: float | None = None
         self.val = "-"
+        self.bar: TokenisingBar | None = None
+
+    def tokenising(self, split: str, done: int, total: int) -> None:
+        if self.bar is None:  # one line a split off a terminal, for a large corpus only
+            self.bar = TokenisingBar(min_pairs=100_000).open()
+        self.bar(split, done, total)
 
     def start(self, summary: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.close()
         self.total_steps = summary["total_steps"]
         self.time_budget = summary["time_budget"]
         model = summary["model"]
@@ -191,3 +201,50 @@ def show_dry_run(report: DryRunReport) -> None:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
+
+
+class TokenisingBar:
+    """A Rich bar per split (pairs, pairs/s, time left) on a terminal; else one line a split
+    of at least ``min_pairs`` pairs when it is done."""
+
+    def __init__(self, min_pairs: int = 0) -> None:
+        self.progress: Progress | None = None
+        self.tasks: dict[str, TaskID] = {}
+        self.started = time.perf_counter()
+        self.min_pairs = min_pairs
+
+    def __enter__(self) -> TokenisingBar:
+        return self.open()
+
+    def open(self) -> TokenisingBar:
+        if err_console.is_terminal and self.progress is None:
+            self.progress = Progress(
+                TextColumn("[bold blue]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("pairs, {task.fields[rate]:,.0f}/s"),
+                TimeRemainingColumn(),
+                console=err_console,
+            )
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def __call__(self, split: str, done: int, total: int) -> None:
+        if split not in self.tasks:
+            self.started = time.perf_counter()
+            self.tasks[split] = (
+                self.progress.add_task(split, total=total, rate=0.0) if self.progress else TaskID(0)
+            )
+        rate = done / max(time.perf_counter() - self.started, 1e-9)
+        if self.progress is not None:
+            self.progress.update(self.tasks[split], completed=done, rate=rate)
+        elif done == total and total >= self.min_pairs:
+            err_console.print(f"{split}: {total:,} pairs tokenised ({rate:,.0f} pairs/s)")

@@ -11,8 +11,10 @@ from rich.markup import escape
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD, file_option
+from tformer.data.prepared import is_prepared
 from tformer.data.sources import load_text_pairs
 from tformer.data.tokenizer import TOKENIZER_KINDS, check_tokenizer_options, train_tokenizer
+from tformer.errors import DataError
 from tformer.paths import check_output_file
 
 
@@ -48,6 +50,11 @@ def train_tokenizer_command(
     paths = {s: out.with_name(out.stem + s + out.suffix) if s else out for s in suffixes}
     for path in paths.values():
         check_output_file(path, "--out", overwrite=overwrite)
+    if is_prepared(data):
+        raise DataError(
+            f"--data {data}: a prepared folder keeps token ids, not the training text; train "
+            "the tokenizer on the text it was prepared from"
+        )
     pairs = load_text_pairs(data, source_field=source_field, target_field=target_field)["train"]
     # Texts alternate source, target: text 2k+1 is pair k+1's source (k+1's target with
     # --separate-vocab's second tokenizer).

@@ -17,7 +17,7 @@ from tformer.cli.app import app
 from tformer.cli.options import config_parameter, existing_file, with_parameters
 from tformer.cli.progress import RichReporter, show_dry_run
 from tformer.config import PRESETS, RECIPES, ModelConfig, TrainConfig, parse_duration
-from tformer.data.tokenized import default_cache_dir
+from tformer.data.prepare import default_cache_dir
 from tformer.data.tokenizer import TOKENIZER_KINDS
 from tformer.device import set_threads
 from tformer.errors import ConfigError

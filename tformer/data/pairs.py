@@ -7,14 +7,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from tformer.data.columns import Rows, TextPair, side
 from tformer.data.store import PairStore
-from tformer.data.tokenized import encode_texts
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import DataError
 
@@ -62,8 +59,6 @@ def encode_pairs(
     *,
     strict: bool = False,
     where: str = "data",
-    cache_dir: Path | None = None,
-    num_proc: int | None = None,
     keep_texts: bool = True,
 ) -> EncodedSplit:
     """Tokenise pairs; drop those that do not fit ``max_len`` or have an empty side.
@@ -73,15 +68,12 @@ def encode_pairs(
         keep_texts: keep the kept pairs' texts (for BLEU and samples); without it the split
             holds no reference to ``texts``, so a training corpus's text can be freed.
         where: names the data in error messages (e.g. "--data pairs.jsonl, train split").
-        cache_dir: tokenise through ``datasets.map`` with the ids cached there
-            (``tformer.data.tokenized``); ``num_proc`` worker processes for a large corpus.
 
     Raises:
         DataError: with ``strict``, naming the first pair that would be dropped and why.
     """
-    options: dict[str, Any] = {"cache_dir": cache_dir, "num_proc": num_proc}
-    src_ids = encode_texts(side(texts, 0), src_tokenizer, **options)
-    tgt_ids = encode_texts(side(texts, 1), tgt_tokenizer, **options)
+    src_ids = src_tokenizer.encode_packed(side(texts, 0))
+    tgt_ids = tgt_tokenizer.encode_packed(side(texts, 1))
     src_len, tgt_len = src_ids.lengths(), tgt_ids.lengths()
     empty = (src_len == 0) | (tgt_len == 0)
     fits = ~empty & (src_len <= max_len) & (tgt_len + 1 <= max_len)
@@ -109,3 +101,16 @@ def unfit(src: int, tgt: int, max_len: int) -> str | None:
     if tgt + 1 > max_len:
         return f"the target is {tgt} tokens + <eos>, over --max-len {max_len}"
     return None
+
+
+def no_training_pairs(where: str, dropped: int, dropped_empty: int, max_len: int) -> DataError:
+    """The refusal of a training split of which every pair was dropped, saying why."""
+    if dropped_empty == dropped:
+        return DataError(
+            f"{where}: every training pair ({dropped}) has an empty source or target; "
+            "check --source-field / --target-field and the data"
+        )
+    return DataError(
+        f"{where}: no training pair fits --max-len {max_len}: {dropped - dropped_empty} of "
+        f"{dropped} are too long (the rest have an empty side); raise --max-len"
+    )

@@ -7,11 +7,19 @@ that is renamed into place only when complete. ``tformer train --data DIR`` then
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tformer.data.columns import sample_rows
-from tformer.data.fingerprint import FINGERPRINTED, fingerprint_of
+from tformer.data.fingerprint import FINGERPRINTED, fingerprint_of, pairs_sha256
+from tformer.data.pairs import no_training_pairs
 from tformer.data.prepared import (
     PREPARED,
     Prepared,
@@ -25,9 +33,19 @@ from tformer.data.prepared import (
 )
 from tformer.data.sources import SPLITS, TextPair, bundled_data_dir, load_text_pairs
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, Tokenizer, train_tokenizer
-from tformer.errors import ConfigError, DataError
+from tformer.errors import CheckpointError, ConfigError, DataError
 from tformer.folders import written_files
 from tformer.paths import file_sha256, inside
+
+CACHE_ENV = "TFORMER_CACHE"
+
+
+def default_cache_dir() -> Path:
+    """``$TFORMER_CACHE``, else ``$XDG_CACHE_HOME/tformer``, else ``~/.cache/tformer``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tformer"
 
 
 def tokenizers_for(
@@ -69,6 +87,7 @@ def prepare(
     source_field: str = "source",
     target_field: str = "target",
     progress: Progress | None = None,
+    num_proc: int | None = None,
 ) -> Prepared:
     """Tokenise ``data`` (as ``train --data`` reads it) into the prepared folder ``out``.
 
@@ -79,6 +98,7 @@ def prepare(
             ``strict``), as training drops them; train with the same ``--max-len`` or less.
         overwrite: replace an earlier prepared folder at ``out`` (nothing else is replaced).
         progress: called with (split, pairs done, pairs in split) as each slice is written.
+        num_proc: worker processes that tokenise side by side.
 
     Raises:
         ConfigError: ``out`` cannot be written, or bad options.
@@ -99,49 +119,111 @@ def prepare(
             shared=shared_vocab,
             sample=tokenizer_sample,
         )
-    where = f"--data {data or bundled_data_dir()}"
+    source = TextSource(data, source_field, target_field)
+    options = PrepareOptions(max_len, strict, progress=progress, num_proc=num_proc)
     with PREPARED.staging(out) as tmp:
-        files = tokenizer_files(tokenizers)
-        tokenizers[0].save(tmp / files["source"])
-        if tokenizers[1] is not tokenizers[0]:
-            tokenizers[1].save(tmp / files["target"])
-        splits, hashes = {}, {}
-        for name in SPLITS:
-            if name not in texts:
-                continue
-            options = PrepareOptions(max_len, strict, f"{where} ({name} split)", progress)
-            splits[name], written = write_split(tmp, name, texts[name], tokenizers, options)
-            hashes.update(written)
-            if name == "train" and not splits[name]["pairs"]:
-                raise DataError(
-                    f"{where}: no training pair fits --max-len {max_len} with both sides "
-                    "non-empty; raise --max-len or check --source-field / --target-field"
-                )
-        fingerprint = fingerprint_of(
-            data,
-            {
-                s: (splits[s]["text_pairs"], splits[s]["text_sha256"])
-                for s in FINGERPRINTED
-                if s in splits
-            },
-            source_field=source_field,
-            target_field=target_field,
-        )
-        for name in set(files.values()):
-            hashes[name] = _entry(tmp / name)
-        manifest = prepared_manifest(
-            data=data,
-            fingerprint=fingerprint,
-            max_len=max_len,
-            tokenizers=tokenizers,
-            splits=splits,
-            hashes=hashes,
-            fields={"source": source_field, "target": target_field},
-        )
-        (tmp / PREPARED.marker).write_text(
-            PREPARED.marker_text(written_files(tmp), **manifest), encoding="utf-8"
-        )
+        write_prepared(tmp, texts, tokenizers, source, options)
     return open_prepared(out, check_hashes=False)
+
+
+@dataclass(frozen=True)
+class TextSource:
+    """Where the text came from, as ``--data``, ``--source-field`` and ``--target-field``."""
+
+    data: str | None
+    source_field: str = "source"
+    target_field: str = "target"
+
+
+def write_prepared(
+    folder: Path,
+    texts: Mapping[str, Sequence[TextPair]],
+    tokenizers: tuple[Tokenizer, Tokenizer],
+    source: TextSource,
+    options: PrepareOptions,
+) -> None:
+    """Write every split of ``texts``, the tokenizer(s) and the manifest into ``folder``."""
+    files = tokenizer_files(tokenizers)
+    tokenizers[0].save(folder / files["source"])
+    if tokenizers[1] is not tokenizers[0]:
+        tokenizers[1].save(folder / files["target"])
+    where = f"--data {source.data or bundled_data_dir()}"
+    splits, hashes = {}, {}
+    for name in SPLITS:
+        if name not in texts:
+            continue
+        named = dataclasses.replace(options, where=f"{where} ({name} split)")
+        splits[name], written = write_split(folder, name, texts[name], tokenizers, named)
+        hashes.update(written)
+        entry = splits[name]
+        if name == "train" and not entry["pairs"]:
+            raise no_training_pairs(
+                where, entry["dropped"], entry["dropped_empty"], options.max_len
+            )
+    text_hashes = {
+        s: (splits[s]["text_pairs"], splits[s]["text_sha256"]) for s in FINGERPRINTED if s in splits
+    }
+    fields = {"source_field": source.source_field, "target_field": source.target_field}
+    for name in set(files.values()):
+        hashes[name] = _entry(folder / name)
+    manifest = prepared_manifest(
+        data=source.data,
+        fingerprint=fingerprint_of(source.data, text_hashes, **fields),
+        max_len=options.max_len,
+        tokenizers=tokenizers,
+        splits=splits,
+        hashes=hashes,
+        fields={"source": source.source_field, "target": source.target_field},
+    )
+    (folder / PREPARED.marker).write_text(
+        PREPARED.marker_text(written_files(folder), **manifest), encoding="utf-8"
+    )
+
+
+def cached_prepared(
+    cache_dir: Path,
+    texts: Mapping[str, Sequence[TextPair]],
+    tokenizers: tuple[Tokenizer, Tokenizer],
+    source: TextSource,
+    options: PrepareOptions,
+    known: Mapping[str, tuple[int, str]] | None = None,
+) -> Prepared:
+    """``texts`` prepared once into ``cache_dir``, in a folder named by a hash of every text,
+    the tokenizers and ``max_len``; a later run with the same maps it at once.
+
+    Args:
+        known: (pairs, SHA-256) of splits already hashed (the run's data fingerprint).
+    """
+    hashes = {name: (known or {}).get(name) or (0, pairs_sha256(pairs)) for name, pairs in
+              texts.items()}  # fmt: skip
+    key = hashlib.sha256(
+        json.dumps(
+            {
+                "format": PREPARED.version,
+                "texts": {name: sha for name, (_, sha) in sorted(hashes.items())},
+                "tokenizers": [t.sha256() for t in tokenizers],
+                "max_len": options.max_len,
+            }
+        ).encode()
+    ).hexdigest()[:32]
+    folder = cache_dir / f"prepared-{key}"
+    if is_prepared(folder):
+        try:
+            return open_prepared(folder, check_hashes=False)
+        except (DataError, CheckpointError):
+            shutil.rmtree(folder, ignore_errors=True)  # damaged: made again below
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{folder.name}-"))
+    try:
+        write_prepared(tmp, texts, tokenizers, source, options)
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not is_prepared(folder):  # another run made it meanwhile: use theirs
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return open_prepared(folder, check_hashes=False)
 
 
 def _entry(path: Path) -> dict[str, object]:
@@ -162,3 +244,17 @@ def _check_out(data: str | None, out: Path, overwrite: bool) -> None:
             "outside it"
         )
     PREPARED.check_replace(out, overwrite=overwrite)
+
+
+def text_splits(
+    data: str | None, *, source_field: str = "source", target_field: str = "target"
+) -> dict[str, Sequence[TextPair]]:
+    """The text of each split of ``data``: as loaded from files or the hub, or for a prepared
+    folder (checked first) the validation and test pairs it kept (its training text is not
+    stored)."""
+    if is_prepared(data):
+        assert data is not None
+        prepared = open_prepared(data)
+        return {name: prepared.texts(name) for name in prepared.splits if name != "train"}
+    loaded = load_text_pairs(data, source_field=source_field, target_field=target_field)
+    return dict(loaded)

@@ -31,9 +31,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from tformer.data.columns import side
 from tformer.data.fingerprint import FINGERPRINTED, PairsDigest
 from tformer.data.pairs import EncodedSplit, unfit
+from tformer.data.parallel import encoded_slices
 from tformer.data.store import PairStore, TokenIds
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import DataError
@@ -57,7 +57,6 @@ SHARED_TOKENIZER, SOURCE_TOKENIZER, TARGET_TOKENIZER = (
     "source_tokenizer.json",
     "target_tokenizer.json",
 )
-SLICE = 65_536  # pairs read, tokenised and written at a time
 Progress = Callable[[str, int, int], None]  # (split, pairs done, pairs in the split)
 
 
@@ -97,6 +96,7 @@ class PrepareOptions:
     strict: bool = False
     where: str = "--data"  # names the data in errors
     progress: Progress | None = None
+    num_proc: int | None = None  # worker processes that tokenise slices side by side
 
 
 def write_split(
@@ -121,10 +121,8 @@ def write_split(
     if options.progress is not None:
         options.progress(name, 0, len(texts))
     try:
-        for start in range(0, len(texts), SLICE):
-            sides = [side(texts, i)[start : start + SLICE] for i in (0, 1)]
+        for start, sides, ids in encoded_slices(texts, tokenizers, options.num_proc):
             digest.update(*sides)
-            ids = [tok.encode_packed(part) for tok, part in zip(tokenizers, sides, strict=True)]
             keep, is_empty = _fits(ids, options, start)
             dropped += int((~keep).sum())
             empty += int(is_empty.sum())
@@ -137,14 +135,9 @@ def write_split(
                 files[f"{s}.lengths"].write(chosen.lengths().astype("<i4").tobytes())
                 ends[s] += int(chosen.offsets[-1])
             if texts_file is not None:
-                lines = "".join(
-                    json.dumps({"source": sides[0][i], "target": sides[1][i]}, ensure_ascii=False)
-                    + "\n"
-                    for i in rows.tolist()
-                )
-                texts_file.write(lines.encode("utf-8", "surrogatepass"))
+                texts_file.write(_json_lines(sides, rows))
             if options.progress is not None:
-                options.progress(name, min(start + SLICE, len(texts)), len(texts))
+                options.progress(name, start + len(sides[0]), len(texts))
     finally:
         written = {f"{name}.{key}": f.close() for key, f in files.items()}
         if texts_file is not None:
@@ -158,6 +151,14 @@ def write_split(
         "text_sha256": digest.hexdigest(),
     }
     return entry, written
+
+
+def _json_lines(sides: list[list[str]], rows: np.ndarray) -> bytes:
+    lines = "".join(
+        json.dumps({"source": sides[0][i], "target": sides[1][i]}, ensure_ascii=False) + "\n"
+        for i in rows.tolist()
+    )
+    return lines.encode("utf-8", "surrogatepass")
 
 
 def _fits(

@@ -13,9 +13,9 @@ import torch
 from tformer import checkpoint as ckpt
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.fingerprint import fingerprint
-from tformer.data.pairs import EncodedSplit, encode_pairs
-from tformer.data.prepare import tokenizers_for
-from tformer.data.prepared import Prepared, is_prepared, open_prepared
+from tformer.data.pairs import EncodedSplit, encode_pairs, no_training_pairs
+from tformer.data.prepare import TextSource, cached_prepared, tokenizers_for
+from tformer.data.prepared import Prepared, PrepareOptions, Progress, is_prepared, open_prepared
 from tformer.data.sources import bundled_data_dir, load_text_pairs
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, Tokenizer
 from tformer.errors import CheckpointError, DataError
@@ -163,10 +163,10 @@ def prepared_splits(
 ) -> dict[str, EncodedSplit]:
     """A prepared folder's splits, memory-mapped; pairs over ``max_len`` are dropped."""
     splits = {name: prepared.split(name, max_len, strict=strict) for name in prepared.splits}
-    if not splits["train"].pairs:
-        raise DataError(
-            f"--data {prepared.folder}: no training pair fits --max-len {max_len} (the folder "
-            f"was prepared for --max-len {prepared.max_len}); raise --max-len"
+    train = splits["train"]
+    if not train.pairs:
+        raise no_training_pairs(
+            f"--data {prepared.folder}", train.dropped, train.dropped_empty, max_len
         )
     return splits
 
@@ -180,9 +180,27 @@ def encode_splits(
     strict: bool,
     cache_dir: Path | None = None,
     num_proc: int | None = None,
+    known: Mapping[str, tuple[int, str]] | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, EncodedSplit]:
-    """Every split as ids; pairs that do not fit are dropped and counted (refused if strict)."""
+    """Every split as ids; pairs that do not fit are dropped and counted (refused if strict).
+
+    With ``cache_dir`` the splits are prepared there once (``tformer.data.prepare``: keyed by
+    every text, the tokenizers and ``max_len``) and memory-mapped; ``known`` gives the (pairs,
+    SHA-256) of splits the run has hashed already. ``strict`` tokenises in memory, so that a
+    pair that does not fit is named.
+    """
     where = f"--data {data or bundled_data_dir()}"
+    if cache_dir is not None and not strict:
+        prepared = cached_prepared(
+            cache_dir,
+            texts,
+            (tokenizers.source, tokenizers.target),
+            TextSource(data),
+            PrepareOptions(max_len, where=where, progress=progress, num_proc=num_proc),
+            known,
+        )
+        return prepared_splits(prepared, max_len, strict=False)
     splits = {
         name: encode_pairs(
             pairs,
@@ -191,22 +209,11 @@ def encode_splits(
             max_len,
             strict=strict,
             where=f"{where} ({name} split)",
-            cache_dir=cache_dir,
-            num_proc=num_proc,
             keep_texts=name != "train",  # only validation and test texts are read later
         )
         for name, pairs in texts.items()
     }
     train = splits["train"]
     if not train.pairs:
-        if train.dropped_empty == train.dropped:
-            raise DataError(
-                f"{where}: every training pair ({train.dropped}) has an empty source or target; "
-                "check --source-field / --target-field and the data"
-            )
-        too_long = train.dropped - train.dropped_empty
-        raise DataError(
-            f"{where}: no training pair fits --max-len {max_len}: {too_long} of "
-            f"{train.dropped} are too long (the rest have an empty side); raise --max-len"
-        )
+        raise no_training_pairs(where, train.dropped, train.dropped_empty, max_len)
     return splits

@@ -19,6 +19,9 @@ from tformer.training.distributed import World
 class Reporter:
     """Receives progress; the default one ignores it. The CLI renders it with Rich."""
 
+    def tokenising(self, split: str, done: int, total: int) -> None:
+        """Progress of tokenising ``split`` (pairs done of ``total``), before ``start``."""
+
     def start(self, summary: dict[str, Any]) -> None: ...
 
     def log(self, record: dict[str, Any]) -> None: ...

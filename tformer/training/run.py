@@ -119,8 +119,8 @@ def train(
         overwrite: replace the tformer run in ``out``.
         strict: refuse pairs longer than ``max_len`` (or with an empty side) instead of
             skipping and counting them.
-        tokenized_cache: a folder where token ids are cached (``datasets.map``), keyed by
-            data and tokenizer, so the next run over the same data skips tokenisation.
+        tokenized_cache: a folder where the data is prepared once (``tformer.data.prepare``),
+            keyed by data and tokenizer, so the next run over the same data maps it at once.
         num_proc: processes that tokenise a large corpus (with ``tokenized_cache``).
         nproc: train data-parallel with this many processes on this machine (torchrun is
             started for it; the result is read back from the run folder).
@@ -247,7 +247,7 @@ def _run_locked(
     if world.is_main:
         prepare_output(out, resume=job.resume_from is not None, overwrite=options.overwrite)
     seed_everything(cfg.seed)
-    setup = _set_up(job, options, world, device)
+    setup = _set_up(job, options, world, device, report)
     model, resumed = setup.model, setup.resumed
     model.to(device).train()
     optimizer = build_optimizer(model, cfg)
@@ -318,7 +318,9 @@ def _report_changes(report: Reporter, setup: _Setup, cfg: TrainConfig) -> None:
         report.message(setup.data_note)
 
 
-def _set_up(job: Job, options: RunOptions, world: World, device: torch.device) -> _Setup:
+def _set_up(
+    job: Job, options: RunOptions, world: World, device: torch.device, report: Reporter
+) -> _Setup:
     """Data, tokenizers, the full model config and the model (the resumed one when resuming,
     the checkpoint's when fine-tuning)."""
     cfg, model_config = job.train, job.model
@@ -368,6 +370,8 @@ def _set_up(job: Job, options: RunOptions, world: World, device: torch.device) -
             strict=options.strict,
             cache_dir=options.tokenized_cache,
             num_proc=options.num_proc,
+            known={k: (v["pairs"], v["sha256"]) for k, v in data.fingerprint["splits"].items()},
+            progress=report.tokenising,
         )
     # The speed-ups change no parameter and no result (tformer.fast), so every run has them.
     model = accelerate(base.model if base else Transformer(model_config))
