@@ -3,6 +3,7 @@
 from tformer.cli import (
     average,
     compare,
+    compare_runs,
     evaluate,
     export,
     generate,
@@ -18,6 +19,7 @@ __all__ = [
     "app",
     "average",
     "compare",
+    "compare_runs",
     "evaluate",
     "export",
     "generate",
