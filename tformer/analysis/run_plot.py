@@ -6,10 +6,14 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tformer.analysis.runs import Comparison
 from tformer.errors import ConfigError, DataError
 from tformer.paths import check_replaceable, replace_file
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 # The panels, in order: the metrics.jsonl key and its axis label. Loss is always drawn; a
@@ -53,6 +57,7 @@ def plot_curves(comparison: Comparison, path: Path, *, option: str = "--plot") -
 
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(
         1, len(panels), figsize=(5.0 * len(panels), 3.8), squeeze=False, layout="constrained"
@@ -65,6 +70,7 @@ def plot_curves(comparison: Comparison, path: Path, *, option: str = "--plot") -
                     steps, values = zip(*points, strict=True)
                     ax.plot(steps, values, marker="o", markersize=3, label=run.name)
             ax.set_xlabel("step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
         axes[0][0].legend(fontsize=8)
@@ -74,7 +80,7 @@ def plot_curves(comparison: Comparison, path: Path, *, option: str = "--plot") -
     return path
 
 
-def _save_atomically(fig: object, path: Path, option: str) -> None:
+def _save_atomically(fig: Figure, path: Path, option: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -86,7 +92,7 @@ def _save_atomically(fig: object, path: Path, option: str) -> None:
     os.close(handle)
     try:
         os.chmod(tmp, 0o644)  # mkstemp makes it private; a figure is an ordinary file
-        fig.savefig(tmp, dpi=120, format=path.suffix.lower()[1:])  # type: ignore[attr-defined]
+        fig.savefig(tmp, dpi=120, format=path.suffix.lower()[1:])
         replace_file(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
