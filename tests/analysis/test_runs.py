@@ -176,3 +176,33 @@ def test_plot_refusals(compared_runs: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(DataError, match="none of the runs logged a validation loss"):
         plot_curves(silent, tmp_path / "curves.png")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_damaged_metric_records_are_passed_over(
+    compared_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    run = tmp_path / "four-heads"
+    shutil.copytree(compared_runs["four-heads"], run)
+    before = summarize_run(run)
+    with open(run / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 21, "val_loss": "low"}\n')
+        handle.write('{"step": 22, "val_loss": NaN, "tokens_per_s": Infinity}\n')
+        handle.write('{"step": true, "val_loss": 0.0001}\n')
+        handle.write("[1, 2]\n")
+        handle.write('{"step": 23, "val_lo')  # torn by a crash
+    after = summarize_run(run)
+    assert (after.best_val_loss, after.tokens_per_s, after.curves) == (
+        before.best_val_loss,
+        before.tokens_per_s,
+        before.curves,
+    )
+
+
+def test_runs_of_the_same_name_are_told_apart_by_path(
+    compared_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    copy = tmp_path / "four-heads"
+    shutil.copytree(compared_runs["four-heads"], copy)
+    comparison = compare_runs([compared_runs["four-heads"], copy])
+    assert [r.name for r in comparison.runs] == [str(compared_runs["four-heads"]), str(copy)]
+    assert comparison.differing == []

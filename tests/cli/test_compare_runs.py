@@ -125,3 +125,12 @@ def test_bad_plot_paths_are_refused_before_anything_is_written(
         assert result.exit_code == 2, result.output
         assert result.stdout == "" and message in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_one_run_and_help(compared_runs: dict[str, Path]) -> None:
+    result = invoke(compared_runs["two-heads"])
+    assert result.exit_code == 0, result.output
+    assert "no architecture differences" in result.stdout and "n_heads" not in result.stdout
+    assert "test BLEU" not in result.stdout  # no run has a card: the rows are left out
+    help_text = invoke("--help").stdout
+    assert "--plot" in help_text and "Example: tformer compare-runs" in help_text
