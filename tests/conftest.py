@@ -110,3 +110,36 @@ def _private_token_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     import os
 
     os.environ["TFORMER_CACHE"] = str(tmp_path_factory.mktemp("token-cache"))
+
+
+COMPARED_STEPS = 20
+COMPARED_HEADS = {"four-heads": 4, "two-heads": 2}
+
+
+@pytest.fixture(scope="session")
+def compared_runs(toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two tiny runs trained with `tformer train`, the same but for --n-heads (4 and 2), with
+    validation loss, BLEU and chrF logged; the first also has a `tformer evaluate` result card
+    of the test split. Tests read them, none writes to them."""
+    from typer.testing import CliRunner
+
+    from tformer.cli.commands import app
+
+    root = tmp_path_factory.mktemp("compared")
+    runner = CliRunner()
+    runs = {}
+    for name, heads in COMPARED_HEADS.items():
+        runs[name] = root / name
+        result = runner.invoke(app, [
+            "train", "--data", str(toy_data), "--out", str(runs[name]), "--preset", "tiny",
+            "--n-heads", str(heads), "--max-steps", str(COMPARED_STEPS), "--log-every", "5",
+            "--eval-every", "10", "--save-every", "10", "--val-bleu", "8", "--vocab-size", "64",
+            "--max-tokens", "512", "--warmup-steps", "5", "--lr", "3e-3", "--seed", "0",
+        ], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    result = runner.invoke(app, [
+        "evaluate", str(runs["four-heads"]), "--data", str(toy_data), "--split", "test",
+        "--limit", "16", "--max-new-tokens", "16",
+    ], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return runs

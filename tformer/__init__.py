@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "AttentionResult": "tformer.analysis.attention",
     "AttentionSelection": "tformer.analysis.attention",
     "Checkpoint": "tformer.checkpoint",
+    "Comparison": "tformer.analysis.runs",
     "CheckpointError": "tformer.errors",
     "ConfigError": "tformer.errors",
     "DataError": "tformer.errors",
@@ -39,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "ModelConfig": "tformer.config",
     "PRESETS": "tformer.config",
     "RECIPES": "tformer.config",
+    "RunSummary": "tformer.analysis.runs",
     "Settings": "tformer.training.configs",
     "StepExplanation": "tformer.analysis.explain",
     "TformerError": "tformer.errors",
@@ -50,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "accelerate": "tformer.fast.accelerate",
     "quantize_int8": "tformer.fast.int8",
     "average_checkpoints": "tformer.checkpoint",
+    "compare_runs": "tformer.analysis.runs",
     "configure_process": "tformer.fast.process",
     "corpus_scores": "tformer.metrics",
     "decode_texts": "tformer.decoding.api",
@@ -79,6 +82,7 @@ if TYPE_CHECKING:
     from tformer.analysis.evaluate import Evaluation, evaluate
     from tformer.analysis.explain import StepExplanation, explain
     from tformer.analysis.head_stats import HeadStats, head_statistics
+    from tformer.analysis.runs import Comparison, RunSummary, compare_runs
     from tformer.checkpoint import (
         Checkpoint,
         Tokenizers,
@@ -124,6 +128,7 @@ __all__ = [
     "AttentionSelection",
     "Checkpoint",
     "CheckpointError",
+    "Comparison",
     "ConfigError",
     "DataError",
     "DecodingConfig",
@@ -136,6 +141,7 @@ __all__ = [
     "ModelConfig",
     "PRESETS",
     "RECIPES",
+    "RunSummary",
     "Settings",
     "StepExplanation",
     "TformerError",
@@ -147,6 +153,7 @@ __all__ = [
     "__version__",
     "accelerate",
     "average_checkpoints",
+    "compare_runs",
     "configure_process",
     "corpus_scores",
     "decode_texts",

@@ -3,6 +3,7 @@
 from tformer.cli import (
     average,
     compare,
+    compare_runs,
     evaluate,
     export,
     generate,
@@ -19,6 +20,7 @@ __all__ = [
     "app",
     "average",
     "compare",
+    "compare_runs",
     "evaluate",
     "export",
     "generate",
