@@ -205,7 +205,8 @@ class TrainConfig:
     data: str | None = _field(
         None,
         "A folder with train/validation/test .jsonl (or .csv, .tsv, .parquet), one such file, "
-        "or a Hugging Face dataset name. Default: the bundled date set in data/.",
+        "a folder `tformer prepare` wrote, or a Hugging Face dataset name. Default: the "
+        "bundled date set in data/.",
     )
     source_field: str = _field(
         "source",
@@ -213,6 +214,11 @@ class TrainConfig:
         "the source language.",
     )
     target_field: str = _field("target", "Target column, or the target language.")
+    streaming: bool = _field(
+        False,
+        "Read --data as a stream (a hub data set too large to download whole, or large local "
+        "files) and tokenise it into the id cache as it comes.",
+    )
     # A batch holds as many pairs of similar length as fit in max_tokens padded tokens.
     max_tokens: int = _field(
         4096, "Padded tokens per batch; lower it after an out-of-memory error."

@@ -11,8 +11,10 @@ from tformer.cli.app import app
 from tformer.cli.console import console
 from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD, existing_file
 from tformer.cli.progress import TokenisingBar
+from tformer.cli.train import MAX_PROCESSES
 from tformer.data.prepare import DEFAULT_TOKENIZER_SAMPLE, prepare
 from tformer.data.tokenizer import TOKENIZER_KINDS
+from tformer.errors import ConfigError
 
 
 @app.command("prepare")
@@ -38,6 +40,15 @@ def prepare_command(
         256, "--max-len", help="Drop pairs longer than this (train with the same or less)."
     ),
     strict: bool = typer.Option(False, "--strict", help="Refuse, not drop, pairs that do not fit."),
+    streaming: bool = typer.Option(
+        False,
+        "--streaming",
+        help="Read --data as a stream (a hub data set too large to download whole); the "
+        "tokenizer is then trained on the first --tokenizer-sample pairs.",
+    ),
+    num_proc: int | None = typer.Option(
+        None, "--num-proc", show_default=False, help="Worker processes that tokenise."
+    ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an earlier prepared folder at --out."
     ),
@@ -50,6 +61,8 @@ def prepare_command(
     Example: tformer prepare --data corpus --src-lang en --tgt-lang de --out corpus.prepared
     """
     existing_file(tokenizer, "--tokenizer")
+    if num_proc is not None and not 1 <= num_proc <= MAX_PROCESSES:
+        raise ConfigError(f"--num-proc {num_proc} must be from 1 to {MAX_PROCESSES}")
     with TokenisingBar() as bar:
         prepared = prepare(
             data,
@@ -65,6 +78,8 @@ def prepare_command(
             source_field=source_field,
             target_field=target_field,
             progress=bar,
+            num_proc=num_proc,
+            streaming=streaming,
         )
     splits = prepared.manifest["splits"]
     counts = ", ".join(

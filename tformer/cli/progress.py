@@ -205,16 +205,20 @@ def show_dry_run(report: DryRunReport) -> None:
 
 class TokenisingBar:
     """A Rich bar per split (pairs, pairs/s, time left) on a terminal; else one line a split
-    of at least ``min_pairs`` pairs when it is done."""
+    of at least ``min_pairs`` pairs once it is done. A stream's total is unknown (0)."""
 
     def __init__(self, min_pairs: int = 0) -> None:
         self.progress: Progress | None = None
         self.tasks: dict[str, TaskID] = {}
-        self.started = time.perf_counter()
+        self.seen: dict[str, tuple[int, float, float]] = {}  # split -> (done, started, now)
+        self.printed: set[str] = set()
         self.min_pairs = min_pairs
 
     def __enter__(self) -> TokenisingBar:
         return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def open(self) -> TokenisingBar:
         if err_console.is_terminal and self.progress is None:
@@ -229,22 +233,31 @@ class TokenisingBar:
             self.progress.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+        for split in self.seen:
+            self._print(split)
 
     def __call__(self, split: str, done: int, total: int) -> None:
-        if split not in self.tasks:
-            self.started = time.perf_counter()
-            self.tasks[split] = (
-                self.progress.add_task(split, total=total, rate=0.0) if self.progress else TaskID(0)
-            )
-        rate = done / max(time.perf_counter() - self.started, 1e-9)
+        now = time.perf_counter()
+        if split not in self.seen:
+            for earlier in self.seen:
+                self._print(earlier)
+            self.seen[split] = (0, now, now)
+            if self.progress is not None:
+                self.tasks[split] = self.progress.add_task(split, total=total or None, rate=0.0)
+        started = self.seen[split][1]
+        self.seen[split] = (done, started, now)
         if self.progress is not None:
+            rate = done / max(now - started, 1e-9)
             self.progress.update(self.tasks[split], completed=done, rate=rate)
-        elif done == total and total >= self.min_pairs:
-            err_console.print(f"{split}: {total:,} pairs tokenised ({rate:,.0f} pairs/s)")
+
+    def _print(self, split: str) -> None:
+        done, started, now = self.seen[split]
+        if self.tasks or split in self.printed or done < self.min_pairs:
+            return  # a live bar showed it, or it is small
+        self.printed.add(split)
+        rate = done / max(now - started, 1e-9)
+        err_console.print(f"{split}: {done:,} pairs tokenised ({rate:,.0f} pairs/s)")

@@ -44,6 +44,7 @@ TRAIN_OPTIONS = (
     "data",
     "source_field",
     "target_field",
+    "streaming",
     "max_tokens",
     "accumulate",
     "lr",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 
 from tformer.data.columns import side
@@ -21,19 +21,21 @@ SLICE = 65_536  # pairs read, tokenised and written at a time
 
 
 Slice = tuple[int, list[list[str]], list[TokenIds]]  # (first row, texts per side, ids per side)
+# A split: its pairs, or a stream of slices of them (a data set read without loading it whole).
+Pairs = Sequence[tuple[str, str]] | Iterable[list[tuple[str, str]]]
 
 
 def encoded_slices(
-    texts: Sequence[tuple[str, str]],
+    texts: Pairs,
     tokenizers: tuple[Tokenizer, Tokenizer],
     num_proc: int | None = None,
 ) -> Iterator[Slice]:
     """The pairs a slice at a time with their ids, in order; ``num_proc`` worker processes
-    tokenise slices side by side when there are at least two slices."""
-    starts = range(0, len(texts), SLICE)
-    sliced = ([list(side(texts, i)[start : start + SLICE]) for i in (0, 1)] for start in starts)
-    if not num_proc or num_proc < 2 or len(starts) < 2:
-        for start, sides in zip(starts, sliced, strict=True):
+    tokenise slices side by side. ``texts`` is a sequence of pairs, or a stream of slices
+    (lists of pairs, as ``tformer.data.streaming`` reads them)."""
+    sliced = _slices(texts)
+    if not num_proc or num_proc < 2 or (isinstance(texts, Sequence) and len(texts) <= SLICE):
+        for start, sides in sliced:
             yield start, sides, [t.encode_packed(p) for t, p in zip(tokenizers, sides, strict=True)]
         return
     shared = tokenizers[0] is tokenizers[1]
@@ -42,7 +44,7 @@ def encoded_slices(
     with ProcessPoolExecutor(num_proc, mp_context=context, initializer=_start_worker,
                              initargs=setup) as pool:  # fmt: skip
         pending: deque[tuple[int, list[list[str]], Future[list[TokenIds]]]] = deque()
-        for start, sides in zip(starts, sliced, strict=True):
+        for start, sides in sliced:
             pending.append((start, sides, pool.submit(_encode_in_worker, sides)))
             if len(pending) > num_proc:  # bounded: a few slices in flight, never the corpus
                 first, texts_, future = pending.popleft()
@@ -50,6 +52,18 @@ def encoded_slices(
         while pending:
             first, texts_, future = pending.popleft()
             yield first, texts_, future.result()
+
+
+def _slices(texts: Pairs) -> Iterator[tuple[int, list[list[str]]]]:
+    """(first row, [sources, targets]) a slice at a time."""
+    if isinstance(texts, Sequence):
+        for start in range(0, len(texts), SLICE):
+            yield start, [list(side(texts, i)[start : start + SLICE]) for i in (0, 1)]
+        return
+    start = 0
+    for chunk in texts:
+        yield start, [[s for s, _ in chunk], [t for _, t in chunk]]
+        start += len(chunk)
 
 
 _WORKER: list[Tokenizer] = []

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tformer.data.columns import sample_rows
 from tformer.data.fingerprint import FINGERPRINTED, fingerprint_of, pairs_sha256
 from tformer.data.pairs import no_training_pairs
+from tformer.data.parallel import Pairs
 from tformer.data.prepared import (
     PREPARED,
     Prepared,
@@ -32,6 +34,7 @@ from tformer.data.prepared import (
     write_split,
 )
 from tformer.data.sources import SPLITS, TextPair, bundled_data_dir, load_text_pairs
+from tformer.data.streaming import stream_splits
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, Tokenizer, train_tokenizer
 from tformer.errors import CheckpointError, ConfigError, DataError
 from tformer.folders import written_files
@@ -88,6 +91,7 @@ def prepare(
     target_field: str = "target",
     progress: Progress | None = None,
     num_proc: int | None = None,
+    streaming: bool = False,
 ) -> Prepared:
     """Tokenise ``data`` (as ``train --data`` reads it) into the prepared folder ``out``.
 
@@ -99,6 +103,8 @@ def prepare(
         overwrite: replace an earlier prepared folder at ``out`` (nothing else is replaced).
         progress: called with (split, pairs done, pairs in split) as each slice is written.
         num_proc: worker processes that tokenise side by side.
+        streaming: read ``data`` as a stream (``tformer.data.streaming``) rather than load it;
+            a tokenizer is then trained on the first ``tokenizer_sample`` training pairs.
 
     Raises:
         ConfigError: ``out`` cannot be written, or bad options.
@@ -107,23 +113,65 @@ def prepare(
     if max_len < 2:
         raise ConfigError(f"--max-len {max_len} must be at least 2 (a token and <eos>)")
     _check_out(data, out, overwrite)
-    texts = load_text_pairs(data, source_field=source_field, target_field=target_field)
-    if tokenizer is not None:
-        loaded = Tokenizer.load(tokenizer)
-        tokenizers = (loaded, loaded)
-    else:
-        tokenizers = tokenizers_for(
-            texts["train"],
-            kind=tokenizer_kind,
-            vocab_size=vocab_size,
-            shared=shared_vocab,
-            sample=tokenizer_sample,
-        )
     source = TextSource(data, source_field, target_field)
+    spec = TokenizerRequest(tokenizer_kind, vocab_size, shared_vocab, tokenizer_sample)
+    loaded = Tokenizer.load(tokenizer) if tokenizer is not None else None
+    given = (loaded, loaded) if loaded is not None else None
+    texts, tokenizers = _texts_and_tokenizers(source, streaming, given, spec)
     options = PrepareOptions(max_len, strict, progress=progress, num_proc=num_proc)
     with PREPARED.staging(out) as tmp:
         write_prepared(tmp, texts, tokenizers, source, options)
     return open_prepared(out, check_hashes=False)
+
+
+@dataclass(frozen=True)
+class TokenizerRequest:
+    """How to train a tokenizer when none is given."""
+
+    kind: str = "bpe"
+    vocab_size: int = 8000
+    shared: bool = True
+    sample: int = DEFAULT_TOKENIZER_SAMPLE
+
+
+def _texts_and_tokenizers(
+    source: TextSource,
+    streaming: bool,
+    given: tuple[Tokenizer, Tokenizer] | None,
+    spec: TokenizerRequest,
+) -> tuple[Mapping[str, Pairs], tuple[Tokenizer, Tokenizer]]:
+    """The splits (loaded, or streams) and the tokenizers: ``given``, or trained as ``spec``
+    says on a random sample of the training pairs (the first ones of a stream)."""
+    fields = {"source_field": source.source_field, "target_field": source.target_field}
+    if not streaming:
+        texts: Mapping[str, Pairs] = load_text_pairs(source.data, **fields)
+        train = texts["train"]
+        assert isinstance(train, Sequence)
+    else:
+        if source.data is None:
+            raise ConfigError("--streaming reads --data as a stream; give --data")
+        streams = stream_splits(source.data, source.source_field, source.target_field)
+        head, streams["train"] = _head(streams["train"], spec.sample if given is None else 0)
+        texts, train = streams, head
+    if given is not None:
+        return texts, given
+    made = tokenizers_for(
+        train, kind=spec.kind, vocab_size=spec.vocab_size, shared=spec.shared, sample=spec.sample
+    )
+    return texts, made
+
+
+def _head(
+    stream: Iterator[list[TextPair]], n: int
+) -> tuple[list[TextPair], Iterator[list[TextPair]]]:
+    """The first ``n`` pairs of ``stream``, and the whole stream again (those included)."""
+    read: list[list[TextPair]] = []
+    count = 0
+    while count < n and (chunk := next(stream, None)) is not None:
+        read.append(chunk)
+        count += len(chunk)
+    head = [pair for chunk in read for pair in chunk][:n]
+    return head, itertools.chain(read, stream)
 
 
 @dataclass(frozen=True)
@@ -137,7 +185,7 @@ class TextSource:
 
 def write_prepared(
     folder: Path,
-    texts: Mapping[str, Sequence[TextPair]],
+    texts: Mapping[str, Pairs],
     tokenizers: tuple[Tokenizer, Tokenizer],
     source: TextSource,
     options: PrepareOptions,
@@ -196,24 +244,91 @@ def cached_prepared(
     """
     hashes = {name: (known or {}).get(name) or (0, pairs_sha256(pairs)) for name, pairs in
               texts.items()}  # fmt: skip
-    key = hashlib.sha256(
-        json.dumps(
-            {
-                "format": PREPARED.version,
-                "texts": {name: sha for name, (_, sha) in sorted(hashes.items())},
-                "tokenizers": [t.sha256() for t in tokenizers],
-                "max_len": options.max_len,
-            }
-        ).encode()
-    ).hexdigest()[:32]
+    key = _key(
+        texts={name: sha for name, (_, sha) in sorted(hashes.items())},
+        tokenizers=[t.sha256() for t in tokenizers],
+        max_len=options.max_len,
+    )
     folder = cache_dir / f"prepared-{key}"
-    if is_prepared(folder):
-        try:
-            return open_prepared(folder, check_hashes=False)
-        except (DataError, CheckpointError):
-            shutil.rmtree(folder, ignore_errors=True)  # damaged: made again below
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{folder.name}-"))
+    found = _open_cached(folder)
+    if found is not None:
+        return found
+    return _write_cached(folder, texts, tokenizers, source, options)
+
+
+def streamed_prepared(
+    cache_dir: Path,
+    source: TextSource,
+    options: PrepareOptions,
+    *,
+    given: tuple[Tokenizer, Tokenizer] | None = None,
+    spec: TokenizerRequest | None = None,
+) -> Prepared:
+    """``source`` read as a stream and prepared once into ``cache_dir`` with the ``given``
+    tokenizers (those of a checkpoint continued), or with tokenizers trained as ``spec`` says
+    on the first pairs. A later run with the same finds the folder without reading the stream
+    (a pointer file names the folder a trained tokenizer went into)."""
+    spec = spec or TokenizerRequest()
+    stream = {"stream": source.data, "fields": [source.source_field, source.target_field],
+              "max_len": options.max_len}  # fmt: skip
+
+    def folder_for(tokenizers: tuple[Tokenizer, Tokenizer]) -> Path:
+        return cache_dir / f"prepared-{_key(**stream, tokenizers=[t.sha256() for t in tokenizers])}"
+
+    pointer = cache_dir / f"stream-{_key(**stream, trained=dataclasses.asdict(spec))}.json"
+    if given is not None:
+        found = _open_cached(folder_for(given))
+    else:
+        named = _read_pointer(pointer)
+        found = _open_cached(cache_dir / named) if named else None
+    if found is not None:
+        return found
+    texts, tokenizers = _texts_and_tokenizers(source, True, given, spec)
+    folder = folder_for(tokenizers)
+    prepared = _write_cached(folder, texts, tokenizers, source, options)
+    if given is None:
+        tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"folder": folder.name}) + "\n", encoding="utf-8")
+        os.replace(tmp, pointer)
+    return prepared
+
+
+def _key(**fields: object) -> str:
+    data = json.dumps({"format": PREPARED.version, **fields}, sort_keys=True)
+    return hashlib.sha256(data.encode()).hexdigest()[:32]
+
+
+def _read_pointer(pointer: Path) -> str | None:
+    """The cache folder a stream pointer names, or None (absent, damaged or not a plain name)."""
+    try:
+        name = json.loads(pointer.read_text(encoding="utf-8"))["folder"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    plain = isinstance(name, str) and name.startswith("prepared-") and "/" not in name
+    return name if plain and ".." not in name else None
+
+
+def _open_cached(folder: Path) -> Prepared | None:
+    """The cached prepared folder, or None when absent or damaged (then removed)."""
+    if not is_prepared(folder):
+        return None
+    try:
+        return open_prepared(folder, check_hashes=False)
+    except (DataError, CheckpointError):
+        shutil.rmtree(folder, ignore_errors=True)  # damaged: made again by the caller
+        return None
+
+
+def _write_cached(
+    folder: Path,
+    texts: Mapping[str, Pairs],
+    tokenizers: tuple[Tokenizer, Tokenizer],
+    source: TextSource,
+    options: PrepareOptions,
+) -> Prepared:
+    """Write ``folder`` through a temporary sibling; a run that made it meanwhile wins."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
     try:
         write_prepared(tmp, texts, tokenizers, source, options)
         try:

@@ -33,7 +33,7 @@ import numpy as np
 
 from tformer.data.fingerprint import FINGERPRINTED, PairsDigest
 from tformer.data.pairs import EncodedSplit, unfit
-from tformer.data.parallel import encoded_slices
+from tformer.data.parallel import Pairs, encoded_slices
 from tformer.data.store import PairStore, TokenIds
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import DataError
@@ -102,7 +102,7 @@ class PrepareOptions:
 def write_split(
     folder: Path,
     name: str,
-    texts: Sequence[tuple[str, str]],
+    texts: Pairs,
     tokenizers: tuple[Tokenizer, Tokenizer],
     options: PrepareOptions,
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -118,8 +118,9 @@ def write_split(
         files[f"{s}.offsets"].write(np.zeros(1, "<i8").tobytes())
     ends = dict.fromkeys(SIDES, 0)
     digest, kept, dropped, empty = PairsDigest(), 0, 0, 0
+    total = len(texts) if isinstance(texts, Sequence) else 0  # 0: a stream, length unknown
     if options.progress is not None:
-        options.progress(name, 0, len(texts))
+        options.progress(name, 0, total)
     try:
         for start, sides, ids in encoded_slices(texts, tokenizers, options.num_proc):
             digest.update(*sides)
@@ -137,7 +138,7 @@ def write_split(
             if texts_file is not None:
                 texts_file.write(_json_lines(sides, rows))
             if options.progress is not None:
-                options.progress(name, start + len(sides[0]), len(texts))
+                options.progress(name, start + len(sides[0]), total)
     finally:
         written = {f"{name}.{key}": f.close() for key, f in files.items()}
         if texts_file is not None:
@@ -147,7 +148,7 @@ def write_split(
         "dropped": dropped,
         "dropped_empty": empty,
         "tokens": ends,
-        "text_pairs": len(texts),
+        "text_pairs": digest.pairs,
         "text_sha256": digest.hexdigest(),
     }
     return entry, written

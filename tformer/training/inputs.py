@@ -14,14 +14,21 @@ from tformer import checkpoint as ckpt
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.fingerprint import fingerprint
 from tformer.data.pairs import EncodedSplit, encode_pairs, no_training_pairs
-from tformer.data.prepare import TextSource, cached_prepared, tokenizers_for
+from tformer.data.prepare import (
+    TextSource,
+    TokenizerRequest,
+    cached_prepared,
+    streamed_prepared,
+    tokenizers_for,
+)
 from tformer.data.prepared import Prepared, PrepareOptions, Progress, is_prepared, open_prepared
 from tformer.data.sources import bundled_data_dir, load_text_pairs
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, Tokenizer
-from tformer.errors import CheckpointError, DataError
+from tformer.errors import CheckpointError, ConfigError, DataError
 from tformer.training import distributed as dist_
 from tformer.training.configs import TokenizerSpec
 from tformer.training.distributed import World
+from tformer.training.launch import RunOptions
 
 
 def get_tokenizers(
@@ -53,11 +60,35 @@ class RunData:
     fingerprint: dict[str, Any]  # saved with each checkpoint; compared on resume
 
 
-def load_data(cfg: TrainConfig) -> RunData:
-    """Read ``--data``: a prepared folder is checked file by file, anything else loaded."""
+def load_data(
+    cfg: TrainConfig,
+    options: RunOptions,
+    spec: TokenizerSpec,
+    base: ckpt.Checkpoint | None,
+    max_len: int,
+    progress: Progress | None = None,
+) -> RunData:
+    """Read ``--data``: a prepared folder is checked file by file; a stream (``--streaming``)
+    is prepared into the id cache as it is read (with the tokenizers of ``base``, else
+    trained on its first pairs as ``spec`` says); anything else is loaded."""
     if is_prepared(cfg.data):
         assert cfg.data is not None
         prepared = open_prepared(cfg.data)
+        return RunData(None, prepared, prepared.fingerprint())
+    source = TextSource(cfg.data, cfg.source_field, cfg.target_field)
+    if cfg.streaming:
+        if options.tokenized_cache is None:
+            raise ConfigError("--streaming tokenises into the id cache; leave out --no-cache")
+        given = None
+        if base is not None:
+            given = (base.tokenizers.source, base.tokenizers.target)
+        elif options.tokenizer is not None:
+            given = (Tokenizer.load(options.tokenizer),) * 2
+        request = TokenizerRequest(spec.kind, spec.vocab_size, spec.shared, spec.sample)
+        opts = PrepareOptions(max_len, progress=progress, num_proc=options.num_proc)
+        prepared = streamed_prepared(
+            options.tokenized_cache, source, opts, given=given, spec=request
+        )
         return RunData(None, prepared, prepared.fingerprint())
     fields = {"source_field": cfg.source_field, "target_field": cfg.target_field}
     texts = load_text_pairs(cfg.data, **fields)
@@ -105,29 +136,27 @@ def shared_tokenizers(
     return ckpt.Tokenizers(src, src if shared == "shared" else Tokenizer.from_str(shared))
 
 
-def new_run_tokenizers(
-    model: ModelConfig,
+def run_tokenizers(
     spec: TokenizerSpec,
     path: Path | None,
     world: World,
     device: torch.device,
-    pairs: Sequence[tuple[str, str]],
-) -> tuple[ckpt.Tokenizers, ModelConfig]:
-    """A new run's tokenizers (the one at ``path``, or trained on ``pairs`` as ``spec`` says)
-    and its model config sized for them."""
-    tokenizers = shared_tokenizers(
+    texts: Mapping[str, Sequence[tuple[str, str]]],
+) -> ckpt.Tokenizers:
+    """A new run's tokenizers: the one at ``path``, or trained on the training pairs as
+    ``spec`` says (once, on rank 0)."""
+    return shared_tokenizers(
         world,
         device,
         lambda: get_tokenizers(
             path,
-            pairs,
+            texts["train"],
             kind=spec.kind,
             vocab_size=spec.vocab_size,
             shared=spec.shared,
             sample=spec.sample,
         ),
     )
-    return tokenizers, sized_for(model, tokenizers)
 
 
 def sized_for(model: ModelConfig, tokenizers: ckpt.Tokenizers) -> ModelConfig:

@@ -47,9 +47,9 @@ from tformer.training.inputs import (
     encode_splits,
     get_tokenizers,
     load_data,
-    new_run_tokenizers,
     prepared_splits,
     prepared_tokenizers,
+    run_tokenizers,
     sized_for,
 )
 from tformer.training.launch import Job, RunOptions, train_data_parallel
@@ -324,13 +324,10 @@ def _set_up(
     """Data, tokenizers, the full model config and the model (the resumed one when resuming,
     the checkpoint's when fine-tuning)."""
     cfg, model_config = job.train, job.model
-    data = load_data(cfg)
     resumed: ckpt.Checkpoint | None = None
     start: ckpt.Checkpoint | None = None
-    data_note = None
     if job.resume_from is not None:
         resumed = load_for_resume(job.out, job.resume_from)
-        data_note = check_data(resumed.path, data.fingerprint, allow=options.allow_data_change)
         if model_config is not None:
             check_architecture(resumed.model_config, architecture(model_config))
         if options.tokenizer is not None:
@@ -338,25 +335,25 @@ def _set_up(
     elif job.init_from is not None:
         start = load_start(job.init_from, model_config=model_config, tokenizer=options.tokenizer)
     base = resumed or start  # the checkpoint whose weights the run continues from
+    if base is None and model_config is None:
+        raise ConfigError("a model configuration is needed unless resuming or fine-tuning")
+    wanted = base.model_config if base else model_config
+    assert wanted is not None
+    data = load_data(cfg, options, job.tokenizer, base, wanted.max_len, report.tokenising)
+    data_note = None
+    if resumed is not None:
+        data_note = check_data(resumed.path, data.fingerprint, allow=options.allow_data_change)
     if data.prepared is not None:
         option = "--resume" if resumed else "--init-from"
         tokenizers = prepared_tokenizers(
             data.prepared, given=options.tokenizer, base=base, option=option
         )
-        if base is None:
-            if model_config is None:
-                raise ConfigError("a model configuration is needed unless resuming or fine-tuning")
-            model_config = sized_for(model_config, tokenizers)
-    if base is not None:
-        tokenizers, model_config = base.tokenizers, base.model_config
-    elif data.prepared is None:
-        if model_config is None:
-            raise ConfigError("a model configuration is needed unless resuming or fine-tuning")
+    elif base is not None:
+        tokenizers = base.tokenizers
+    else:
         assert data.texts is not None
-        tokenizers, model_config = new_run_tokenizers(
-            model_config, job.tokenizer, options.tokenizer, world, device, data.texts["train"]
-        )
-    assert model_config is not None
+        tokenizers = run_tokenizers(job.tokenizer, options.tokenizer, world, device, data.texts)
+    model_config = base.model_config if base else sized_for(wanted, tokenizers)
     precision = resolve_precision(cfg.precision, device, model_config)
     if data.prepared is not None:
         splits = prepared_splits(data.prepared, model_config.max_len, strict=options.strict)
