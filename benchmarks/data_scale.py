@@ -1,22 +1,21 @@
-"""Training on large corpora: memory and start-up time against the number of pairs.
+"""Training on large corpora: preprocessing speed, memory and start-up time against size.
 
 Generates synthetic parallel corpora (deterministic, written to a scratch folder, never
 committed) in the paired-files layout (``train.en`` / ``train.de`` plus small validation
-files), about 39 tokens a side as in a real news corpus, and measures for each size
+files), about 39 tokens a side as in a real news corpus, trains a tokenizer once on 100,000
+pairs (not counted), and measures for each size, with ``wait4``'s peak resident memory:
 
-- ``tformer train --data CORPUS --src-lang en --tgt-lang de --preset tiny --max-steps 20``
-  with a tokenizer trained once beforehand (``--tokenizer``), so tokenizer training is not
-  counted: the peak resident memory of the process (``wait4``'s ``ru_maxrss``), the seconds
-  from the command's start to its first logged training step, and the whole run's seconds;
-- preprocessing speed: pairs per second up to the first step (reading, tokenising,
-  bucketing; model building included, a constant second or so).
-
-``--ref DIR`` runs the same measurements with the tformer checkout in DIR as well (e.g. a
-worktree of an earlier commit), in the same run, for a before/after table.
+- ``tformer prepare --data CORPUS --src-lang en --tgt-lang de --tokenizer T --out P``, and the
+  same with ``--streaming`` (the text read line by line instead of through an Arrow copy):
+  wall seconds and pairs per second (whole command, start-up included);
+- ``tformer train --data P --preset tiny --max-steps 20``: seconds from the command's start to
+  its first logged step, and peak memory, which should not grow with the corpus;
+- at the ``--text-runs`` sizes, ``tformer train`` on the text itself (the id cache filled on
+  the way), for comparison.
 
 Prints one JSON line per measurement, then a Markdown table.
 
-Usage: python benchmarks/data_scale.py [--sizes 100000,1000000] [--ref DIR] [--smoke]
+Usage: python benchmarks/data_scale.py [--sizes 100000,1000000,5000000] [--smoke]
 """
 
 from __future__ import annotations
@@ -74,68 +73,94 @@ def train_tokenizer(corpus: Path, out: Path, checkout: Path) -> None:
     subprocess.run([sys.executable, "-c", code, *args], check=True, env=env, cwd=checkout)
 
 
-def measure(corpus: Path, tokenizer: Path, checkout: Path, steps: int) -> dict[str, float]:
-    """One ``tformer train`` run: peak RSS, seconds to the first step, seconds in all."""
-    with tempfile.TemporaryDirectory() as scratch:
-        args = [sys.executable, "-m", "tformer", "train", "--data", str(corpus),
-                "--src-lang", "en", "--tgt-lang", "de", "--preset", "tiny",
-                "--tokenizer", str(tokenizer), "--max-steps", str(steps), "--log-every", "1",
-                "--eval-every", str(steps * 10), "--out", f"{scratch}/run"]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(checkout), "TFORMER_CACHE": f"{scratch}/cache"}
-        start = time.perf_counter()
-        proc = subprocess.Popen(
-            args, cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        first = None
-        assert proc.stdout is not None
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if first is None and line.lstrip().startswith("step "):
-                first = time.perf_counter() - start
-        _, status, usage = os.wait4(proc.pid, 0)
-        total = time.perf_counter() - start
-        if status != 0:
-            raise SystemExit("".join(lines[-20:]))
-    return {"peak_rss_mb": usage.ru_maxrss / 1024, "first_step_s": first or total,
-            "total_s": total}  # fmt: skip
+def run(args: list[str], checkout: Path, env: dict[str, str]) -> dict[str, float]:
+    """One ``tformer`` command: peak RSS, seconds to its first logged training step (if it
+    trains), seconds in all."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tformer", *args], cwd=checkout, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    first = None
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if first is None and line.lstrip().startswith("step "):
+            first = time.perf_counter() - start
+    _, status, usage = os.wait4(proc.pid, 0)
+    total = time.perf_counter() - start
+    if status != 0:
+        raise SystemExit("".join(lines[-20:]))
+    result = {"peak_rss_mb": usage.ru_maxrss / 1024, "total_s": total}
+    if first is not None:
+        result["first_step_s"] = first
+    return result
+
+
+TRAIN = ["--preset", "tiny", "--log-every", "1"]
+
+
+def measure(
+    corpus: Path, tokenizer: Path, checkout: Path, steps: int, scratch: Path, text_run: bool
+) -> list[dict[str, object]]:
+    """``prepare`` (one process, and with --streaming), ``train`` on the prepared folder, and
+    (``text_run``) ``train`` on the text through the id cache."""
+    env = {**os.environ, "PYTHONPATH": str(checkout), "TFORMER_CACHE": str(scratch / "cache"),
+           "HF_DATASETS_CACHE": str(scratch / "hf")}  # fmt: skip
+    data = ["--data", str(corpus), "--src-lang", "en", "--tgt-lang", "de"]
+    rows: list[dict[str, object]] = []
+    for stage, extra in (("prepare", []), ("prepare --streaming", ["--streaming"])):
+        out = scratch / stage.replace(" ", "")
+        result = run(["prepare", *data, "--tokenizer", str(tokenizer), "--out", str(out), *extra],
+                     checkout, env)  # fmt: skip
+        rows.append({"stage": stage, **result})
+    stop = ["--max-steps", str(steps), "--eval-every", str(steps * 10)]
+    result = run(["train", "--data", str(scratch / "prepare"), *TRAIN, *stop,
+                  "--out", str(scratch / "run-prepared")], checkout, env)  # fmt: skip
+    rows.append({"stage": "train on the prepared folder", **result})
+    if text_run:
+        result = run(["train", *data, "--tokenizer", str(tokenizer), *TRAIN, *stop,
+                      "--out", str(scratch / "run-text")], checkout, env)  # fmt: skip
+        rows.append({"stage": "train on the text (id cache filled)", **result})
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="100000,1000000")
+    parser.add_argument("--sizes", default="100000,1000000,5000000")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--ref", type=Path, default=None, help="another checkout to compare")
+    parser.add_argument("--text-runs", default="100000,1000000",
+                        help="sizes at which train on the text is measured too")  # fmt: skip
     parser.add_argument("--scratch", type=Path, default=None)
     parser.add_argument("--smoke", action="store_true", help="2,000 pairs, 2 steps")
     args = parser.parse_args()
     sizes = [2000] if args.smoke else [int(s) for s in args.sizes.split(",")]
+    text_runs = {2000} if args.smoke else {int(s) for s in args.text_runs.split(",") if s}
     steps = 2 if args.smoke else args.steps
-    checkouts = {"tformer": ROOT} | ({"reference": args.ref.resolve()} if args.ref else {})
     rows = []
-    with tempfile.TemporaryDirectory(dir=args.scratch) as scratch:
-        for size in sizes:
+    for size in sizes:
+        with tempfile.TemporaryDirectory(dir=args.scratch) as scratch:
             corpus = Path(scratch) / f"corpus-{size}"
             write_corpus(corpus, size)
             tokenizer = Path(scratch) / f"tokenizer-{size}.json"
             train_tokenizer(corpus, tokenizer, ROOT)
-            for name, checkout in checkouts.items():
-                result = measure(corpus, tokenizer, checkout, steps)
-                row = {"checkout": name, "pairs": size, "steps": steps, **result,
-                       "pairs_per_s_to_first_step": size / result["first_step_s"],
+            for result in measure(corpus, tokenizer, ROOT, steps, Path(scratch),
+                                  size in text_runs):  # fmt: skip
+                row = {"pairs": size, "steps": steps, **result,
+                       "pairs_per_s": size / float(result["total_s"]),  # type: ignore[arg-type]
                        "cpu": platform.processor() or platform.machine(),
                        "cores": os.cpu_count()}  # fmt: skip
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    print(f"\n`tformer train --preset tiny --max-steps {steps}` on synthetic paired files:\n")
-    print("| checkout | pairs | peak RSS (MB) | first step (s) | pairs/s to first step "
-          "| total (s) |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|")
+    print(f"\nSynthetic paired files; `train` is `--preset tiny --max-steps {steps}`; pairs/s "
+          "is pairs over the command's whole wall time:\n")  # fmt: skip
+    print("| pairs | command | peak RSS (MB) | first step (s) | total (s) | pairs/s |")
+    print("|---:|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['checkout']} | {r['pairs']:,} | {r['peak_rss_mb']:,.0f} | "
-              f"{r['first_step_s']:.1f} | {r['pairs_per_s_to_first_step']:,.0f} | "
-              f"{r['total_s']:.1f} |")  # fmt: skip
+        first = f"{r['first_step_s']:.1f}" if "first_step_s" in r else "-"
+        print(f"| {r['pairs']:,} | {r['stage']} | {r['peak_rss_mb']:,.0f} | {first} | "
+              f"{r['total_s']:.1f} | {r['pairs_per_s']:,.0f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -73,3 +73,13 @@ def test_sharing_smoke() -> None:
     assert row["policy"] == "tformer"
     assert row["train_alone_tokens_per_s"] > 0 and row["train_shared_tokens_per_s"] > 0
     assert row["generate_alone_sentences_per_s"] > 0
+
+
+def test_data_scale_smoke() -> None:
+    records = run_script("data_scale.py", "--smoke")
+    stages = [r["stage"] for r in records]
+    assert stages == ["prepare", "prepare --streaming", "train on the prepared folder",
+                      "train on the text (id cache filled)"]
+    assert all(r["pairs"] == 2000 and r["peak_rss_mb"] > 0 and r["pairs_per_s"] > 0
+               for r in records)
+    assert all("first_step_s" in r for r in records if r["stage"].startswith("train"))
