@@ -3,6 +3,7 @@ training on the text, a run that survives kill -9, and files changed afterwards 
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import sys
@@ -109,8 +110,13 @@ def test_training_on_it_follows_the_text_run_through_kill_9_and_resume(
         (lambda p: (p / "train.target.lengths").write_bytes(b""), "'train.target.lengths' changed"),
         (lambda p: (p / "validation.texts.jsonl").unlink(), "'validation.texts.jsonl' is missing"),
         (lambda p: (p / MANIFEST).write_text("{"), f"{MANIFEST} is damaged"),
+        (lambda p: _edit_manifest(p, files=["../../etc/passwd"]), f"{MANIFEST} is damaged"),
+        (lambda p: _edit_manifest(p, splits={"../x": {}, "train": {}}), "every split"),
+        (lambda p: _edit_manifest(p, tokenizers={"source": "../t.json", "target": "../t.json"}),
+         "no listed tokenizer"),
     ],
-    ids=["same-size edit", "truncated", "missing", "manifest"],
+    ids=["same-size edit", "truncated", "missing", "manifest", "path in files",
+         "path in splits", "path in tokenizers"],
 )
 def test_a_file_changed_after_preparing_is_refused(
     prepared: Path, tmp_path: Path, damage: object, named: str
@@ -125,6 +131,12 @@ def test_a_file_changed_after_preparing_is_refused(
     assert code == 3, output
     assert named in output and "prepare the data again" in output
     assert "Traceback" not in output and not (tmp_path / "run").exists()
+
+
+def _edit_manifest(folder: Path, **fields: object) -> None:
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest.update(fields)
+    (folder / MANIFEST).write_text(json.dumps(manifest))
 
 
 def _flip_a_byte(path: Path) -> None:

@@ -304,7 +304,9 @@ def open_prepared(spec: str | Path, *, check_hashes: bool = True) -> Prepared:
                 f"{where}: {excerpt(name)} changed after it was prepared (its size or SHA-256 "
                 f"differs from {MANIFEST}); prepare the data again"
             )
-    names = manifest["tokenizers"]
+    names = manifest.get("tokenizers")
+    if not isinstance(names, dict) or not {names.get("source"), names.get("target")} <= set(hashes):
+        raise DataError(f"{where}: {MANIFEST} names no listed tokenizer file; prepare the data again")
     source = Tokenizer.load(folder / names["source"])
     target = (
         source if names["target"] == names["source"] else Tokenizer.load(folder / names["target"])

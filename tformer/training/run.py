@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,42 +23,32 @@ from tformer.checkpoint.lock import RunLock
 from tformer.checkpoint.run_dir import create_output, prepare_output, resume_target
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.batching import BatchPlan
-from tformer.data.pairs import EncodedSplit
 from tformer.data.sources import data_name
 from tformer.device import resolve_device, seed_everything
 from tformer.errors import ConfigError
-from tformer.fast.accelerate import accelerate
-from tformer.model import Transformer
 from tformer.training import distributed as dist_
 from tformer.training.configs import (
     Settings,
     TokenizerSpec,
-    architecture,
     changed_settings,
     check_architecture,
     resolve,
     with_older_checkpoint,
 )
 from tformer.training.distributed import World
-from tformer.training.init_from import check_not_resuming, check_out, load_start, provenance
+from tformer.training.init_from import check_not_resuming, check_out
 from tformer.training.inputs import (
-    check_same_tokenizer,
     encode_splits,
     get_tokenizers,
-    load_data,
-    prepared_splits,
-    prepared_tokenizers,
-    run_tokenizers,
-    sized_for,
 )
 from tformer.training.launch import Job, RunOptions, train_data_parallel
 from tformer.training.loggers import check_installed, log_targets, open_loggers
 from tformer.training.loop import TrainingLoop
 from tformer.training.loss import sequence_loss
 from tformer.training.optim import build_optimizer
-from tformer.training.precision import Precision, resolve_precision
 from tformer.training.reporting import Reporter, TrainResult
-from tformer.training.resuming import check_data, load_for_resume, restore_training_state
+from tformer.training.resuming import restore_training_state
+from tformer.training.setup import Setup, set_up
 from tformer.training.state import Position
 from tformer.training.validation import EVAL_BATCH_TOKENS
 
@@ -204,21 +193,6 @@ def plan_job(
     return Job(model_config, train_config, spec, out, resume_from, start)
 
 
-@dataclass
-class _Setup:
-    """What ``_run`` builds before the loop starts."""
-
-    model: Transformer
-    model_config: ModelConfig
-    tokenizers: ckpt.Tokenizers
-    splits: dict[str, EncodedSplit]
-    precision: Precision
-    resumed: ckpt.Checkpoint | None
-    data: dict[str, Any]  # the fingerprint of the training data, saved with each checkpoint
-    data_note: str | None = None  # how the data changed since the resumed checkpoint
-    init_from: dict[str, Any] | None = None  # fine-tuning: the checkpoint it started from
-
-
 def _run(job: Job, options: RunOptions, reporter: Reporter) -> TrainResult:
     device = resolve_device(job.train.device)
     # Under torchrun every rank runs this function; only rank 0 writes, locks and reports.
@@ -247,7 +221,7 @@ def _run_locked(
     if world.is_main:
         prepare_output(out, resume=job.resume_from is not None, overwrite=options.overwrite)
     seed_everything(cfg.seed)
-    setup = _set_up(job, options, world, device, report)
+    setup = set_up(job, options, world, device, report)
     model, resumed = setup.model, setup.resumed
     model.to(device).train()
     optimizer = build_optimizer(model, cfg)
@@ -301,7 +275,7 @@ def _run_locked(
     return result
 
 
-def _report_changes(report: Reporter, setup: _Setup, cfg: TrainConfig) -> None:
+def _report_changes(report: Reporter, setup: Setup, cfg: TrainConfig) -> None:
     """What differs from the resumed checkpoint: training settings, and the data when allowed
     (fine-tuning: where the weights come from)."""
     if setup.init_from is not None:
@@ -318,69 +292,9 @@ def _report_changes(report: Reporter, setup: _Setup, cfg: TrainConfig) -> None:
         report.message(setup.data_note)
 
 
-def _set_up(
-    job: Job, options: RunOptions, world: World, device: torch.device, report: Reporter
-) -> _Setup:
-    """Data, tokenizers, the full model config and the model (the resumed one when resuming,
-    the checkpoint's when fine-tuning)."""
-    cfg, model_config = job.train, job.model
-    resumed: ckpt.Checkpoint | None = None
-    start: ckpt.Checkpoint | None = None
-    if job.resume_from is not None:
-        resumed = load_for_resume(job.out, job.resume_from)
-        if model_config is not None:
-            check_architecture(resumed.model_config, architecture(model_config))
-        if options.tokenizer is not None:
-            check_same_tokenizer(options.tokenizer, resumed)
-    elif job.init_from is not None:
-        start = load_start(job.init_from, model_config=model_config, tokenizer=options.tokenizer)
-    base = resumed or start  # the checkpoint whose weights the run continues from
-    if base is None and model_config is None:
-        raise ConfigError("a model configuration is needed unless resuming or fine-tuning")
-    wanted = base.model_config if base else model_config
-    assert wanted is not None
-    data = load_data(cfg, options, job.tokenizer, base, wanted.max_len, report.tokenising)
-    data_note = None
-    if resumed is not None:
-        data_note = check_data(resumed.path, data.fingerprint, allow=options.allow_data_change)
-    if data.prepared is not None:
-        option = "--resume" if resumed else "--init-from"
-        tokenizers = prepared_tokenizers(
-            data.prepared, given=options.tokenizer, base=base, option=option
-        )
-    elif base is not None:
-        tokenizers = base.tokenizers
-    else:
-        assert data.texts is not None
-        tokenizers = run_tokenizers(job.tokenizer, options.tokenizer, world, device, data.texts)
-    model_config = base.model_config if base else sized_for(wanted, tokenizers)
-    precision = resolve_precision(cfg.precision, device, model_config)
-    if data.prepared is not None:
-        splits = prepared_splits(data.prepared, model_config.max_len, strict=options.strict)
-    else:
-        assert data.texts is not None
-        splits = encode_splits(
-            data.texts,
-            tokenizers,
-            model_config.max_len,
-            cfg.data,
-            strict=options.strict,
-            cache_dir=options.tokenized_cache,
-            num_proc=options.num_proc,
-            known={k: (v["pairs"], v["sha256"]) for k, v in data.fingerprint["splits"].items()},
-            progress=report.tokenising,
-        )
-    # The speed-ups change no parameter and no result (tformer.fast), so every run has them.
-    model = accelerate(base.model if base else Transformer(model_config))
-    return _Setup(
-        model, model_config, tokenizers, splits, precision, resumed, data.fingerprint, data_note,
-        init_from=provenance(start) if start else None,
-    )
-
-
 def _summary(
     job: Job,
-    setup: _Setup,
+    setup: Setup,
     world: World,
     device: torch.device,
     plan: BatchPlan,
