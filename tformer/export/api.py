@@ -14,6 +14,7 @@ from pathlib import Path
 from tformer.checkpoint.files import WEIGHTS, read_manifest
 from tformer.checkpoint.run_dir import resolve
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.config import ModelConfig
 from tformer.errors import ConfigError
 from tformer.export.ctranslate2 import export_ctranslate2
 from tformer.export.folder import MARKER, check_out, marker_text, staging, written_files
@@ -65,6 +66,46 @@ def require(to: str) -> None:
         ) from error
 
 
+def variant_flags(config: ModelConfig) -> list[str]:
+    """The architecture variants ``config`` uses, as their flags (``--positions rope``)."""
+    found = []
+    if config.positions != "sinusoidal":
+        found.append(f"--positions {config.positions}")
+    if config.n_kv_heads != config.n_heads:
+        found.append(f"--kv-heads {config.n_kv_heads}")
+    if config.gated:
+        found.append(f"--activation {config.activation}")
+    if config.normalization != "layernorm":
+        found.append(f"--normalization {config.normalization}")
+    return found
+
+
+def check_variants(config: ModelConfig, to: str) -> None:
+    """Refuse the architecture variants an export would get wrong or cannot hold.
+
+    Marian (--to huggingface) has sinusoidal positions, multi-head attention, ungated
+    feed-forward layers and LayerNorm only. CTranslate2's spec has fields for most of them,
+    but tformer exports only what a parity test holds equal to tformer's own output.
+
+    Raises:
+        ConfigError: naming each variant the checkpoint uses.
+    """
+    found = variant_flags(config)
+    if not found:
+        return
+    why = (
+        "Marian has only sinusoidal positions, multi-head attention, relu/gelu feed-forward "
+        "layers and LayerNorm"
+        if to == "huggingface"
+        else "tformer exports to CTranslate2 only the paper's components, which a parity "
+        "test checks"
+    )
+    raise ConfigError(
+        f"--to {to}: the checkpoint was trained with {', '.join(found)}, which the export "
+        f"cannot express ({why}); use tformer's own decoding for it"
+    )
+
+
 def export_checkpoint(
     checkpoint: str | Path,
     out: str | Path,
@@ -98,6 +139,7 @@ def export_checkpoint(
     check_out(out, overwrite=overwrite, checkpoint=folder)
     require(to)
     loaded = load_checkpoint(folder)
+    check_variants(loaded.model_config, to)
     if to == "huggingface":
         check_marian(loaded.model_config)
     with staging(out) as tmp:
