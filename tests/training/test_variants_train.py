@@ -55,6 +55,7 @@ def test_each_option_trains_resumes_saves_and_decodes_exactly(
           vocab_size=64)  # fmt: skip
     resumed = train(None, train_config(toy_data, STEPS), out=tmp_path / "split", resume=True)
     assert resumed.step == STEPS
+    assert sorted(losses(tmp_path / "straight")) == [2, 4, 6, 8]
     assert losses(tmp_path / "straight") == losses(tmp_path / "split")  # bit for bit on CPU
 
     loaded = load_checkpoint(straight.run_dir)
@@ -64,9 +65,9 @@ def test_each_option_trains_resumes_saves_and_decodes_exactly(
     saved = loaded.model.state_dict()
     assert saved.keys() == again.keys()
     assert all(torch.equal(saved[k], again[k]) for k in saved)
-    if straight.model is not None:  # the weights in memory are the weights saved
-        memory = straight.model.state_dict()
-        assert all(torch.equal(saved[k], memory[k].cpu()) for k in saved)
+    assert straight.model is not None  # the weights in memory are the weights saved
+    memory = straight.model.state_dict()
+    assert all(torch.equal(saved[k], memory[k].cpu()) for k in saved)
 
     model = loaded.model.eval()
     src = torch.nn.utils.rnn.pad_sequence(
