@@ -148,3 +148,22 @@ def test_export_refuses_variants_the_target_cannot_express(
     one_line_refusal(result, 2, f"--to {to}", "--positions rope", "--kv-heads 2",
                      "--activation geglu", "--normalization rmsnorm")  # fmt: skip
     assert not out.exists()
+
+
+def test_resume_refuses_a_variant_flag_that_contradicts_the_run(run: Path) -> None:
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    result = invoke("train", "--resume", run, "--positions", "learned", "--kv-heads", "4")
+    one_line_refusal(result, 2, "--positions 'learned' (saved: rope)", "--kv-heads 4 (saved: 2)")
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
+
+
+def test_resume_accepts_kv_heads_equal_to_the_heads_of_a_multi_head_run(
+    data: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    first = invoke("train", "--data", data, "--out", out, *SIZE, "--max-steps", "2",
+                   "--save-every", "2", "--eval-every", "2")  # fmt: skip
+    assert first.exit_code == 0, first.output
+    again = invoke("train", "--resume", out, "--kv-heads", "4", "--max-steps", "3")
+    assert again.exit_code == 0, again.output
+    assert load_checkpoint(out).step == 3
