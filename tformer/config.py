@@ -20,7 +20,10 @@ import yaml
 from tformer.errors import ConfigError
 
 Norm = Literal["post", "pre"]
-Activation = Literal["relu", "gelu"]
+Activation = Literal["relu", "gelu", "swiglu", "geglu"]
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+Positions = Literal["sinusoidal", "learned", "rope"]
+Normalization = Literal["layernorm", "rmsnorm"]
 Schedule = Literal["inverse-sqrt", "cosine", "linear", "constant"]
 PrecisionName = Literal["auto", "fp32", "bf16", "fp16"]
 BestMetric = Literal["val_loss", "bleu", "chrf"]
@@ -97,14 +100,33 @@ class ModelConfig:
     tgt_vocab_size: int = _field(8000, "Target vocabulary size (set from the tokenizer).")
     d_model: int = _field(512, "Width of the model (embeddings and every sub-layer's output).")
     n_heads: int = _field(8, "Attention heads; must divide --d-model.")
+    # Grouped-query attention (Ainslie et al., 2023): K key/value heads, each shared by
+    # n_heads / K query heads. K = 1 is multi-query attention (Shazeer, 2019).
+    kv_heads: int | None = _field(
+        None,
+        "Key/value heads (grouped-query attention); must divide --n-heads. 1 = multi-query; "
+        "default: --n-heads (the paper's multi-head attention).",
+    )
     n_encoder_layers: int = _field(6, "Encoder layers.")
     n_decoder_layers: int = _field(6, "Decoder layers.")
     d_ff: int = _field(2048, "Inner width of the feed-forward sub-layers.")
     dropout: float = _field(0.1, "Dropout on sub-layer outputs and embeddings.")
     attention_dropout: float = _field(0.0, "Dropout on the attention weights.")
     norm: Norm = _field("post", "post (paper) | pre: layer norm after or before each sub-layer.")
-    activation: Activation = _field("relu", "relu (paper) | gelu.")
+    normalization: Normalization = _field(
+        "layernorm", "layernorm (paper) | rmsnorm (Zhang & Sennrich, 2019)."
+    )
+    activation: Activation = _field(
+        "relu",
+        "relu (paper) | gelu | swiglu | geglu (gated, Shazeer 2020: hidden width "
+        "2/3 of --d-ff rounded up to a multiple of 8, so the parameters stay about equal).",
+    )
     max_len: int = _field(256, "Longest sequence in tokens (longer pairs skipped).")
+    positions: Positions = _field(
+        "sinusoidal",
+        "sinusoidal (paper) | learned (an embedding per position) | rope (rotary, Su et al. "
+        "2021, on self-attention's queries and keys; needs an even head size).",
+    )
     # Section 3.4: the two embedding layers and the pre-softmax projection share one matrix.
     tie_embeddings: bool = _field(
         True, "Tie the decoder's input embedding to the output projection."
@@ -132,10 +154,10 @@ class ModelConfig:
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"{flag(name)} {value} must be in [0, 1)")
         _require(self.norm in ("post", "pre"), f"--norm {self.norm!r} must be 'post' or 'pre'")
-        _require(
-            self.activation in ("relu", "gelu"),
-            f"--activation {self.activation!r} must be 'relu' or 'gelu'",
-        )
+        _one_of("--activation", self.activation, Activation)
+        _one_of("--normalization", self.normalization, Normalization)
+        _one_of("--positions", self.positions, Positions)
+        self._check_variants()
         _require(
             not self.share_embeddings or self.src_vocab_size == self.tgt_vocab_size,
             "shared source/target embeddings need one vocabulary: source has "
@@ -144,9 +166,51 @@ class ModelConfig:
             "share_embeddings=False",
         )
 
+    def _check_variants(self) -> None:
+        """The combinations the variants need: K | H for GQA, an even head size for RoPE."""
+        if self.kv_heads is not None:
+            _require(
+                isinstance(self.kv_heads, int) and self.kv_heads >= 1,
+                f"--kv-heads {self.kv_heads} must be >= 1",
+            )
+            _require(
+                self.n_heads % self.kv_heads == 0,
+                f"--kv-heads {self.kv_heads} must divide --n-heads {self.n_heads} "
+                "(each key/value head serves n_heads / kv_heads query heads)",
+            )
+        _require(
+            self.positions != "rope" or self.d_head % 2 == 0,
+            f"--positions rope needs an even head size, but --d-model {self.d_model} / "
+            f"--n-heads {self.n_heads} = {self.d_head}; change --d-model or --n-heads",
+        )
+
     @property
     def d_head(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads: ``kv_heads``, or ``n_heads`` (multi-head attention) when unset."""
+        return self.n_heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def gated(self) -> bool:
+        """Whether the feed-forward is a gated linear unit (SwiGLU / GeGLU, Shazeer 2020)."""
+        return self.activation in GATED_ACTIVATIONS
+
+    @property
+    def ffn_hidden(self) -> int:
+        """The feed-forward's hidden width: ``d_ff``, or for a gated one 2/3 of it rounded up
+        to a multiple of 8 (LLaMA's rule: three matrices hold about what two of d_ff did)."""
+        if not self.gated:
+            return self.d_ff
+        return 8 * math.ceil(2 * self.d_ff / 3 / 8)
+
+    def kv_cache_bytes_per_token(self, bytes_per_value: int = 4) -> int:
+        """Bytes the decoder's key/value caches hold per token (float32 by default): keys and
+        values of every decoder layer, kv_heads x d_head each. The self-attention cache grows
+        by this per target token, the cross-attention cache holds this per source token."""
+        return 2 * self.n_decoder_layers * self.n_kv_heads * self.d_head * bytes_per_value
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -332,13 +396,21 @@ class TrainConfig:
         return _from_dict(cls, data, source)
 
 
+# ModelConfig keys added after checkpoints were first written: a config.json without them is
+# a model of their defaults (the paper's), which is what such a checkpoint holds.
+ADDED_MODEL_KEYS = ("kv_heads", "normalization", "positions")
+
+
 def _from_dict(cls: type, data: dict[str, Any], source: str) -> Any:
-    """Strict construction: unknown or missing keys are an error, not silently dropped."""
+    """Strict construction: unknown or missing keys are an error, not silently dropped
+    (a ModelConfig's ``ADDED_MODEL_KEYS`` may be missing: they take their defaults)."""
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(f"{source}: unknown {cls.__name__} keys {unknown}")
     required = {f.name for f in fields(cls)} - set(data)
+    if cls is ModelConfig:
+        required -= set(ADDED_MODEL_KEYS)
     if required and cls is ModelConfig:
         raise ConfigError(f"{source}: missing {cls.__name__} keys {sorted(required)}")
     return cls(**data)

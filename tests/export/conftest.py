@@ -96,6 +96,6 @@ def random_model(changes: dict[str, Any], *, shared: bool = True, seed: int = 0)
     model = Transformer(config).eval()
     with torch.no_grad():  # LayerNorm and biases away from their 1 / 0 start: all must map
         for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
+            if "norm" in name or name.endswith("bias") or "positions" in name:
                 p.add_(torch.randn_like(p) * 0.1)
     return model

@@ -77,6 +77,26 @@ def test_every_architecture_scores_as_tformer(arch: dict[str, Any], tmp_path: Pa
     assert not {SPECIAL_TOKENS[PAD_ID], SPECIAL_TOKENS[BOS_ID]} & set(out[0].hypotheses[0])
 
 
+VARIANT_ARCHITECTURES = {
+    "learned": dict(positions="learned"),
+    "swiglu": dict(activation="swiglu"),
+    "geglu": dict(activation="geglu"),
+    "rmsnorm": dict(normalization="rmsnorm"),
+    "multi-query": dict(kv_heads=1),
+    "all-pre": dict(positions="learned", activation="swiglu", normalization="rmsnorm",
+                    kv_heads=1, norm="pre"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", VARIANT_ARCHITECTURES)
+@pytest.mark.parametrize("shared", [True, False])
+def test_every_exportable_variant_scores_as_tformer(
+    variant: str, shared: bool, tmp_path: Path
+) -> None:
+    arch = {**VARIANT_ARCHITECTURES[variant], "tie_embeddings": shared, "shared": shared}
+    test_every_architecture_scores_as_tformer(arch, tmp_path)
+
+
 @pytest.fixture(scope="module")
 def exported(
     trained_variant: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory

@@ -9,7 +9,7 @@ import torch
 
 from tformer.config import BOS_ID, PAD_ID, ModelConfig, preset
 from tformer.model import Transformer
-from tformer.model.layers import sinusoidal_positions
+from tformer.model.positions import sinusoidal_positions
 
 
 def tiny(**overrides: object) -> ModelConfig:

@@ -232,3 +232,20 @@ def test_each_cuda_process_needs_its_own_gpu(monkeypatch: pytest.MonkeyPatch) ->
         check_gpus_per_process(torch.device("cuda"), 2)
     with pytest.raises(DeviceError, match=r"use torchrun --nproc-per-node 1 or fewer"):
         check_gpus_per_process(torch.device("cuda"), 3, option="torchrun --nproc-per-node")
+
+
+def test_an_architecture_variant_trains_under_ddp_as_in_one_process(
+    data: Path, tmp_path: Path
+) -> None:
+    variant = ["--positions", "rope", "--kv-heads", "1", "--activation", "swiglu",
+               "--normalization", "rmsnorm", "--norm", "pre"]  # fmt: skip
+    common = [*CLI_ARGS, *variant, "--data", str(data), "--max-steps", str(STEPS)]
+    ddp = tformer("train", "--nproc", "2", "--out", str(tmp_path / "ddp"), *common)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    one = tformer("train", "--accumulate", "2", "--out", str(tmp_path / "one"), *common)
+    assert one.returncode == 0, one.stderr[-3000:]
+    a, b = losses(tmp_path / "ddp"), losses(tmp_path / "one")
+    assert len(a) == len(b) == STEPS
+    for x, y in zip(a, b, strict=True):
+        assert x == pytest.approx(y, rel=1e-5, abs=1e-6), (a, b)
+    assert load_checkpoint(tmp_path / "ddp").model_config.positions == "rope"

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from tformer.config import ModelConfig
+from tformer.config import ADDED_MODEL_KEYS, ModelConfig
 from tformer.errors import CheckpointError
 from tformer.model import Transformer
 from tformer.paths import excerpt, excerpt_list, first_line
@@ -159,6 +159,9 @@ def check_architecture(
     if saved is None:
         return False
     mine = config.to_dict()
+    # A record written before a key existed holds that key's default (see ADDED_MODEL_KEYS).
+    defaults = ModelConfig().to_dict()
+    saved = {**{k: defaults[k] for k in ADDED_MODEL_KEYS}, **saved}
     differ = sorted(k for k in {*mine, *saved} if mine.get(k) != saved.get(k))
     if differ:
         said = "; ".join(

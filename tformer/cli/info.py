@@ -11,7 +11,7 @@ from tformer.checkpoint.store import load_checkpoint
 from tformer.checkpoint.training_state import saved_record
 from tformer.cli.app import app
 from tformer.cli.console import console
-from tformer.config import DEFAULT_PRESET, PRESETS, preset
+from tformer.config import DEFAULT_PRESET, PRESETS, ModelConfig, preset
 from tformer.errors import ConfigError
 from tformer.model import Transformer
 
@@ -51,11 +51,14 @@ def info_command(
     arch = Table(title=f"architecture: {source}", title_justify="left")
     arch.add_column("setting")
     arch.add_column("value", justify="right")
-    for key, value in model.config.to_dict().items():
+    config = model.config
+    for key, value in config.to_dict().items():
         arch.add_row(
             key,
             f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value),
         )
+    for key, value in derived_rows(config):
+        arch.add_row(key, value, style="dim")
     console.print(arch)
 
     counts = model.parameter_counts()
@@ -66,3 +69,25 @@ def info_command(
     for part in ("embeddings", "encoder", "decoder", "attention", "feed_forward", "total"):
         params.add_row(part, f"{counts[part]:,}", f"{counts[part] / counts['total']:.1%}")
     console.print(params)
+
+
+def derived_rows(config: ModelConfig) -> list[tuple[str, str]]:
+    """What the settings imply: the effective key/value heads and feed-forward width, and the
+    decoder's key/value cache per token (float32)."""
+    groups = config.n_heads // config.n_kv_heads
+    return [
+        (
+            "key/value heads (effective)",
+            f"{config.n_kv_heads} ({groups} query head{'s' * (groups > 1)} each)",
+        ),
+        ("feed-forward hidden width (effective)", f"{config.ffn_hidden:,}"),
+        ("KV cache bytes per token (float32)", kv_cache_text(config)),
+    ]
+
+
+def kv_cache_text(config: ModelConfig) -> str:
+    """``"8,192 (1/4 of multi-head)"``: the cache per token, and its share of the paper's."""
+    size = f"{config.kv_cache_bytes_per_token():,}"
+    if config.n_kv_heads == config.n_heads:
+        return size
+    return f"{size} ({config.n_kv_heads}/{config.n_heads} of multi-head)"

@@ -27,6 +27,7 @@ from tformer.cli.options import (
 )
 from tformer.cli.render import render_selection, stats_table
 from tformer.cli.render_files import check_save_path, save_maps
+from tformer.config import ModelConfig
 from tformer.decoding.settings import DecodingConfig
 from tformer.device import resolve_device
 from tformer.errors import CheckpointError, ConfigError
@@ -116,6 +117,9 @@ def inspect_attention_command(
         f"source: {escape(result.source_text)}\ntarget ({origin}): {escape(result.target_text)}",
         soft_wrap=True,
     )
+    grouping = head_groups(loaded.model_config)
+    if grouping is not None:
+        console.print(grouping, soft_wrap=True, highlight=False)
     console.print(render_selection(selection, width=console.width, values=values))
     if stats:
         maps = result.maps(kind)
@@ -132,3 +136,18 @@ def inspect_attention_command(
                 "give a writable path"
             ) from error
         err_console.print(f"wrote {escape(str(save))}", soft_wrap=True)
+
+
+def head_groups(config: ModelConfig) -> str | None:
+    """With grouped-query attention, which query heads share each key/value head (the maps
+    stay one per query head); None for the paper's multi-head attention."""
+    groups = config.n_heads // config.n_kv_heads
+    if groups == 1:
+        return None
+    shares = ", ".join(
+        f"h{g * groups}-h{(g + 1) * groups - 1} -> kv{g}" for g in range(config.n_kv_heads)
+    )
+    return (
+        f"grouped-query attention: {config.n_heads} query heads share {config.n_kv_heads} "
+        f"key/value heads ({shares}); maps are per query head"
+    )

@@ -198,6 +198,10 @@ def show_dry_run(report: DryRunReport) -> None:
         verdict = "fits" if report.max_tokens_fit >= report.max_tokens else "does NOT fit"
         rows.append(("--max-tokens", f"{report.max_tokens:,} ({verdict})"))
         rows.append(("largest --max-tokens (estimate)", f"{report.max_tokens_fit:,}"))
+    cache = f"{report.kv_cache_bytes_per_token:,} bytes"
+    if report.kv_heads != report.n_heads:
+        cache += f" ({report.kv_heads}/{report.n_heads} of multi-head)"
+    rows.append(("decoding KV cache per token (float32)", cache))
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)

@@ -30,14 +30,17 @@ from tformer.training.run import plan_job, train
 MODEL_OPTIONS = (
     "d_model",
     "n_heads",
+    "kv_heads",
     "n_encoder_layers",
     "n_decoder_layers",
     "d_ff",
     "dropout",
     "attention_dropout",
     "norm",
+    "normalization",
     "activation",
     "max_len",
+    "positions",
     "tie_embeddings",
 )
 TRAIN_OPTIONS = (

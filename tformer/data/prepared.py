@@ -305,8 +305,12 @@ def open_prepared(spec: str | Path, *, check_hashes: bool = True) -> Prepared:
                 f"differs from {MANIFEST}); prepare the data again"
             )
     names = manifest.get("tokenizers")
-    if not isinstance(names, dict) or not {names.get("source"), names.get("target")} <= set(hashes):
-        raise DataError(f"{where}: {MANIFEST} names no listed tokenizer file; prepare the data again")
+    listed = isinstance(names, dict) and {names.get("source"), names.get("target")} <= set(hashes)
+    if not listed:
+        raise DataError(
+            f"{where}: {MANIFEST} names no listed tokenizer file; prepare the data again"
+        )
+    assert isinstance(names, dict)
     source = Tokenizer.load(folder / names["source"])
     target = (
         source if names["target"] == names["source"] else Tokenizer.load(folder / names["target"])

@@ -14,6 +14,7 @@ from pathlib import Path
 from tformer.checkpoint.files import WEIGHTS, read_manifest
 from tformer.checkpoint.run_dir import resolve
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.config import ModelConfig
 from tformer.errors import ConfigError
 from tformer.export.ctranslate2 import export_ctranslate2
 from tformer.export.folder import MARKER, check_out, marker_text, staging, written_files
@@ -65,6 +66,55 @@ def require(to: str) -> None:
         ) from error
 
 
+def variant_flags(config: ModelConfig) -> list[str]:
+    """The architecture variants ``config`` uses, as their flags (``--positions rope``)."""
+    found = []
+    if config.positions != "sinusoidal":
+        found.append(f"--positions {config.positions}")
+    if config.n_kv_heads != config.n_heads:
+        found.append(f"--kv-heads {config.n_kv_heads}")
+    if config.gated:
+        found.append(f"--activation {config.activation}")
+    if config.normalization != "layernorm":
+        found.append(f"--normalization {config.normalization}")
+    return found
+
+
+def check_variants(config: ModelConfig, to: str) -> None:
+    """Refuse the architecture variants an export cannot express.
+
+    Marian (--to huggingface) has sinusoidal positions, multi-head attention, ungated
+    feed-forward layers and LayerNorm only. CTranslate2's encoder-decoder spec takes learned
+    positions (a table added to the embeddings), gated feed-forward layers, RMSNorm and one
+    key/value head (multi-query), each held to tformer's scores by a parity test; it has no
+    rotary positions and no 1 < K < heads for encoder-decoders.
+
+    Raises:
+        ConfigError: naming each variant the checkpoint uses that the target cannot express.
+    """
+    found = variant_flags(config)
+    if to == "ctranslate2":
+        found = [
+            f
+            for f in found
+            if f.startswith("--positions rope")
+            or (f.startswith("--kv-heads") and config.n_kv_heads != 1)
+        ]
+    if not found:
+        return
+    why = (
+        "Marian has only sinusoidal positions, multi-head attention, relu/gelu feed-forward "
+        "layers and LayerNorm"
+        if to == "huggingface"
+        else "CTranslate2's encoder-decoder has no rotary positions, and of grouped key/value "
+        "heads only one (--kv-heads 1)"
+    )
+    raise ConfigError(
+        f"--to {to}: the checkpoint was trained with {', '.join(found)}, which the export "
+        f"cannot express ({why}); use tformer's own decoding for it"
+    )
+
+
 def export_checkpoint(
     checkpoint: str | Path,
     out: str | Path,
@@ -98,6 +148,7 @@ def export_checkpoint(
     check_out(out, overwrite=overwrite, checkpoint=folder)
     require(to)
     loaded = load_checkpoint(folder)
+    check_variants(loaded.model_config, to)
     if to == "huggingface":
         check_marian(loaded.model_config)
     with staging(out) as tmp:

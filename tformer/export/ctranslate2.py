@@ -28,6 +28,8 @@ from tformer.config import BOS, BOS_ID, EOS, PAD_ID, UNK
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError
 from tformer.model import Transformer
+from tformer.model.layers import RMS_NORM_EPS
+from tformer.model.positions import LearnedPositions, PositionalEncoding
 
 README = "README.md"
 
@@ -71,18 +73,27 @@ def transformer_spec(
 
     c = model.config
     weights = {name: tensor.detach().float() for name, tensor in model.state_dict().items()}
+    activations = {
+        "relu": common_spec.Activation.RELU,
+        "gelu": common_spec.Activation.GELU,  # the exact (erf) GELU, as torch's
+        "swiglu": common_spec.Activation.SWISH,  # gated: act(x W) * (x V), as GatedFeedForward
+        "geglu": common_spec.Activation.GELU,
+    }
     spec = specs.TransformerSpec.from_config(
         (c.n_encoder_layers, c.n_decoder_layers),
         c.n_heads,
         pre_norm=c.norm == "pre",  # post-norm: each layer norm follows its residual sum
-        activation=(
-            common_spec.Activation.RELU if c.activation == "relu" else common_spec.Activation.GELU
-        ),
+        activation=activations[c.activation],
+        ffn_glu=c.gated,
+        rms_norm=c.normalization == "rmsnorm",
+        # one key/value head for self- and cross-attention, as tformer's --kv-heads 1
+        multi_query_attention=c.n_kv_heads == 1 and c.n_heads > 1,
     )
-    table = model.encoder.positions.table  # not in the state dict: a function of the config
     for stack, name in ((spec.encoder, "encoder"), (spec.decoder, "decoder")):
         stack.scale_embeddings = True  # x sqrt(d_model), as tformer's TokenEmbedding
-        stack.position_encodings.encodings = table
+        # Added to the scaled embeddings: the sinusoids (not in the state dict: a function of
+        # the config), or each stack's own learned table.
+        stack.position_encodings.encodings = position_table(model, name)
         if c.norm == "pre":
             _norm(stack.layer_norm, weights, f"{name}.final_norm")
     spec.encoder.embeddings[0].weight = weights["encoder.embedding.embedding.weight"]
@@ -95,11 +106,21 @@ def transformer_spec(
         _decoder_layer(layer, weights, f"decoder.layers.{i}")
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = UNK, BOS, EOS
     spec.config.decoder_start_token = BOS
-    spec.config.layer_norm_epsilon = 1e-5  # torch's LayerNorm default, not CTranslate2's
+    # torch's LayerNorm default (not CTranslate2's), or tformer's RMSNorm epsilon
+    spec.config.layer_norm_epsilon = RMS_NORM_EPS if c.normalization == "rmsnorm" else 1e-5
     spec.register_source_vocabulary(source_vocabulary)
     spec.register_target_vocabulary(target_vocabulary)
     spec.validate()
     return spec
+
+
+def position_table(model: Transformer, stack: str) -> torch.Tensor:
+    """The (max_len, D) table ``stack`` ("encoder" / "decoder") adds to its embeddings."""
+    positions = getattr(model, stack).positions
+    if isinstance(positions, LearnedPositions):
+        return positions.table.weight.detach().float()
+    assert isinstance(positions, PositionalEncoding)  # RoPE is refused before export
+    return positions.table
 
 
 def _linear(layer: Any, weights: dict[str, torch.Tensor], prefix: str) -> None:
@@ -107,7 +128,16 @@ def _linear(layer: Any, weights: dict[str, torch.Tensor], prefix: str) -> None:
 
 
 def _norm(layer: Any, weights: dict[str, torch.Tensor], prefix: str) -> None:
-    layer.gamma, layer.beta = weights[f"{prefix}.weight"], weights[f"{prefix}.bias"]
+    layer.gamma = weights[f"{prefix}.weight"]
+    if f"{prefix}.bias" in weights:  # LayerNorm; RMSNorm has no bias
+        layer.beta = weights[f"{prefix}.bias"]
+
+
+def _feed_forward(layer: Any, weights: dict[str, torch.Tensor], prefix: str) -> None:
+    _linear(layer.linear_0, weights, f"{prefix}.w1")
+    if hasattr(layer, "linear_0_noact"):  # gated: V, the linear half
+        _linear(layer.linear_0_noact, weights, f"{prefix}.v")
+    _linear(layer.linear_1, weights, f"{prefix}.w2")
 
 
 def _attention(
@@ -127,8 +157,7 @@ def _attention(
 def _encoder_layer(layer: Any, weights: dict[str, torch.Tensor], prefix: str) -> None:
     _attention(layer.self_attention, weights, f"{prefix}.self_attn", self_attention=True)
     _norm(layer.self_attention.layer_norm, weights, f"{prefix}.norm1")
-    _linear(layer.ffn.linear_0, weights, f"{prefix}.feed_forward.w1")
-    _linear(layer.ffn.linear_1, weights, f"{prefix}.feed_forward.w2")
+    _feed_forward(layer.ffn, weights, f"{prefix}.feed_forward")
     _norm(layer.ffn.layer_norm, weights, f"{prefix}.norm2")
 
 
@@ -137,8 +166,7 @@ def _decoder_layer(layer: Any, weights: dict[str, torch.Tensor], prefix: str) ->
     _norm(layer.self_attention.layer_norm, weights, f"{prefix}.norm1")
     _attention(layer.attention, weights, f"{prefix}.cross_attn", self_attention=False)
     _norm(layer.attention.layer_norm, weights, f"{prefix}.norm2")
-    _linear(layer.ffn.linear_0, weights, f"{prefix}.feed_forward.w1")
-    _linear(layer.ffn.linear_1, weights, f"{prefix}.feed_forward.w2")
+    _feed_forward(layer.ffn, weights, f"{prefix}.feed_forward")
     _norm(layer.ffn.layer_norm, weights, f"{prefix}.norm3")
 
 

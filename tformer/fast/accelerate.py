@@ -12,9 +12,14 @@ from torch import nn
 from tformer.fast.attention import FastMultiHeadAttention
 from tformer.fast.dropout import Dropout
 from tformer.fast.linear import Linear
-from tformer.fast.step import FastDecoderLayer, FastFeedForward, FastTransformer
+from tformer.fast.step import (
+    FastDecoderLayer,
+    FastFeedForward,
+    FastGatedFeedForward,
+    FastTransformer,
+)
 from tformer.model.attention import MultiHeadAttention
-from tformer.model.layers import DecoderLayer, FeedForward
+from tformer.model.layers import DecoderLayer, FeedForward, GatedFeedForward
 from tformer.model.transformer import Transformer
 
 SWAPS: dict[type[nn.Module], type[nn.Module]] = {
@@ -22,6 +27,7 @@ SWAPS: dict[type[nn.Module], type[nn.Module]] = {
     nn.Dropout: Dropout,
     MultiHeadAttention: FastMultiHeadAttention,
     FeedForward: FastFeedForward,
+    GatedFeedForward: FastGatedFeedForward,
     DecoderLayer: FastDecoderLayer,
     Transformer: FastTransformer,
 }

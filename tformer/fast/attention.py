@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tformer.fast.linear import direct, linear, unpacked_linear
-from tformer.model.attention import MultiHeadAttention
+from tformer.model.attention import MultiHeadAttention, repeat_kv
 from tformer.model.cache import KVCache
 
 
@@ -107,11 +107,8 @@ class FastMultiHeadAttention(MultiHeadAttention):
         k: Tensor | None
         v: Tensor | None
         if memory is None:
-            # Queries, keys and values of the one new position in one product: one call
-            # fewer, and one tall weight streams faster than two.
-            qkv = self.qkv_step(query).view(b, 3, self.n_heads, 1, self.d_k)
-            q = qkv[:, 0]
-            k, v = cache.append(qkv[:, 1], qkv[:, 2])  # (B, H, t, d_k) each
+            q, k, v = self.new_qkv(query, cache.length)
+            k, v = cache.append(k, v)  # (B, G, t, d_k) each
         else:
             if not cache.length:
                 cache.set(*self.project_kv(memory))
@@ -120,10 +117,28 @@ class FastMultiHeadAttention(MultiHeadAttention):
             q = direct(self.q_proj, query).view(b, self.n_heads, 1, self.d_k)
             k, v = cache.k, cache.v
         assert k is not None and v is not None
+        k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, H, t, d_k)
         # No causal mask: the one new query may see every cached key.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=memory_mask)  # (B, H, 1, d_k)
         # With one query position the heads already lie side by side: no transpose needed.
         return direct(self.out_proj, out.reshape(b, 1, self.n_heads * self.d_k))
+
+    def new_qkv(self, query: Tensor, start: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Query (B, H, 1, d_k), key and value (B, G, 1, d_k) of one new position at ``start``.
+
+        One product for all three: one call fewer, and one tall weight streams faster than
+        two. Rotary positions, when the layer has them, rotate the query and the key.
+        """
+        b, h, g, d_k = query.size(0), self.n_heads, self.kv_heads, self.d_k
+        qkv = self.qkv_step(query)  # (B, 1, (H + 2G) d_k)
+        if g == h:
+            q, k, v = qkv.view(b, 3, h, 1, d_k).unbind(1)
+        else:
+            q, k, v = qkv.split([h * d_k, g * d_k, g * d_k], dim=-1)
+            q, k, v = q.reshape(b, h, 1, d_k), k.reshape(b, g, 1, d_k), v.reshape(b, g, 1, d_k)
+        if self.rotary is not None:
+            q, k = self.rotary(q, start), self.rotary(k, start)
+        return q, k, v
 
     def folding_pays(self, query: Tensor, cache: FoldingKVCache) -> bool:
         """Whether :meth:`folded_cross_step` applies: one source, CPU inference, short.
@@ -165,7 +180,8 @@ class FastMultiHeadAttention(MultiHeadAttention):
     def _fold(self, cache: FoldingKVCache) -> FoldedSource:
         assert cache.k is not None and cache.v is not None
         h, d_k = self.n_heads, self.d_k
-        k, v = cache.k[0], cache.v[0]  # (H, S, d_k): every row holds the same source
+        # (H, S, d_k): every row holds the same source; a grouped head serves H / G heads
+        k, v = repeat_kv(cache.k[:1], self.groups)[0], repeat_kv(cache.v[:1], self.groups)[0]
         length = k.size(1)
         scale = 1.0 / math.sqrt(d_k)
         q_weight, q_bias, o_weight, o_bias = self.fold_weights()
@@ -180,7 +196,8 @@ class FastMultiHeadAttention(MultiHeadAttention):
         return cache.folded
 
     def _fused_qkv(self) -> tuple[Tensor, Tensor]:
-        """W^Q stacked on the key/value weight (3D x D) and their biases, remade on change.
+        """W^Q stacked on the key/value weight ((H + 2G)·d_k x D) and their biases, remade
+        on change.
 
         A plain attribute, not a parameter: the state dict keeps the paper's projections.
         """

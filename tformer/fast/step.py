@@ -15,12 +15,14 @@ from torch import Tensor, nn
 from tformer.fast.attention import FastMultiHeadAttention, FoldingKVCache
 from tformer.fast.linear import direct, fast_linear
 from tformer.model.cache import DecoderCache, LayerCache
-from tformer.model.layers import DecoderLayer, FeedForward
+from tformer.model.layers import DecoderLayer, FeedForward, GatedFeedForward
 from tformer.model.transformer import Transformer
 
 
-def layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
-    """``norm(x)`` without the module call."""
+def layer_norm(norm: nn.LayerNorm | nn.RMSNorm, x: Tensor) -> Tensor:
+    """``norm(x)`` (LayerNorm or RMSNorm) without the module call."""
+    if isinstance(norm, nn.RMSNorm):
+        return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
@@ -44,12 +46,20 @@ class FastFeedForward(FeedForward):
         return direct(self.w2, h)
 
 
+class FastGatedFeedForward(GatedFeedForward):
+    """:class:`GatedFeedForward` with ``step``; same parameters."""
+
+    def step(self, x: Tensor) -> Tensor:
+        gate = self.activation(direct(self.w1, x))
+        return direct(self.w2, gate.mul_(direct(self.v, x)))  # in place, as FastFeedForward
+
+
 class FastDecoderLayer(DecoderLayer):
     """:class:`DecoderLayer` with ``step``; same parameters."""
 
     self_attn: FastMultiHeadAttention
     cross_attn: FastMultiHeadAttention
-    feed_forward: FastFeedForward
+    feed_forward: FastFeedForward | FastGatedFeedForward
 
     def step(
         self, x: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: LayerCache

@@ -1,9 +1,12 @@
-"""Scaled dot-product and multi-head attention (Vaswani et al., 2017, section 3.2).
+"""Scaled dot-product and multi-head attention (Vaswani et al., 2017, section 3.2),
+with two later variants: grouped-query attention (Ainslie et al., 2023) and rotary positions
+(Su et al., 2021) on self-attention's queries and keys.
 
 Shape legend:
-    B  batch size            H    number of heads
+    B  batch size            H    number of (query) heads
     Q  query length          K    key/value length
     D  d_model               d_k  D / H, the size of one head
+    G  key/value heads (H without grouped-query attention; each serves H / G query heads)
 
 Masks are boolean and broadcastable to (B, H, Q, K): ``True`` means "may attend", the same
 convention as ``torch.nn.functional.scaled_dot_product_attention``.
@@ -18,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.model.cache import KVCache
+from tformer.model.positions import RotaryEmbedding
 
 
 def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
@@ -87,6 +91,15 @@ def scaled_dot_product_attention(
     return dropped @ v, (weights if need_weights else None)
 
 
+def repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """(B, G, L, d_k) -> (B, G * groups, L, d_k): key/value head g serves query heads
+    g * groups .. (g + 1) * groups - 1 (grouped-query attention, Ainslie et al. 2023)."""
+    if groups == 1:
+        return x
+    b, g, length, d_k = x.shape
+    return x[:, :, None].expand(b, g, groups, length, d_k).reshape(b, g * groups, length, d_k)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O (section 3.2.2),
 
@@ -94,27 +107,50 @@ class MultiHeadAttention(nn.Module):
 
     The h per-head projections are stored as one D x D matrix each (W^Q) and
     one D x 2D matrix for keys and values together, so keys and values cost one matmul.
+
+    Variants: with ``kv_heads`` G < H (grouped-query attention, Ainslie et al. 2023) the
+    key/value matrix is D x 2·G·d_k and each group of H / G query heads shares one key/value
+    head, so a cache holds G heads, not H. With a ``rotary`` embedding (RoPE, Su et al. 2021;
+    self-attention only) queries and keys are rotated by their positions before the scores.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        *,
+        kv_heads: int | None = None,
+        rotary: RotaryEmbedding | None = None,
+    ) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"n_heads {n_heads} must divide d_model {d_model}")
         self.n_heads = n_heads
+        self.kv_heads = n_heads if kv_heads is None else kv_heads
+        if n_heads % self.kv_heads:
+            raise ValueError(f"kv_heads {self.kv_heads} must divide n_heads {n_heads}")
         self.d_k = d_model // n_heads
         self.dropout = dropout
         self.q_proj = nn.Linear(d_model, d_model)
-        self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        self.kv_proj = nn.Linear(d_model, 2 * self.kv_heads * self.d_k)
         self.out_proj = nn.Linear(d_model, d_model)
+        self.rotary = rotary
 
-    def split_heads(self, x: Tensor) -> Tensor:
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head (1: the paper's multi-head attention)."""
+        return self.n_heads // self.kv_heads
+
+    def split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
         b, length, _ = x.shape
-        return x.view(b, length, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, L, d_k)
+        heads = self.n_heads if heads is None else heads
+        return x.view(b, length, heads, self.d_k).transpose(1, 2)  # (B, heads, L, d_k)
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, L, D) -> keys and values, each (B, H, L, d_k)."""
+        """(B, L, D) -> keys and values, each (B, G, L, d_k)."""
         k, v = self.kv_proj(x).chunk(2, dim=-1)
-        return self.split_heads(k), self.split_heads(v)
+        return self.split_heads(k, self.kv_heads), self.split_heads(v, self.kv_heads)
 
     def forward(
         self,
@@ -132,6 +168,8 @@ class MultiHeadAttention(nn.Module):
         With a ``cache``: for self-attention (``static_kv=False``) the new keys/values are
         appended to it; for cross-attention (``static_kv=True``) they are computed on the first
         call and reused afterwards, so the encoder output is projected once per source.
+        With rotary positions the new queries and keys sit at the cache's length onwards, and
+        the cache holds keys already rotated.
 
         Returns:
             (output (B, Q, D), weights (B, H, Q, K) or None).
@@ -140,13 +178,17 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and static_kv and cache.length:
             k, v = cache.k, cache.v
         else:
-            k, v = self.project_kv(key_value)  # (B, H, K, d_k)
+            k, v = self.project_kv(key_value)  # (B, G, K, d_k)
+            if self.rotary is not None:
+                start = cache.length if cache is not None else 0
+                q, k = self.rotary(q, start), self.rotary(k, start)
             if cache is not None:
                 if static_kv:
                     cache.set(k, v)
                 else:
                     k, v = cache.append(k, v)
         assert k is not None and v is not None
+        k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, H, K, d_k)
         out, weights = self.attend(q, k, v, mask, causal=causal, need_weights=need_weights)
         b, _, q_len, _ = out.shape
         out = out.transpose(1, 2).reshape(b, q_len, self.n_heads * self.d_k)  # (B, Q, D)

@@ -1,19 +1,32 @@
-"""Embeddings, positions, feed-forward and the encoder/decoder layers (sections 3.1, 3.3-3.5).
+"""Embeddings, feed-forward, normalisation and the encoder/decoder layers (sections 3.1, 3.3, 3.4).
 
-Shape legend: B batch, S source length, T target length, D d_model, V vocabulary size.
+Positions (section 3.5 and its variants) live in ``positions``. Variants here: gated
+feed-forward layers (SwiGLU, GeGLU; Shazeer 2020) and RMSNorm (Zhang & Sennrich, 2019).
+
+Shape legend: B batch, S source length, T target length, D d_model, V vocabulary size,
+F the feed-forward's hidden width.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
 from tformer.model.attention import MultiHeadAttention
 from tformer.model.cache import LayerCache
+from tformer.model.positions import RotaryEmbedding
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "swiglu": F.silu,  # Swish with beta = 1
+    "geglu": F.gelu,
+}
+RMS_NORM_EPS = 1e-6  # LLaMA's; LayerNorm keeps torch's 1e-5
 
 
 class TokenEmbedding(nn.Module):
@@ -35,40 +48,6 @@ class TokenEmbedding(nn.Module):
         return self.embedding(ids) * self.scale  # (B, L, D)
 
 
-def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)).
-
-    Section 3.5. Returns a (max_len, D) tensor.
-    """
-    position = torch.arange(max_len, dtype=torch.float64)[:, None]
-    div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    table = torch.zeros(max_len, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(position / div)
-    table[:, 1::2] = torch.cos(position / div[: d_model // 2])
-    return table.float()
-
-
-class PositionalEncoding(nn.Module):
-    """Adds the sinusoidal table to the embeddings, then dropout (section 5.4)."""
-
-    def __init__(self, d_model: int, max_len: int, dropout: float) -> None:
-        super().__init__()
-        self.max_len = max_len
-        # Not persistent: the table is a pure function of the config, so it stays out of the
-        # checkpoint and cannot disagree with it.
-        self.table: Tensor
-        self.register_buffer("table", sinusoidal_positions(max_len, d_model), persistent=False)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        length = x.size(1)
-        if start + length > self.max_len:
-            raise ValueError(
-                f"sequence of {start + length} positions exceeds max_len {self.max_len}"
-            )
-        return self.dropout(x + self.table[start : start + length].to(x.dtype))
-
-
 class FeedForward(nn.Module):
     """FFN(x) = act(x W1 + b1) W2 + b2, applied to each position alike (section 3.3)."""
 
@@ -76,10 +55,65 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w1 = nn.Linear(d_model, d_ff)
         self.w2 = nn.Linear(d_ff, d_model)
-        self.activation = F.relu if activation == "relu" else F.gelu
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.activation(self.w1(x)))
+
+
+class GatedFeedForward(nn.Module):
+    """FFN_GLU(x) = (act(x W + b) ⊙ (x V + c)) W2 + b2 (Shazeer 2020, "GLU Variants Improve
+    Transformer"): SwiGLU with act = Swish (SiLU), GeGLU with act = GELU.
+
+    Three matrices instead of two, so the hidden width F is ``ModelConfig.ffn_hidden``
+    (2/3 of d_ff, rounded up to a multiple of 8) to keep the parameters about equal.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, activation: str) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff)  # W: the gate
+        self.v = nn.Linear(d_model, d_ff)  # V: the gated value
+        self.w2 = nn.Linear(d_ff, d_model)
+        self.activation = ACTIVATIONS[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.activation(self.w1(x)) * self.v(x))  # (B, L, F) -> (B, L, D)
+
+
+def feed_forward(config: ModelConfig) -> FeedForward | GatedFeedForward:
+    """The position-wise feed-forward sub-layer ``config.activation`` asks for."""
+    kind = GatedFeedForward if config.gated else FeedForward
+    return kind(config.d_model, config.ffn_hidden, config.activation)
+
+
+def norm_layer(config: ModelConfig) -> nn.LayerNorm | nn.RMSNorm:
+    """LayerNorm (Ba et al. 2016, the paper) or RMSNorm (Zhang & Sennrich 2019): x / RMS(x) · g,
+    no centring and no bias."""
+    if config.normalization == "rmsnorm":
+        return nn.RMSNorm(config.d_model, eps=RMS_NORM_EPS)
+    return nn.LayerNorm(config.d_model)
+
+
+def self_attention(config: ModelConfig) -> MultiHeadAttention:
+    """Self-attention: grouped-query with ``kv_heads``, rotary with ``positions`` rope."""
+    rotary = (
+        RotaryEmbedding(config.d_head, config.max_len) if config.positions == "rope" else None
+    )
+    return MultiHeadAttention(
+        config.d_model,
+        config.n_heads,
+        config.attention_dropout,
+        kv_heads=config.kv_heads,
+        rotary=rotary,
+    )
+
+
+def cross_attention(config: ModelConfig) -> MultiHeadAttention:
+    """Cross-attention: grouped-query with ``kv_heads``, never rotary (its queries and keys
+    come from two sequences, whose positions have no offset to one another)."""
+    return MultiHeadAttention(
+        config.d_model, config.n_heads, config.attention_dropout, kv_heads=config.kv_heads
+    )
 
 
 class EncoderLayer(nn.Module):
@@ -87,16 +121,16 @@ class EncoderLayer(nn.Module):
 
     Post-norm (the paper): x = LayerNorm(x + Dropout(Sublayer(x))).
     Pre-norm (option):     x = x + Dropout(Sublayer(LayerNorm(x))), steadier for deep stacks.
+    (LayerNorm or RMSNorm, by ``config.normalization``.)
     """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        d = config.d_model
         self.pre_norm = config.norm == "pre"
-        self.self_attn = MultiHeadAttention(d, config.n_heads, config.attention_dropout)
-        self.feed_forward = FeedForward(d, config.d_ff, config.activation)
-        self.norm1 = nn.LayerNorm(d)
-        self.norm2 = nn.LayerNorm(d)
+        self.self_attn = self_attention(config)
+        self.feed_forward = feed_forward(config)
+        self.norm1 = norm_layer(config)
+        self.norm2 = norm_layer(config)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
@@ -124,14 +158,13 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        d = config.d_model
         self.pre_norm = config.norm == "pre"
-        self.self_attn = MultiHeadAttention(d, config.n_heads, config.attention_dropout)
-        self.cross_attn = MultiHeadAttention(d, config.n_heads, config.attention_dropout)
-        self.feed_forward = FeedForward(d, config.d_ff, config.activation)
-        self.norm1 = nn.LayerNorm(d)
-        self.norm2 = nn.LayerNorm(d)
-        self.norm3 = nn.LayerNorm(d)
+        self.self_attn = self_attention(config)
+        self.cross_attn = cross_attention(config)
+        self.feed_forward = feed_forward(config)
+        self.norm1 = norm_layer(config)
+        self.norm2 = norm_layer(config)
+        self.norm3 = norm_layer(config)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(

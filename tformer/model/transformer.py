@@ -19,7 +19,8 @@ from torch import Tensor, nn
 from tformer.config import PAD_ID, ModelConfig
 from tformer.model.attention import padding_mask
 from tformer.model.cache import DecoderCache, LayerCache
-from tformer.model.layers import DecoderLayer, EncoderLayer, PositionalEncoding, TokenEmbedding
+from tformer.model.layers import DecoderLayer, EncoderLayer, TokenEmbedding, norm_layer
+from tformer.model.positions import positional_encoding
 
 
 @dataclass
@@ -57,10 +58,10 @@ class Encoder(nn.Module):
     def __init__(self, config: ModelConfig, embedding: TokenEmbedding) -> None:
         super().__init__()
         self.embedding = embedding
-        self.positions = PositionalEncoding(config.d_model, config.max_len, config.dropout)
+        self.positions = positional_encoding(config)
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
         # Pre-norm leaves the residual stream un-normalised; one LayerNorm at the end fixes that.
-        self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
+        self.final_norm = norm_layer(config) if config.norm == "pre" else nn.Identity()
 
     def forward(
         self, src: Tensor, mask: Tensor, need_weights: bool = False
@@ -80,9 +81,9 @@ class Decoder(nn.Module):
     def __init__(self, config: ModelConfig, embedding: TokenEmbedding) -> None:
         super().__init__()
         self.embedding = embedding
-        self.positions = PositionalEncoding(config.d_model, config.max_len, config.dropout)
+        self.positions = positional_encoding(config)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
-        self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
+        self.final_norm = norm_layer(config) if config.norm == "pre" else nn.Identity()
 
     def forward(
         self,

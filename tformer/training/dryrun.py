@@ -50,6 +50,9 @@ class DryRunReport:
     free_bytes: int | None
     max_tokens: int
     max_tokens_fit: int | None  # estimated largest --max-tokens that fits
+    kv_cache_bytes_per_token: int  # decoding's key/value cache per token (float32)
+    kv_heads: int  # key/value heads of that cache (fewer than the heads with --kv-heads)
+    n_heads: int
 
 
 def dry_run(job: Job, *, tokenizer: Path | None = None) -> DryRunReport:
@@ -115,6 +118,9 @@ def measure_batch_limits(
         free_bytes=free,
         max_tokens=train_config.max_tokens,
         max_tokens_fit=_max_tokens_fit(peak - baseline, tokens, free),
+        kv_cache_bytes_per_token=model_config.kv_cache_bytes_per_token(),
+        kv_heads=model_config.n_kv_heads,
+        n_heads=model_config.n_heads,
     )
 
 

@@ -41,6 +41,8 @@ def model_conflicts(saved: ModelConfig, values: Mapping[str, Any]) -> list[str]:
         if name in DERIVED or want is None:
             continue
         have = getattr(saved, name, None)
+        if name == "kv_heads":  # unset means one key/value head per head: the same model
+            have = saved.n_kv_heads
         if want != have:
             out.append(f"{name} {excerpt(want)} (saved: {excerpt(have)})")
     return out

@@ -1,0 +1,131 @@
+"""Where each token is: the paper's sinusoids (section 3.5) and two later variants.
+
+Shape legend: B batch, L length, D d_model, H heads, d_k D / H (the size of one head).
+
+- ``sinusoidal`` (the paper): a fixed table added to the embeddings.
+- ``learned`` (BERT, Devlin et al. 2019; GPT-2): a trained embedding per position, added alike.
+- ``rope`` (RoFormer, Su et al. 2021): nothing is added to the embeddings; self-attention
+  rotates each query and key by an angle proportional to its position, so a query-key score
+  depends only on their relative offset (:func:`rotate`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from tformer.config import ModelConfig
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)).
+
+    Section 3.5. Returns a (max_len, D) tensor.
+    """
+    position = torch.arange(max_len, dtype=torch.float64)[:, None]
+    div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position / div)
+    table[:, 1::2] = torch.cos(position / div[: d_model // 2])
+    return table.float()
+
+
+class AddedPositions(nn.Module):
+    """Embeddings + position table[start : start + L], then dropout (section 5.4).
+
+    The base of the three: with no table (RoPE) only the dropout and the length check remain.
+    """
+
+    def __init__(self, max_len: int, dropout: float) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.dropout = nn.Dropout(dropout)
+
+    def positions(self, start: int, length: int) -> Tensor | None:
+        """The (L, D) vectors added at positions start .. start + L - 1; None: nothing added."""
+        return None
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        length = x.size(1)
+        if start + length > self.max_len:
+            raise ValueError(
+                f"sequence of {start + length} positions exceeds max_len {self.max_len}"
+            )
+        table = self.positions(start, length)
+        return self.dropout(x if table is None else x + table.to(x.dtype))
+
+
+class PositionalEncoding(AddedPositions):
+    """The paper's fixed sinusoids (section 3.5)."""
+
+    def __init__(self, d_model: int, max_len: int, dropout: float) -> None:
+        super().__init__(max_len, dropout)
+        # Not persistent: the table is a pure function of the config, so it stays out of the
+        # checkpoint and cannot disagree with it.
+        self.table: Tensor
+        self.register_buffer("table", sinusoidal_positions(max_len, d_model), persistent=False)
+
+    def positions(self, start: int, length: int) -> Tensor:
+        return self.table[start : start + length]
+
+
+class LearnedPositions(AddedPositions):
+    """A trained vector per position, ``nn.Embedding(max_len, D)`` (BERT, Devlin et al. 2019)."""
+
+    def __init__(self, d_model: int, max_len: int, dropout: float) -> None:
+        super().__init__(max_len, dropout)
+        self.table = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.table.weight, std=0.02)  # BERT's and GPT-2's initialisation
+
+    def positions(self, start: int, length: int) -> Tensor:
+        return self.table.weight[start : start + length]
+
+
+def positional_encoding(config: ModelConfig) -> AddedPositions:
+    """What is added to the embeddings for ``config.positions`` (nothing for RoPE)."""
+    if config.positions == "learned":
+        return LearnedPositions(config.d_model, config.max_len, config.dropout)
+    if config.positions == "rope":
+        return AddedPositions(config.max_len, config.dropout)
+    return PositionalEncoding(config.d_model, config.max_len, config.dropout)
+
+
+def rotary_angles(max_len: int, d_k: int, base: float = 10000.0) -> Tensor:
+    """(max_len, d_k / 2) angles m·θ_i with θ_i = base^(-2(i-1)/d_k) (Su et al. 2021, eq. 15)."""
+    theta = torch.pow(base, -torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+    return torch.arange(max_len, dtype=torch.float64)[:, None] * theta[None, :]
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate each pair (x_2i, x_2i+1) of ``x`` (..., L, d_k) by its angle (cos, sin: (L, d_k/2)).
+
+    RoFormer's R_Θ,m x (eq. 34): (x_2i cos mθ_i - x_2i+1 sin mθ_i, x_2i sin mθ_i + x_2i+1 cos mθ_i).
+    Then (R_m q)·(R_n k) = q·(R_(n-m) k): the score sees only the offset n - m.
+    """
+    even, odd = x[..., 0::2], x[..., 1::2]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return rotated.flatten(-2)  # pairs back in place: (..., L, d_k)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE for one self-attention layer: rotates queries or keys by their positions.
+
+    The cos/sin tables are not persistent: like the sinusoids they are a pure function of
+    the config, so the state dict holds nothing new.
+    """
+
+    def __init__(self, d_k: int, max_len: int) -> None:
+        super().__init__()
+        if d_k % 2:
+            raise ValueError(f"rotary positions need an even head size, not {d_k}")
+        angles = rotary_angles(max_len, d_k)
+        self.cos: Tensor
+        self.sin: Tensor
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """(B, H, L, d_k) at positions start .. start + L - 1 -> the same, rotated."""
+        end = start + x.size(-2)
+        return rotate(x, self.cos[start:end], self.sin[start:end])
