@@ -83,3 +83,15 @@ def test_data_scale_smoke() -> None:
     assert all(r["pairs"] == 2000 and r["peak_rss_mb"] > 0 and r["pairs_per_s"] > 0
                for r in records)
     assert all("first_step_s" in r for r in records if r["stage"].startswith("train"))
+
+
+def test_variant_lab_smoke(tmp_path: Path) -> None:
+    run_script("variant_lab.py", "--smoke", "--out", str(tmp_path / "runs"),
+               "--results", str(tmp_path / "results"))
+    report = json.loads((tmp_path / "results" / "variant-lab-smoke.json").read_text())
+    assert [Path(r["path"]).name for r in report["runs"]] == ["paper", "gqa-1"]
+    assert report["differing_fields"] == ["kv_heads"]
+    assert all(r["results"]["test"]["bleu"] is not None for r in report["runs"])
+    assert (tmp_path / "results" / "variant-lab-smoke.png").read_bytes()[:4] == b"\x89PNG"
+    table = (tmp_path / "results" / "variant-lab-smoke.md").read_text()
+    assert "| gqa-1 | `--kv-heads 1` |" in table

@@ -154,9 +154,15 @@ class BatchPlan:
         """Tokens the decoder predicts for these examples: each target and its <eos>."""
         return int(self.tgt_lengths[np.asarray(indices, dtype=np.int64)].sum()) + len(indices)
 
+    def collate(self, indices: np.ndarray | Sequence[int]) -> Batch:
+        """The batch of these examples; the pages of mapped ids it read are released."""
+        batch = collate([self.pairs[i] for i in indices])
+        self.pairs.release()
+        return batch
+
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         for indices in self.epoch(epoch)[start:]:
-            yield collate([self.pairs[i] for i in indices])
+            yield self.collate(indices)
 
     def padding_share(self) -> float:
         """The share of padded positions across one epoch's batches (source + target)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,10 +225,14 @@ class Prepared:
         sides = []
         for s in SIDES:
             stem = f"{split}.{s}"
-            values = _map(self.folder / f"{stem}.ids", dtype)
-            offsets = _map(self.folder / f"{stem}.offsets", np.dtype("<i8"))
-            lengths = _map(self.folder / f"{stem}.lengths", np.dtype("<i4"))
-            sides.append(TokenIds(values, offsets, lengths))
+            maps = [
+                _map(self.folder / f"{stem}.{kind}", kind_dtype)
+                for kind, kind_dtype in (("ids", dtype), ("offsets", np.dtype("<i8")),
+                                         ("lengths", np.dtype("<i4")))
+            ]  # fmt: skip
+            (values, ids_map), (offsets, offsets_map), (lengths, _) = maps
+            held = tuple(m for m in (ids_map, offsets_map) if m is not None)
+            sides.append(TokenIds(values, offsets, lengths, maps=held))
         return PairStore(*sides)
 
     def split(self, name: str, max_len: int, *, strict: bool) -> EncodedSplit:
@@ -254,10 +259,13 @@ class Prepared:
         return EncodedSplit(store, texts, dropped, empty)
 
 
-def _map(path: Path, dtype: np.dtype) -> np.ndarray:
+def _map(path: Path, dtype: np.dtype) -> tuple[np.ndarray, mmap.mmap | None]:
+    """The file as a read-only array over a memory map (and the map, to release its pages)."""
     if path.stat().st_size == 0:
-        return np.zeros(0, dtype)
-    return np.memmap(path, dtype=dtype, mode="r")
+        return np.zeros(0, dtype), None
+    with open(path, "rb") as handle:
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    return np.frombuffer(mapped, dtype=dtype), mapped
 
 
 def open_prepared(spec: str | Path, *, check_hashes: bool = True) -> Prepared:

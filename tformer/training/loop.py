@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tformer import checkpoint as ckpt
 from tformer.config import ModelConfig, TrainConfig
-from tformer.data.batching import Batch, BatchPlan, collate
+from tformer.data.batching import Batch, BatchPlan
 from tformer.data.pairs import EncodedSplit
 from tformer.errors import (
     OutOfMemoryError,
@@ -232,7 +232,7 @@ class TrainingLoop:
         # every batch of the step, so this needs no communication.
         n_tokens = sum(plan.target_tokens(indices) for _, _, indices in micro)
         mine = micro[world.rank :: world.world_size]
-        batches = [collate([plan.pairs[i] for i in indices]) for _, _, indices in mine]
+        batches = [plan.collate(indices) for _, _, indices in mine]
         budget = self.cfg.time_budget
         fraction = min(self.time_used / budget, 1.0) if budget else None
         lr = lr_at(step, self.model_config, self.cfg, total_steps, fraction)

@@ -1,0 +1,112 @@
+"""The variant lab on Multi30k: the paper's model against RoPE, SwiGLU, GQA (K = 1, 2) and
+RMSNorm + pre-norm, with the same data, tokenizer, seed and step budget, compared side by side.
+
+Trains one shared tokenizer first, then each variant with the ``multi30k`` recipe and
+``--max-steps N`` in place of its time budget (the same number of updates for every variant,
+so quality is compared at equal steps and speed shows in tokens/s), scores each on test2016
+with ``tformer evaluate`` (greedy unless ``--beam-size``), and writes ``tformer compare-runs``'
+JSON and validation-curve plot plus a Markdown table to ``--results`` (never the run folders,
+which stay in ``--out``).
+
+Usage: python benchmarks/variant_lab.py [--steps 150] [--seed 1] [--results DIR] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+VARIANTS = {
+    "paper": [],
+    "rope": ["--positions", "rope"],
+    "swiglu": ["--activation", "swiglu"],
+    "gqa-1": ["--kv-heads", "1"],
+    "gqa-2": ["--kv-heads", "2"],
+    "rmsnorm-pre": ["--normalization", "rmsnorm", "--norm", "pre"],
+}
+
+
+def tformer(*args: str, capture: bool = False) -> str:
+    print("+ tformer " + " ".join(args), file=sys.stderr, flush=True)
+    done = subprocess.run([sys.executable, "-m", "tformer", *args], check=True, cwd=ROOT,
+                          capture_output=capture, text=True)  # fmt: skip
+    return done.stdout if capture else ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--beam-size", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=ROOT / "checkpoints" / "variant-lab")
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--smoke", action="store_true",
+                        help="two variants on the bundled data, a tiny model, 3 steps")  # fmt: skip
+    args = parser.parse_args()
+    text = [] if args.smoke else ["--data", str(DATA), "--src-lang", "en", "--tgt-lang", "de"]
+    if args.smoke:
+        recipe = ["--preset", "tiny", "--recipe", "none", "--max-len", "48"]
+        steps, limit, name = 3, ["--limit", "20"], "variant-lab-smoke"
+    else:
+        recipe = ["--recipe", "multi30k"]
+        steps, limit, name = args.steps, [], f"variant-lab-multi30k-{datetime.date.today()}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokenizer = args.out / "tokenizer.json"
+    if not tokenizer.is_file():
+        tformer("train-tokenizer", *text, "-o", str(tokenizer))
+    runs = []
+    chosen = {k: VARIANTS[k] for k in ("paper", "gqa-1")} if args.smoke else VARIANTS
+    for variant, flags in chosen.items():
+        run = args.out / variant
+        tformer("train", *text, *recipe, "--tokenizer", str(tokenizer), "--max-steps", str(steps),
+                "--seed", str(args.seed), "--eval-every", str(max(steps // 3, 1)),
+                "--val-bleu", "300", *flags, "--out", str(run), "--overwrite")  # fmt: skip
+        tformer("evaluate", str(run), *text, "--split", "test",
+                "--beam-size", str(args.beam_size), *limit)  # fmt: skip
+        runs.append(str(run))
+    args.results.mkdir(parents=True, exist_ok=True)
+    report = json.loads(tformer("compare-runs", *runs, "--json", capture=True))
+    tformer("compare-runs", *runs, "--plot", str(args.results / f"{name}.png"))
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    report["lab"] = {"steps": steps, "seed": args.seed, "beam_size": args.beam_size,
+                     "variants": VARIANTS, "machine": machine,
+                     "date": str(datetime.date.today())}  # fmt: skip
+    (args.results / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.results / f"{name}.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+def markdown(report: dict) -> str:
+    lab = report["lab"]
+    lines = [f"# Variant lab: {lab['steps']} steps each, seed {lab['seed']}, {lab['machine']}, "
+             f"{lab['date']}", "",
+             "| run | flags | parameters | tokens/s | best val loss | best val BLEU | "
+             "test BLEU | test chrF | KV cache B/token |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for run in report["runs"]:
+        name = Path(run["path"]).name
+        flags = " ".join(lab["variants"].get(name, [])) or "(the paper)"
+        test = (run.get("results") or {}).get("test") or {}
+        lines.append(
+            f"| {name} | `{flags}` | {run.get('parameters', 0):,} | "
+            f"{_num(run.get('tokens_per_s'), 0)} | {_num(run.get('best_val_loss'), 3)} | "
+            f"{_num(run.get('best_val_bleu'), 2)} | {_num(test.get('bleu'), 2)} | "
+            f"{_num(test.get('chrf'), 2)} | {_num(run.get('kv_cache_bytes_per_token'), 0)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _num(value: object, digits: int) -> str:
+    return f"{value:,.{digits}f}" if isinstance(value, (int, float)) else "-"
+
+
+if __name__ == "__main__":
+    main()
