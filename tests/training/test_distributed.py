@@ -157,6 +157,27 @@ def test_a_prepared_folder_trains_and_resumes_under_ddp_as_the_text_does(
     assert losses(out) == pytest.approx(losses(ddp_run / "run"), rel=1e-6)
 
 
+def test_fine_tuning_under_ddp_logs_to_tensorboard(
+    ddp_run: Path, data: Path, tmp_path: Path
+) -> None:
+    """--init-from and --log-to with --nproc: rank 0 writes the events, the run records its
+    start, and the events hold what metrics.jsonl holds."""
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed")
+    from tests.training.test_loggers import assert_events_equal_metrics
+
+    out = tmp_path / "tuned"
+    tuned = tformer("train", "--nproc", "2", "--data", str(data), "--init-from",
+                    str(ddp_run / "run"), "--log-to", "tensorboard", "--max-steps", "3",
+                    "--log-every", "1", "--eval-every", "3", "--val-bleu", "20",
+                    "--device", "cpu", "--out", str(out))  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    assert "fine-tuning from" in tuned.stderr
+    assert_events_equal_metrics(out)
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1  # rank 0 only
+    state = json.loads((resolve(out) / "trainer_state.json").read_text())
+    assert state["init_from"]["step"] == STEPS and state["position"]["step"] == 3
+
+
 def _rank_pid(parent: int, rank: int) -> int | None:
     """The pid of the child process started with RANK=<rank> (Linux /proc)."""
     for entry in Path("/proc").iterdir():
