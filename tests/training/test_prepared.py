@@ -214,3 +214,23 @@ def test_the_tokenizer_is_trained_on_a_sample(small_data: Path, tmp_path: Path) 
     whole = Tokenizer.load(prepare(str(small_data), tmp_path / "q", vocab_size=60).folder
                            / "tokenizer.json")  # fmt: skip
     assert whole.sha256() != expected.sha256()
+
+
+def test_train_trains_its_tokenizer_on_a_sample_too(
+    small_data: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    from tformer.data.columns import sample_rows
+    from tformer.data.tokenizer import train_tokenizer
+
+    code, output = run_cli("train", "--data", str(small_data), "--preset", "tiny",
+                           "--vocab-size", "60", "--tokenizer-sample", "40", "--max-steps", "1",
+                           "--out", str(tmp_path / "run"))  # fmt: skip
+    assert code == 0, output
+    chosen = sample_rows(load_text_pairs(str(small_data))["train"], 40, 0)
+    expected = train_tokenizer((t for p in chosen for t in p), vocab_size=60)
+    saved = Tokenizer.load(resolve(tmp_path / "run") / "tokenizer.json")
+    assert saved.sha256() == expected.sha256()
+    code, output = run_cli("train", "--data", str(small_data), "--tokenizer-sample", "0",
+                           "--out", str(tmp_path / "bad"))  # fmt: skip
+    assert code == 2 and "--tokenizer-sample 0 must be at least 1 pair" in output
+    assert not (tmp_path / "bad").exists()

@@ -18,7 +18,7 @@ from tformer.cli.options import config_parameter, existing_file, with_parameters
 from tformer.cli.progress import RichReporter, show_dry_run
 from tformer.config import PRESETS, RECIPES, ModelConfig, TrainConfig, parse_duration
 from tformer.data.prepare import default_cache_dir
-from tformer.data.tokenizer import TOKENIZER_KINDS
+from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, TOKENIZER_KINDS
 from tformer.device import set_threads
 from tformer.errors import ConfigError
 from tformer.training.configs import Settings, dump_config
@@ -88,7 +88,11 @@ _CONFIG_PARAMETERS = [
         for name in TRAIN_OPTIONS
     ),
 ]
-_TOKENIZER_OPTIONS = {"tokenizer_kind": "kind", "vocab_size": "vocab_size"}
+_TOKENIZER_OPTIONS = {
+    "tokenizer_kind": "kind",
+    "vocab_size": "vocab_size",
+    "tokenizer_sample": "sample",
+}
 
 
 @app.command("train")
@@ -178,6 +182,12 @@ def train_command(
     separate_vocab: bool = typer.Option(
         False, "--separate-vocab", help="Separate source and target vocabularies."
     ),
+    tokenizer_sample: int = typer.Option(
+        DEFAULT_TOKENIZER_SAMPLE,
+        "--tokenizer-sample",
+        help="Train an automatic tokenizer on at most this many training pairs, drawn at "
+        "random (all of a smaller corpus).",
+    ),
     threads: int | None = typer.Option(
         None,
         "--threads",
@@ -241,6 +251,8 @@ def train_command(
         given["time_budget"] = parse_duration(given["time_budget"])
     if n_layers is not None:
         given["n_layers"] = n_layers
+    if tokenizer_sample < 1:
+        raise ConfigError(f"--tokenizer-sample {tokenizer_sample} must be at least 1 pair")
     tokenizer_spec = {
         new: ctx.params[old] for old, new in _TOKENIZER_OPTIONS.items() if _given(ctx, old)
     }
@@ -277,6 +289,7 @@ def train_command(
             tokenizer_kind=job.tokenizer.kind,
             vocab_size=job.tokenizer.vocab_size,
             shared_vocab=job.tokenizer.shared,
+            tokenizer_sample=job.tokenizer.sample,
             resume=resume or False,
             overwrite=overwrite,
             strict=strict,

@@ -80,6 +80,7 @@ def train(
     tokenizer_kind: str | None = None,
     vocab_size: int | None = None,
     shared_vocab: bool | None = None,
+    tokenizer_sample: int | None = None,
     resume: bool | str | Path = False,
     overwrite: bool = False,
     strict: bool = False,
@@ -101,7 +102,8 @@ def train(
         settings: what `tformer train` was asked for (used when ``train_config`` is None).
         out: the run folder (default ``checkpoints/<data name>``).
         tokenizer: a ``tokenizer.json`` to use; trained on the data when None, as
-            ``tokenizer_kind`` (bpe), ``vocab_size`` (8000), ``shared_vocab`` (True) say.
+            ``tokenizer_kind`` (bpe), ``vocab_size`` (8000), ``shared_vocab`` (True) say, on at
+            most ``tokenizer_sample`` training pairs drawn at random (500,000).
         resume: True to continue the run in ``out`` from its latest checkpoint, or the path of
             a run folder or of one of its ``step-*`` checkpoints. The run then follows exactly
             the trajectory it would have followed uninterrupted (bit for bit on a CPU).
@@ -126,7 +128,12 @@ def train(
         DivergedError: the loss or a gradient became NaN / inf (the last good checkpoint stays).
         TrainingInterrupted: SIGINT / SIGTERM; a checkpoint was written first.
     """
-    given = {"kind": tokenizer_kind, "vocab_size": vocab_size, "shared": shared_vocab}
+    given = {
+        "kind": tokenizer_kind,
+        "vocab_size": vocab_size,
+        "shared": shared_vocab,
+        "sample": tokenizer_sample,
+    }
     targets = log_targets(log_to)
     check_installed(targets)  # before anything is loaded or written
     options = RunOptions(
