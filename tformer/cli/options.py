@@ -15,6 +15,7 @@ import typer
 
 from tformer.cli.console import err_console
 from tformer.config import TrainConfig, flag
+from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, TOKENIZER_KINDS
 from tformer.decoding.settings import DecodingConfig, check_rows
 from tformer.errors import ConfigError, DataError
 
@@ -64,6 +65,18 @@ TARGET_FIELD = typer.Option(
     "--target-field",
     "--tgt-lang",
     help=field_help(TrainConfig, "target_field"),
+)
+# The options of an automatic tokenizer, shared by `train` and `prepare`.
+TOKENIZER_KIND = typer.Option("bpe", "--tokenizer-kind", help=" | ".join(TOKENIZER_KINDS))
+VOCAB_SIZE = typer.Option(8000, "--vocab-size", help="For an automatic tokenizer.")
+SEPARATE_VOCAB = typer.Option(
+    False, "--separate-vocab", help="Separate source and target vocabularies."
+)
+TOKENIZER_SAMPLE = typer.Option(
+    DEFAULT_TOKENIZER_SAMPLE,
+    "--tokenizer-sample",
+    help="Train an automatic tokenizer on at most this many training pairs, drawn at random "
+    "(all of a smaller corpus).",
 )
 TEMPERATURE = typer.Option(
     default(DecodingConfig, "temperature"),

@@ -9,11 +9,19 @@ from rich.markup import escape
 
 from tformer.cli.app import app
 from tformer.cli.console import console
-from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD, existing_file
+from tformer.cli.options import (
+    DATA,
+    SEPARATE_VOCAB,
+    SOURCE_FIELD,
+    TARGET_FIELD,
+    TOKENIZER_KIND,
+    TOKENIZER_SAMPLE,
+    VOCAB_SIZE,
+    existing_file,
+)
 from tformer.cli.progress import TokenisingBar
 from tformer.cli.train import MAX_PROCESSES
-from tformer.data.prepare import DEFAULT_TOKENIZER_SAMPLE, prepare
-from tformer.data.tokenizer import TOKENIZER_KINDS
+from tformer.data.prepare import prepare
 from tformer.errors import ConfigError
 
 
@@ -26,16 +34,10 @@ def prepare_command(
     tokenizer: Path | None = typer.Option(
         None, "--tokenizer", help="tokenizer.json to use (default: train one on a sample)."
     ),
-    tokenizer_kind: str = typer.Option("bpe", "--tokenizer-kind", help=" | ".join(TOKENIZER_KINDS)),
-    vocab_size: int = typer.Option(8000, "--vocab-size", help="For an automatic tokenizer."),
-    separate_vocab: bool = typer.Option(
-        False, "--separate-vocab", help="Separate source and target vocabularies."
-    ),
-    tokenizer_sample: int = typer.Option(
-        DEFAULT_TOKENIZER_SAMPLE,
-        "--tokenizer-sample",
-        help="Train the tokenizer on at most this many training pairs, drawn at random.",
-    ),
+    tokenizer_kind: str = TOKENIZER_KIND,
+    vocab_size: int = VOCAB_SIZE,
+    separate_vocab: bool = SEPARATE_VOCAB,
+    tokenizer_sample: int = TOKENIZER_SAMPLE,
     max_len: int = typer.Option(
         256, "--max-len", help="Drop pairs longer than this (train with the same or less)."
     ),

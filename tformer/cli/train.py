@@ -14,11 +14,18 @@ from typing import Any
 import typer
 
 from tformer.cli.app import app
-from tformer.cli.options import config_parameter, existing_file, with_parameters
+from tformer.cli.options import (
+    SEPARATE_VOCAB,
+    TOKENIZER_KIND,
+    TOKENIZER_SAMPLE,
+    VOCAB_SIZE,
+    config_parameter,
+    existing_file,
+    with_parameters,
+)
 from tformer.cli.progress import RichReporter, show_dry_run
 from tformer.config import PRESETS, RECIPES, ModelConfig, TrainConfig, parse_duration
 from tformer.data.prepare import default_cache_dir
-from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, TOKENIZER_KINDS
 from tformer.device import set_threads
 from tformer.errors import ConfigError
 from tformer.training.configs import Settings, dump_config
@@ -175,19 +182,10 @@ def train_command(
         help="tokenizer.json to use (default: train one on the data).",
         show_default=False,
     ),
-    tokenizer_kind: str = typer.Option(
-        "bpe", "--tokenizer-kind", help=f"{' | '.join(TOKENIZER_KINDS)}"
-    ),
-    vocab_size: int = typer.Option(8000, "--vocab-size", help="For an automatic tokenizer."),
-    separate_vocab: bool = typer.Option(
-        False, "--separate-vocab", help="Separate source and target vocabularies."
-    ),
-    tokenizer_sample: int = typer.Option(
-        DEFAULT_TOKENIZER_SAMPLE,
-        "--tokenizer-sample",
-        help="Train an automatic tokenizer on at most this many training pairs, drawn at "
-        "random (all of a smaller corpus).",
-    ),
+    tokenizer_kind: str = TOKENIZER_KIND,
+    vocab_size: int = VOCAB_SIZE,
+    separate_vocab: bool = SEPARATE_VOCAB,
+    tokenizer_sample: int = TOKENIZER_SAMPLE,
     threads: int | None = typer.Option(
         None,
         "--threads",
