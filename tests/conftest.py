@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from tformer.config import ModelConfig, TrainConfig, preset
+from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.config import RECIPES, ModelConfig, TrainConfig, preset
+from tformer.data.sources import bundled_data_dir
 from tformer.decoding.settings import Hypothesis
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
@@ -143,3 +147,51 @@ def compared_runs(toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     ], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return runs
+
+
+# -- the `dates` recipe trained briefly on the bundled data -----------------------------------
+
+ALIGNMENT_STEPS = 800  # the whole fixture takes about 60 s on 2 free cores (the recipe: 150 s)
+NUMERIC_DATE = re.compile(r"[0-9/.\-]+")  # 03/06/2025, 6.3.2025, 2025-3-6, 20250306 ...
+
+
+@pytest.fixture(scope="session")
+def date_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
+    """The `dates` recipe's architecture trained briefly on the bundled data.
+
+    Held-out splits are cut down because every run ends by decoding its validation split.
+    """
+    data = tmp_path_factory.mktemp("dates-data")
+    bundled = bundled_data_dir()
+    shutil.copy(bundled / "train.jsonl", data / "train.jsonl")
+    for split, keep in (("validation", 200), ("test", 100)):
+        lines = (bundled / f"{split}.jsonl").read_text(encoding="utf-8").splitlines(True)
+        (data / f"{split}.jsonl").write_text("".join(lines[:keep]), encoding="utf-8")
+    recipe = RECIPES["dates"]
+    config = TrainConfig(**{**recipe["train"], "data": str(data), "time_budget": None,
+                            "max_steps": ALIGNMENT_STEPS,
+                            "eval_every": 1000, "save_every": 1000})
+    return train(ModelConfig(**recipe["model"]), config, out=tmp_path_factory.mktemp("dates"))
+
+
+@pytest.fixture(scope="session")
+def date_model(date_run: TrainResult) -> Checkpoint:
+    return load_checkpoint(date_run.run_dir)
+
+
+def numeric_dates(n: int) -> list[dict[str, str]]:
+    """Test pairs whose source writes the year's four digits as they appear in the target."""
+    pairs = []
+    with open(bundled_data_dir() / "test.jsonl", encoding="utf-8") as handle:
+        for line in handle:
+            pair = json.loads(line)
+            if NUMERIC_DATE.fullmatch(pair["source"]) and pair["target"][:4] in pair["source"]:
+                pairs.append(pair)
+    return pairs[-n:]  # from the end: the run above evaluates on the first 100
+
+
+def token_at(offsets: list[tuple[int, int]], char: int) -> int:
+    """The last token covering character ``char`` (a leading "▁" shares the first digit's)."""
+    return max(i for i, (start, end) in enumerate(offsets) if start <= char < end)
+
+

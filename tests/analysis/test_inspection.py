@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +12,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from tests.conftest import ALIGNMENT_STEPS, numeric_dates, token_at
 from tformer.analysis.attention import (
     AttentionResult,
     inspect_attention,
@@ -21,13 +20,13 @@ from tformer.analysis.attention import (
 from tformer.analysis.attention_files import load_attention, save_attention
 from tformer.analysis.head_stats import eos_column, head_statistics
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
-from tformer.config import PAD_ID, RECIPES, ModelConfig, TrainConfig, preset
+from tformer.config import PAD_ID, preset
 from tformer.data.pairs import encode_pairs
-from tformer.data.sources import bundled_data_dir, load_text_pairs
+from tformer.data.sources import load_text_pairs
 from tformer.errors import ConfigError, DataError
 from tformer.model import Transformer
 from tformer.model.attention import MultiHeadAttention
-from tformer.training.run import TrainResult, train
+from tformer.training.run import TrainResult
 from tformer.training.validation import exact_match
 
 
@@ -311,34 +310,6 @@ def test_loading_a_foreign_file_is_a_clear_error(tmp_path: Path) -> None:
 
 # -- alignment on the bundled date task -------------------------------------------------------
 
-ALIGNMENT_STEPS = 800  # the whole fixture takes about 60 s on 2 free cores (the recipe: 150 s)
-NUMERIC = re.compile(r"[0-9/.\-]+")  # 03/06/2025, 6.3.2025, 2025-3-6, 20250306 ...
-
-
-@pytest.fixture(scope="module")
-def date_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
-    """The `dates` recipe's architecture trained briefly on the bundled data.
-
-    Held-out splits are cut down because every run ends by decoding its validation split.
-    """
-    data = tmp_path_factory.mktemp("dates-data")
-    bundled = bundled_data_dir()
-    shutil.copy(bundled / "train.jsonl", data / "train.jsonl")
-    for split, keep in (("validation", 200), ("test", 100)):
-        lines = (bundled / f"{split}.jsonl").read_text(encoding="utf-8").splitlines(True)
-        (data / f"{split}.jsonl").write_text("".join(lines[:keep]), encoding="utf-8")
-    recipe = RECIPES["dates"]
-    config = TrainConfig(**{**recipe["train"], "data": str(data), "time_budget": None,
-                            "max_steps": ALIGNMENT_STEPS,
-                            "eval_every": 1000, "save_every": 1000})
-    return train(ModelConfig(**recipe["model"]), config, out=tmp_path_factory.mktemp("dates"))
-
-
-@pytest.fixture(scope="module")
-def date_model(date_run: TrainResult) -> Checkpoint:
-    return load_checkpoint(date_run.run_dir)
-
-
 def test_dates_recipe_meets_the_quick_start_target_in_a_fixed_number_of_steps(
     date_run: TrainResult, date_model: Checkpoint
 ) -> None:
@@ -353,22 +324,6 @@ def test_dates_recipe_meets_the_quick_start_target_in_a_fixed_number_of_steps(
     hits = exact_match(date_run.model, test, tokenizers)[0]
     print(f"dates recipe: {hits:.1%} exact match after {date_run.step} steps")
     assert hits >= 0.95, f"{hits:.1%} after {date_run.step} steps"
-
-
-def numeric_dates(n: int) -> list[dict[str, str]]:
-    """Test pairs whose source writes the year's four digits as they appear in the target."""
-    pairs = []
-    with open(bundled_data_dir() / "test.jsonl", encoding="utf-8") as handle:
-        for line in handle:
-            pair = json.loads(line)
-            if NUMERIC.fullmatch(pair["source"]) and pair["target"][:4] in pair["source"]:
-                pairs.append(pair)
-    return pairs[-n:]  # from the end: the run above evaluates on the first 100
-
-
-def token_at(offsets: list[tuple[int, int]], char: int) -> int:
-    """The last token covering character ``char`` (a leading "▁" shares the first digit's)."""
-    return max(i for i, (start, end) in enumerate(offsets) if start <= char < end)
 
 
 def test_cross_attention_aligns_year_digits_on_the_date_task(date_model: Checkpoint) -> None:
