@@ -18,6 +18,7 @@ from tformer.cli.options import (
     DATA,
     DEVICE,
     LENGTH_PENALTY,
+    MASK_HEADS,
     MAX_NEW_TOKENS,
     MIN_NEW_TOKENS,
     MIN_P,
@@ -30,6 +31,7 @@ from tformer.cli.options import (
     TEMPERATURE,
     TOP_K,
     TOP_P,
+    apply_mask_heads,
     apply_quantize,
     check_batch_size,
     decoding_config,
@@ -74,6 +76,7 @@ def evaluate_command(
     batch_size: int = typer.Option(64, "--batch-size"),
     device: str = DEVICE,
     quantize: str = QUANTIZE,
+    mask_heads: str | None = MASK_HEADS,
 ) -> None:
     """Translate a split and report sacreBLEU and chrF (with signatures), loss and perplexity.
 
@@ -90,12 +93,14 @@ def evaluate_command(
         raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
     pairs = splits[split][:limit] if limit else splits[split]
     ckpt = load_checkpoint(checkpoint, resolve_device(device))
+    masked = apply_mask_heads(ckpt.model, mask_heads)
     apply_quantize(ckpt.model, quantize)
     folder_option(out or ckpt.path / f"eval-{split}", "--out")
     err_console.print(f"translating {len(pairs):,} pairs of {split} …")
     warn_long_inputs(ckpt.tokenizers.source, [s for s, _ in pairs], ckpt.model_config.max_len)
     result = evaluate(ckpt, pairs, split=split, decoding=decoding, batch_size=batch_size)
     result.decoding["quantize"] = quantize  # the card says whether int8 made these outputs
+    result.decoding["mask_heads"] = masked  # ... and which heads were silenced
     card = result_card(ckpt, result, data=data, pairs=pairs)
     folder = out or ckpt.path / f"eval-{split}"
     try:

@@ -24,6 +24,7 @@ from tformer.cli.options import (
     DEVICE,
     INPUT_FILE,
     LENGTH_PENALTY,
+    MASK_HEADS,
     MAX_NEW_TOKENS,
     MIN_NEW_TOKENS,
     MIN_P,
@@ -36,6 +37,7 @@ from tformer.cli.options import (
     TEXTS,
     TOP_K,
     TOP_P,
+    apply_mask_heads,
     apply_quantize,
     check_batch_size,
     decoding_config,
@@ -56,8 +58,9 @@ NUM_SAMPLES = typer.Option(
 )
 
 
-def _prepare(model: Transformer, quantize: str) -> None:
-    """int8 layers with --quantize int8; tformer's float32 speed-ups otherwise."""
+def _prepare(model: Transformer, quantize: str, mask_heads: str | None) -> None:
+    """--mask-heads; int8 layers with --quantize int8; tformer's float32 speed-ups otherwise."""
+    apply_mask_heads(model, mask_heads)
     if quantize == "none":
         accelerate(model)
     else:
@@ -112,6 +115,7 @@ def generate_command(
     ),
     device: str = DEVICE,
     quantize: str = QUANTIZE,
+    mask_heads: str | None = MASK_HEADS,
 ) -> None:
     """Generate outputs; one line per output, in input order (an input's outputs together).
 
@@ -137,14 +141,14 @@ def generate_command(
         if texts or input_file is not None:
             raise ConfigError("--interactive reads inputs at a prompt: drop TEXT / --input-file")
         loaded = load_checkpoint(checkpoint, resolve_device(device))
-        _prepare(loaded.model, quantize)
+        _prepare(loaded.model, quantize, mask_heads)
         _interactive(loaded, config, as_json=as_json, stream=stream)
         return
     inputs = read_inputs(texts, input_file)
     if explain_steps and len(inputs) != 1:
         raise ConfigError(f"--explain shows one input at a time; got {len(inputs)}")
     loaded = load_checkpoint(checkpoint, resolve_device(device))
-    _prepare(loaded.model, quantize)
+    _prepare(loaded.model, quantize, mask_heads)
     warn_long_inputs(loaded.tokenizers.source, inputs, loaded.model_config.max_len)
     if compare:
         settings = default_settings(max_new_tokens=max_new_tokens, seed=seed or 0)

@@ -20,8 +20,10 @@ from tformer.cli.console import console, err_console
 from tformer.cli.options import (
     CHECKPOINT,
     DEVICE,
+    MASK_HEADS,
     SEED,
     TEMPERATURE,
+    apply_mask_heads,
     warn_long_inputs,
     warn_long_target,
 )
@@ -85,6 +87,7 @@ def inspect_attention_command(
     temperature: float = TEMPERATURE,
     seed: int | None = SEED,
     device: str = DEVICE,
+    mask_heads: str | None = MASK_HEADS,
 ) -> None:
     """Show attention weights as heatmaps with token labels, or save them.
 
@@ -107,6 +110,7 @@ def inspect_attention_command(
     check_save_path(save)
     decoding = DecodingConfig(temperature=temperature, seed=seed)
     loaded = load_checkpoint(checkpoint, resolve_device(device))
+    apply_mask_heads(loaded.model, mask_heads)
     warn_long_inputs(loaded.tokenizers.source, [text], loaded.model_config.max_len)
     if target is not None:
         warn_long_target(loaded.tokenizers.target, target, loaded.model_config.max_len)

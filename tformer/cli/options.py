@@ -318,3 +318,27 @@ def apply_quantize(model: Transformer, quantize: str) -> None:
     device = next(model.parameters()).device
     if check_quantize(quantize, device):
         quantize_int8(model)
+
+
+MASK_HEADS = typer.Option(
+    None,
+    "--mask-heads",
+    help="Silence these attention heads (output zeroed before W^O): PART.LAYER.HEAD, "
+    "comma-separated, PART enc | dec | cross, 0-based, * for every head of a layer "
+    "(e.g. enc.0.1,cross.1.*).",
+    show_default=False,
+)
+
+
+def apply_mask_heads(model: Transformer, mask_heads: str | None) -> list[str]:
+    """``--mask-heads``: silence the named heads of ``model`` in place; their names."""
+    if mask_heads is None:
+        return []
+    from tformer.model.heads import mask_heads as silence
+    from tformer.model.heads import parse_heads
+
+    heads = parse_heads(mask_heads, model)
+    silence(model, heads)
+    names = [str(h) for h in heads]
+    err_console.print(f"masked {len(names)} head(s): {', '.join(names)}", highlight=False)
+    return names

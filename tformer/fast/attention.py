@@ -120,6 +120,7 @@ class FastMultiHeadAttention(MultiHeadAttention):
         k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, H, t, d_k)
         # No causal mask: the one new query may see every cached key.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=memory_mask)  # (B, H, 1, d_k)
+        out = self.gate_heads(out)
         # With one query position the heads already lie side by side: no transpose needed.
         return direct(self.out_proj, out.reshape(b, 1, self.n_heads * self.d_k))
 
@@ -189,7 +190,7 @@ class FastMultiHeadAttention(MultiHeadAttention):
         keys = (k @ w_q) * scale  # (H, S, D)
         key_bias = (k @ q_bias.view(h, d_k, 1)).view(h * length) * scale
         w_o = o_weight.view(-1, h, d_k).permute(1, 2, 0)  # (H, d_k, D): O_hᵀ
-        values = (v @ w_o).reshape(h * length, -1)  # (H·S, D)
+        values = self.gate_heads((v @ w_o)[None])[0].reshape(h * length, -1)  # (H·S, D)
         cache.folded = FoldedSource(
             keys.reshape(h * length, -1), key_bias, values.t().contiguous(), o_bias, h, length
         )

@@ -1,6 +1,7 @@
 """Scaled dot-product and multi-head attention (Vaswani et al., 2017, section 3.2),
 with two later variants: grouped-query attention (Ainslie et al., 2023) and rotary positions
-(Su et al., 2021) on self-attention's queries and keys.
+(Su et al., 2021) on self-attention's queries and keys; and, for analysis, a gate per head
+(Michel et al., 2019) that silences chosen heads.
 
 Shape legend:
     B  batch size            H    number of (query) heads
@@ -112,7 +113,14 @@ class MultiHeadAttention(nn.Module):
     key/value matrix is D x 2·G·d_k and each group of H / G query heads shares one key/value
     head, so a cache holds G heads, not H. With a ``rotary`` embedding (RoPE, Su et al. 2021;
     self-attention only) queries and keys are rotated by their positions before the scores.
+
+    Head masks (Michel et al. 2019, "Are Sixteen Heads Really Better than One?"):
+    MultiHead = Concat(ξ_1 head_1, ..., ξ_h head_h) W^O with a gate ξ_i in {0, 1}, so a masked
+    head's output is zeroed before W^O. ``head_gate`` is None (every ξ_i = 1) unless
+    :func:`tformer.model.heads.mask_heads` sets it; it is a setting, never saved.
     """
+
+    head_gate: Tensor | None
 
     def __init__(
         self,
@@ -136,6 +144,8 @@ class MultiHeadAttention(nn.Module):
         self.kv_proj = nn.Linear(d_model, 2 * self.kv_heads * self.d_k)
         self.out_proj = nn.Linear(d_model, d_model)
         self.rotary = rotary
+        # A buffer so it follows the model's device; not persistent: checkpoints never hold it.
+        self.register_buffer("head_gate", None, persistent=False)
 
     @property
     def groups(self) -> int:
@@ -190,9 +200,16 @@ class MultiHeadAttention(nn.Module):
         assert k is not None and v is not None
         k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, H, K, d_k)
         out, weights = self.attend(q, k, v, mask, causal=causal, need_weights=need_weights)
+        out = self.gate_heads(out)
         b, _, q_len, _ = out.shape
         out = out.transpose(1, 2).reshape(b, q_len, self.n_heads * self.d_k)  # (B, Q, D)
         return self.out_proj(out), weights
+
+    def gate_heads(self, out: Tensor) -> Tensor:
+        """(B, H, Q, d_k) head outputs times their gates ξ (unchanged without a head mask)."""
+        if self.head_gate is None:
+            return out
+        return out * self.head_gate.to(out.dtype).view(1, self.n_heads, 1, 1)
 
     def attend(
         self,

@@ -1,0 +1,155 @@
+"""Naming attention heads and masking them (Michel et al., 2019).
+
+A head is named ``<part>.<layer>.<head>``, 0-based: ``enc`` for the encoder's self-attention,
+``dec`` for the decoder's causal self-attention and ``cross`` for its cross-attention, so
+``cross.1.3`` is head 3 of the second decoder layer's cross-attention. ``*`` in place of the
+head names every head of that layer. Masking sets the gate ξ of each named head to 0 (see
+:class:`tformer.model.attention.MultiHeadAttention`): its output is zeroed before W^O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from tformer.errors import ConfigError
+from tformer.model.attention import MultiHeadAttention
+from tformer.model.layers import DecoderLayer, EncoderLayer
+from tformer.model.transformer import Transformer
+
+PARTS: dict[str, str] = {
+    "enc": "encoder self-attention",
+    "dec": "decoder self-attention",
+    "cross": "cross-attention",
+}
+
+
+@dataclass(frozen=True)
+class HeadName:
+    """One attention head: its part (``enc``, ``dec``, ``cross``), layer and head, 0-based."""
+
+    part: str
+    layer: int
+    head: int
+
+    def __str__(self) -> str:
+        return f"{self.part}.{self.layer}.{self.head}"
+
+
+def attention_layers(model: Transformer) -> dict[str, list[MultiHeadAttention]]:
+    """The model's attention sub-layers by part, in layer order."""
+    parts: dict[str, list[MultiHeadAttention]] = {part: [] for part in PARTS}
+    for layer in model.encoder.layers:
+        assert isinstance(layer, EncoderLayer)
+        parts["enc"].append(layer.self_attn)
+    for layer in model.decoder.layers:
+        assert isinstance(layer, DecoderLayer)
+        parts["dec"].append(layer.self_attn)
+        parts["cross"].append(layer.cross_attn)
+    return parts
+
+
+def all_heads(model: Transformer) -> list[HeadName]:
+    """Every head of the model, part by part, layer by layer."""
+    return [
+        HeadName(part, i, h)
+        for part, layers in attention_layers(model).items()
+        for i, layer in enumerate(layers)
+        for h in range(layer.n_heads)
+    ]
+
+
+def parse_heads(text: str, model: Transformer, option: str = "--mask-heads") -> list[HeadName]:
+    """``"enc.0.1,cross.1.*"`` -> the heads it names, checked against ``model``.
+
+    Negative layer and head numbers count from the end, as in ``inspect-attention``.
+
+    Raises:
+        ConfigError: naming ``option``, for an unknown part, a malformed name or an index
+            out of range.
+    """
+    layers = attention_layers(model)
+    heads: list[HeadName] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        fields = item.split(".")
+        if len(fields) != 3 or fields[0] not in PARTS:
+            raise ConfigError(
+                f"{option} {item!r}: write heads as PART.LAYER.HEAD with PART one of "
+                f"{', '.join(PARTS)} (e.g. enc.0.1, cross.1.*)"
+            )
+        part, layer_text, head_text = fields
+        layer = _index(layer_text, len(layers[part]), f"{option} {item!r}: layer", part)
+        n_heads = layers[part][layer].n_heads
+        if head_text == "*":
+            heads.extend(HeadName(part, layer, h) for h in range(n_heads))
+        else:
+            head = _index(head_text, n_heads, f"{option} {item!r}: head", part)
+            heads.append(HeadName(part, layer, head))
+    if not heads:
+        raise ConfigError(f"{option} {text!r} names no head (e.g. enc.0.1,cross.1.*)")
+    return sorted(set(heads), key=_model_order)
+
+
+def _model_order(head: HeadName) -> tuple[int, int, int]:
+    return list(PARTS).index(head.part), head.layer, head.head
+
+
+def _index(text: str, size: int, what: str, part: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{what} {text!r} is not a number") from None
+    if not -size <= value < size:
+        raise ConfigError(
+            f"{what} {value} is out of range: {PARTS[part]} has {size} "
+            f"(0..{size - 1}, or negative from the end)"
+        )
+    return value % size
+
+
+def mask_heads(model: Transformer, heads: Iterable[HeadName]) -> None:
+    """Silence exactly ``heads`` (their gates to 0, every other head's back to 1), in place.
+
+    An empty ``heads`` removes every mask. The gates follow the model's device and are not
+    saved with it.
+    """
+    wanted = set(heads)
+    device = model.decoder.embedding.weight.device  # float even in an int8 model
+    for part, layers in attention_layers(model).items():
+        for i, attention in enumerate(layers):
+            silenced = [h for h in range(attention.n_heads) if HeadName(part, i, h) in wanted]
+            if not silenced:
+                attention.head_gate = None
+                continue
+            gate = torch.ones(attention.n_heads, device=device)
+            gate[silenced] = 0.0
+            attention.head_gate = gate
+
+
+def masked(model: Transformer) -> list[HeadName]:
+    """The heads masked in ``model`` now."""
+    return [
+        HeadName(part, i, h)
+        for part, layers in attention_layers(model).items()
+        for i, attention in enumerate(layers)
+        if attention.head_gate is not None
+        for h in range(attention.n_heads)
+        if float(attention.head_gate[h]) == 0.0
+    ]
+
+
+@contextmanager
+def heads_masked(model: Transformer, heads: Sequence[HeadName]) -> Iterator[Transformer]:
+    """Within the block, ``heads`` are masked (and only they); the earlier masks come back
+    afterwards."""
+    before = masked(model)
+    mask_heads(model, heads)
+    try:
+        yield model
+    finally:
+        mask_heads(model, before)
