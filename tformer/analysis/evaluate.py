@@ -17,31 +17,44 @@ from typing import Any
 import torch
 
 from tformer.checkpoint.files import write_text_atomic
-from tformer.checkpoint.store import Checkpoint
-from tformer.data.batching import BatchPlan
+from tformer.checkpoint.store import Checkpoint, Tokenizers
+from tformer.data.batching import Batch, BatchPlan
 from tformer.data.pairs import encode_pairs
 from tformer.data.sources import TextPair
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
 from tformer.device import cpuinfo
 from tformer.metrics import EVAL_BATCH_TOKENS, Scores, corpus_scores
+from tformer.model import Transformer
 from tformer.training.loss import sequence_loss
 from tformer.version import __version__
 
 
+def teacher_forced_batches(
+    tokenizers: Tokenizers, pairs: Sequence[TextPair], max_len: int, device: torch.device
+) -> list[Batch]:
+    """``pairs`` tokenised and cut into token-budget batches on ``device``, in a fixed order."""
+    split = encode_pairs(pairs, tokenizers.source, tokenizers.target, max_len)
+    return [
+        batch.to(device) for batch in BatchPlan(split.pairs, EVAL_BATCH_TOKENS, seed=0).batches(0)
+    ]
+
+
 @torch.no_grad()
-def teacher_forced_loss(ckpt: Checkpoint, pairs: Sequence[TextPair]) -> tuple[float, int]:
-    """Mean per-token cross-entropy under teacher forcing, and the number of target tokens."""
-    split = encode_pairs(
-        pairs, ckpt.tokenizers.source, ckpt.tokenizers.target, ckpt.model_config.max_len
-    )
-    device = next(ckpt.model.parameters()).device
+def batches_loss(model: Transformer, batches: Sequence[Batch]) -> tuple[float, int]:
+    """Mean per-token cross-entropy of ``model`` over ``batches``, and the number of tokens."""
     total, tokens = 0.0, 0
-    for batch in BatchPlan(split.pairs, EVAL_BATCH_TOKENS, seed=0).batches(0):
-        batch = batch.to(device)
-        total += float(sequence_loss(ckpt.model(batch.src, batch.tgt_in).logits, batch.tgt_out))
+    for batch in batches:
+        total += float(sequence_loss(model(batch.src, batch.tgt_in).logits, batch.tgt_out))
         tokens += batch.n_target_tokens
     return total / max(tokens, 1), tokens
+
+
+def teacher_forced_loss(ckpt: Checkpoint, pairs: Sequence[TextPair]) -> tuple[float, int]:
+    """Mean per-token cross-entropy under teacher forcing, and the number of target tokens."""
+    device = next(ckpt.model.parameters()).device
+    batches = teacher_forced_batches(ckpt.tokenizers, pairs, ckpt.model_config.max_len, device)
+    return batches_loss(ckpt.model, batches)
 
 
 @dataclass

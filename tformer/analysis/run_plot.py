@@ -74,13 +74,14 @@ def plot_curves(comparison: Comparison, path: Path, *, option: str = "--plot") -
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
         axes[0][0].legend(fontsize=8)
-        _save_atomically(fig, path, option)
+        save_figure(fig, path, option)
     finally:
         plt.close(fig)
     return path
 
 
-def _save_atomically(fig: Figure, path: Path, option: str) -> None:
+def save_figure(fig: Figure, path: Path, option: str) -> None:
+    """Write ``fig`` to ``path`` atomically (a temporary file beside it, then renamed)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
