@@ -153,3 +153,21 @@ def test_bad_head_names_are_refused_in_one_line(text: str, message: str) -> None
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("*", r"\*")) as info:
         parse_heads(text, model())
     assert "\n" not in str(info.value)
+
+
+def test_int8_decoding_honours_head_masks() -> None:
+    from tformer.fast.int8 import quantize_int8
+
+    m = model()
+    mask_heads(m, parse_heads("cross.0.*,cross.1.*", m))
+    quantize_int8(m)
+    src = batch()[0].tolist()
+    config = DecodingConfig(max_new_tokens=6, min_new_tokens=6)
+    with torch.inference_mode():
+        rows = decode_texts(m, src, config)
+        alone = decode_texts(m, src[:1], config)  # one source: the folded step
+    assert rows[0][0].ids == rows[1][0].ids == rows[2][0].ids == alone[0][0].ids
+    assert rows[0][0].token_logprobs == pytest.approx(rows[2][0].token_logprobs, abs=1e-4)
+    mask_heads(m, [])
+    with torch.inference_mode():
+        assert len({tuple(r[0].ids) for r in decode_texts(m, src, config)}) > 1

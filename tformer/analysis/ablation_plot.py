@@ -42,7 +42,16 @@ def plot_ablation(ablation: Ablation, path: Path, *, option: str = "--save") -> 
             ax.set_yticks(range(len(grid)))
             for r, row in enumerate(grid):
                 for c, value in enumerate(row):
-                    ax.text(c, r, f"{value:.3g}", ha="center", va="center", fontsize=7)
+                    dark = abs(value) > 0.6 * top  # white on the deepest colours
+                    ax.text(
+                        c,
+                        r,
+                        f"{value:.3g}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if dark else "black",
+                    )
         if image is not None:
             label = "BLEU drop when masked" if ablation.metric == "bleu" else "loss increase"
             fig.colorbar(image, ax=axes[0][: len(grids)].tolist(), shrink=0.8, label=label)
