@@ -105,7 +105,8 @@ class PairScore:
     @property
     def mismatches(self) -> list[int]:
         """Positions where the model's top choice is not the label."""
-        return [t for t, (a, b) in enumerate(zip(self.top_ids, self.label_ids)) if a != b]
+        pairs = zip(self.top_ids, self.label_ids, strict=True)
+        return [t for t, (top, label) in enumerate(pairs) if top != label]
 
     def records(self) -> list[dict[str, Any]]:
         """One plain dict per position, keyed by ``POSITION_FIELDS``."""
@@ -221,7 +222,11 @@ def score_pairs(
                 src_ids, tgt_ids = (list(map(int, ids)) for ids in split.pairs[i])
                 figures_of_row = {name: value[row] for name, value in lists.items()}
                 scores[i] = _pair_score(
-                    (kept[i], pairs[kept[i]]), src_ids, tgt_ids, figures_of_row, tokenizers,
+                    (kept[i], pairs[kept[i]]),
+                    src_ids,
+                    tgt_ids,
+                    figures_of_row,
+                    tokenizers,
                     label_smoothing,
                 )
     finally:
