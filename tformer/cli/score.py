@@ -143,8 +143,10 @@ def _check_options(
     if not whole_split and (source is None or reference is None):
         missing = "SOURCE and REFERENCE" if source is None else "REFERENCE"
         raise ConfigError(f"{missing} missing: give SOURCE REFERENCE, or --data D --split S")
-    if limit is not None and (limit < 1 or not whole_split):
-        raise ConfigError(f"--limit {limit} must be >= 1, and applies to a split (--split)")
+    if limit is not None and not whole_split:
+        raise ConfigError(f"--limit {limit} applies to a split; give --data D --split S")
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit {limit} must be >= 1")
     if worst_n < 1:
         raise ConfigError(f"--worst {worst_n} must be >= 1 (pairs shown)")
     if masks and whole_split:
