@@ -237,7 +237,8 @@ def test_cli_split_tables(trained: TrainResult, toy_data: Path) -> None:
         (["3"], 2, "REFERENCE missing"),
         (["3", "three", "--limit", "5"], 2, "--limit 5 applies to a split"),
         (["--data", "{data}", "--masks"], 2, "--masks draws one pair's masks"),
-        (["3", "", ], 3, "the target is empty"),
+        (["3", ""], 3, "the target is empty"),
+        (["1 " * 40, "one"], 3, "tokens, over --max-len 64"),
         (["3", "three", "--out", "{tmp}"], 2, "is a folder"),
     ],
 )

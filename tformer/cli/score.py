@@ -37,7 +37,6 @@ from tformer.cli.options import (
     SOURCE_FIELD,
     TARGET_FIELD,
     file_option,
-    warn_long_inputs,
 )
 from tformer.cli.render import SPECIAL_STYLE, heatmap
 from tformer.config import SPECIAL_TOKENS, UNK, UNK_ID
@@ -100,20 +99,20 @@ def score_command(
     """
     whole_split = data is not None or split is not None
     _check_options(source, reference, whole_split, limit, worst_n, masks, out)
-    if not whole_split:
+    name = split or "test"
+    pairs = _split_pairs(data, name, source_field, target_field, limit) if whole_split else None
+    ckpt = load_checkpoint(checkpoint, resolve_device(device))
+    model = ckpt.model  # scored as it is here: an option that edits the model goes just above
+    smoothing = ckpt.train_config.label_smoothing
+    if pairs is None:
         assert source is not None and reference is not None
-        ckpt = load_checkpoint(checkpoint, resolve_device(device))
-        scored = _score_one(ckpt, source, reference)
+        _warn_unknown_source(ckpt, source)
+        scored = score_pair(model, ckpt.tokenizers, source, reference, label_smoothing=smoothing)
         _write_tsv(out, [scored])
         _show_pair(ckpt, scored, as_json=as_json, masks=masks)
         return
-    name = split or "test"
-    pairs = _split_pairs(data, name, source_field, target_field, limit)
-    ckpt = load_checkpoint(checkpoint, resolve_device(device))
     err_console.print(f"scoring {len(pairs):,} pairs of {escape(name)} …")
-    scores = score_pairs(
-        ckpt.model, ckpt.tokenizers, pairs, label_smoothing=ckpt.train_config.label_smoothing
-    )
+    scores = score_pairs(model, ckpt.tokenizers, pairs, label_smoothing=smoothing)
     _warn_split(scores, len(pairs))
     _write_tsv(out, scores)
     summary = summarize(scores, dropped=len(pairs) - len(scores))
@@ -164,7 +163,9 @@ def _split_pairs(
     return splits[split][:limit] if limit else splits[split]
 
 
-def _score_one(ckpt: Checkpoint, source: str, reference: str) -> PairScore:
+def _warn_unknown_source(ckpt: Checkpoint, source: str) -> None:
+    """A warning (not a refusal): the model can read <unk>, it is the reference that must be
+    scored token by token."""
     unknown = unknown_characters(ckpt.tokenizers.source, source)
     if unknown:
         err_console.print(
@@ -172,14 +173,6 @@ def _score_one(ckpt: Checkpoint, source: str, reference: str) -> PairScore:
             f"cannot be encoded by the source tokenizer; the model reads {UNK} there",
             soft_wrap=True,
         )
-    warn_long_inputs(ckpt.tokenizers.source, [source], ckpt.model_config.max_len)
-    return score_pair(
-        ckpt.model,
-        ckpt.tokenizers,
-        source,
-        reference,
-        label_smoothing=ckpt.train_config.label_smoothing,
-    )
 
 
 def _warn_split(scores: Sequence[PairScore], given: int) -> None:
