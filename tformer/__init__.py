@@ -38,6 +38,7 @@ _EXPORTS: dict[str, str] = {
     "HeadStats": "tformer.analysis.head_stats",
     "Hypothesis": "tformer.decoding.settings",
     "ModelConfig": "tformer.config",
+    "PairScore": "tformer.analysis.score",
     "PRESETS": "tformer.config",
     "RECIPES": "tformer.config",
     "RunSummary": "tformer.analysis.runs",
@@ -51,6 +52,8 @@ _EXPORTS: dict[str, str] = {
     "Transformer": "tformer.model",
     "accelerate": "tformer.fast.accelerate",
     "quantize_int8": "tformer.fast.int8",
+    "score_pair": "tformer.analysis.score",
+    "score_pairs": "tformer.analysis.score",
     "average_checkpoints": "tformer.checkpoint",
     "compare_runs": "tformer.analysis.runs",
     "configure_process": "tformer.fast.process",
@@ -83,6 +86,7 @@ if TYPE_CHECKING:
     from tformer.analysis.explain import StepExplanation, explain
     from tformer.analysis.head_stats import HeadStats, head_statistics
     from tformer.analysis.runs import Comparison, RunSummary, compare_runs
+    from tformer.analysis.score import PairScore, score_pair, score_pairs
     from tformer.checkpoint import (
         Checkpoint,
         Tokenizers,
@@ -139,6 +143,7 @@ __all__ = [
     "HeadStats",
     "Hypothesis",
     "ModelConfig",
+    "PairScore",
     "PRESETS",
     "RECIPES",
     "RunSummary",
@@ -171,6 +176,8 @@ __all__ = [
     "quantize_int8",
     "save_attention",
     "save_checkpoint",
+    "score_pair",
+    "score_pairs",
     "stream_tokens",
     "train",
     "train_tokenizer",

@@ -28,6 +28,7 @@ MEMORY_FLAGS = {
     "evaluate": "--batch-size or --beam-size (or --limit)",
     "train": "--max-tokens (with --accumulate to keep the batch size)",
     "inspect-attention": "the input's length",
+    "score": "the pair's length (or --limit)",
     "average": "the number of checkpoints averaged",
 }
 
