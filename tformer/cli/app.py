@@ -29,6 +29,7 @@ MEMORY_FLAGS = {
     "train": "--max-tokens (with --accumulate to keep the batch size)",
     "inspect-attention": "the input's length",
     "average": "the number of checkpoints averaged",
+    "align": "--max-tokens (or --limit)",
 }
 
 

@@ -1,6 +1,7 @@
 """Every command of the ``tformer`` app: importing a command's module registers it."""
 
 from tformer.cli import (
+    align,
     average,
     compare,
     compare_runs,
@@ -17,6 +18,7 @@ from tformer.cli import (
 from tformer.cli.app import app
 
 __all__ = [
+    "align",
     "app",
     "average",
     "compare",
