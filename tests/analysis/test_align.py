@@ -190,6 +190,16 @@ def test_word_links_are_the_merged_token_links(date_model: Checkpoint) -> None:
     assert len(tokens[1].links) == len(tok.target.encode("2025-03-06"))  # argmax: one a token
 
 
+def test_a_long_input_is_aligned_a_chunk_at_a_time_with_the_same_links(
+    date_model: Checkpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = align(date_model.model, date_model.tokenizers, SOME_PAIRS, threshold=0.2)
+    monkeypatch.setattr("tformer.analysis.align.ALIGN_CHUNK", 2)
+    chunked = align(date_model.model, date_model.tokenizers, SOME_PAIRS, threshold=0.2,
+                    max_tokens=8)
+    assert chunked == whole
+
+
 def year_gold(date_model: Checkpoint, pairs: list[tuple[str, str]]) -> list[GoldAlignment]:
     """Token-level gold of the year: target year digit k -> source year digit k is sure,
     any other pairing of year digits possible."""
@@ -254,7 +264,7 @@ def refused(result: Result, code: int, *pieces: str) -> None:
 
 
 def test_a_split_aligned_to_a_file_equals_the_api(date_model: Checkpoint, tmp_path: Path) -> None:
-    out = tmp_path / "test.align"
+    out = tmp_path / "new-folder" / "test.align"
     result = invoke(date_model.path, "--split", "test", "--limit", "12", "--out", out)
     assert result.exit_code == 0, result.output
     assert result.stdout == "" and "wrote 12 alignments" in result.stderr
@@ -329,6 +339,8 @@ def test_bad_files_are_refused_in_one_line_naming_the_file(
     refused(invoke(date_model.path, *files, "--gold", gold), 3, "has 1 lines for 2 pairs")
     gold.write_text("0-0\n3-0\n", encoding="utf-8")
     refused(invoke(date_model.path, *files, "--gold", gold), 3, "line 2: link 3-0 is outside")
+    gold.write_text("0?0\n1?0\n", encoding="utf-8")
+    refused(invoke(date_model.path, *files, "--gold", gold), 3, "gold.talp: no sure link")
     refused(invoke(date_model.path, "--source", source), 2, "--source and --target go together")
     refused(invoke(date_model.path, *files, "--data", tmp_path), 2, "not both")
     assert not out.exists()

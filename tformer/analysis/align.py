@@ -37,6 +37,7 @@ Link = tuple[int, int]  # (source index, target index), 0-based
 Choice = int | Literal["mean"]
 UNITS = ("words", "tokens")
 ALIGN_BATCH_TOKENS = 4096  # padded tokens a batch; the maps of a batch are L·H·B·T·S floats
+ALIGN_CHUNK = 10_000  # pairs whose maps are held at once (a whole training split would not fit)
 
 _WORD = re.compile(r"\S+")
 
@@ -134,6 +135,14 @@ def check_choice(value: Choice, size: int, flag: str, what: str) -> None:
         )
 
 
+def check_extraction(threshold: float | None, units: str) -> None:
+    """Refuse a threshold outside (0, 1] or units other than words / tokens."""
+    if units not in UNITS:
+        raise ConfigError(f"--units {units!r} must be one of {', '.join(UNITS)}")
+    if threshold is not None and not 0.0 < threshold <= 1.0:
+        raise ConfigError(f"--threshold {threshold} must be in (0, 1]; attention rows sum to 1")
+
+
 def select(cross: Sequence[Tensor], layer: Choice, head: Choice) -> Tensor:
     """(B, T, S): one decoder layer's cross maps or their mean, one head or the heads' mean."""
     maps = cross[layer] if layer != "mean" else torch.stack(list(cross)).mean(0)  # (B, H, T, S)
@@ -228,23 +237,34 @@ def align(
     Raises:
         ConfigError: a layer or head out of range, a threshold outside (0, 1], unknown units.
     """
-    if units not in UNITS:
-        raise ConfigError(f"--units {units!r} must be one of {', '.join(UNITS)}")
-    if threshold is not None and not 0.0 < threshold <= 1.0:
-        raise ConfigError(f"--threshold {threshold} must be in (0, 1]; attention rows sum to 1")
-    maps = cross_attention(model, tokenizers, pairs, layer=layer, head=head,
-                           max_tokens=max_tokens)
-    alignments = []
-    for (source, target), pair_map in zip(pairs, maps, strict=True):
-        links = extract_links(pair_map.weights, threshold)
-        if units == "tokens":
-            alignments.append(Alignment(sorted(links, key=lambda x: (x[1], x[0])),
-                                        _tokens(tokenizers.source.inner, source),
-                                        _tokens(tokenizers.target.inner, target)))
-            continue
-        merged = merge_links(links, pair_map.source_words, pair_map.target_words)
-        alignments.append(Alignment(merged, _words(source), _words(target)))
+    check_extraction(threshold, units)
+    check_choice(layer, model.config.n_decoder_layers, "--layer", "decoder layers")
+    check_choice(head, model.config.n_heads, "--head", "heads")
+    alignments: list[Alignment] = []
+    for start in range(0, len(pairs), ALIGN_CHUNK):  # the maps of one chunk at a time
+        chunk = pairs[start : start + ALIGN_CHUNK]
+        maps = cross_attention(model, tokenizers, chunk, layer=layer, head=head,
+                               max_tokens=max_tokens)
+        alignments.extend(_links(tokenizers, pair, pair_map, threshold, units)
+                          for pair, pair_map in zip(chunk, maps, strict=True))
     return alignments
+
+
+def _links(
+    tokenizers: Tokenizers,
+    pair: tuple[str, str],
+    pair_map: PairMap,
+    threshold: float | None,
+    units: str,
+) -> Alignment:
+    source, target = pair
+    links = extract_links(pair_map.weights, threshold)
+    if units == "tokens":
+        return Alignment(sorted(links, key=lambda link: (link[1], link[0])),
+                         _tokens(tokenizers.source.inner, source),
+                         _tokens(tokenizers.target.inner, target))
+    merged = merge_links(links, pair_map.source_words, pair_map.target_words)
+    return Alignment(merged, _words(source), _words(target))
 
 
 def unit_counts(

@@ -17,7 +17,7 @@ from tformer.analysis.aer import (
     read_pharaoh,
     score_alignments,
 )
-from tformer.analysis.align import UNITS, Choice, align, check_choice, unit_counts
+from tformer.analysis.align import Choice, align, check_choice, check_extraction, unit_counts
 from tformer.checkpoint.files import write_text_atomic
 from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.app import app
@@ -173,10 +173,7 @@ def _align(
     max_tokens: int,
     device: str,
 ) -> None:
-    if units not in UNITS:
-        raise ConfigError(f"--units {units!r} must be one of {', '.join(UNITS)}")
-    if threshold is not None and not 0.0 < threshold <= 1.0:
-        raise ConfigError(f"--threshold {threshold} must be in (0, 1]; attention rows sum to 1")
+    check_extraction(threshold, units)
     aligned = pairs[:limit]
     truth = None
     if gold is not None:
@@ -188,6 +185,11 @@ def _align(
                 "line per pair (with --limit N, N lines or one for every input pair)"
             )
         truth = truth[: len(aligned)]
+        if not any(links.sure for links in truth):
+            raise DataError(
+                f"--gold {gold}: no sure link (i-j) in the lines used, so recall and AER are "
+                "undefined; mark the links annotators were sure of with i-j"
+            )
     pairs = aligned
     ckpt = load_checkpoint(checkpoint, resolve_device(device))
     layer, head = choices
@@ -196,13 +198,13 @@ def _align(
     if truth is not None:  # before any work, and before anything is written
         check_gold_fits(truth, unit_counts(ckpt.tokenizers, pairs, units), f"--gold {gold}")
     warn_long_inputs(ckpt.tokenizers.source, [s for s, _ in pairs], ckpt.model_config.max_len)
-    err_console.print(f"aligning {len(pairs):,} pairs …")
     alignments = align(ckpt.model, ckpt.tokenizers, pairs, layer=layer, head=head,
                        threshold=threshold, units=units, max_tokens=max_tokens)
     text = "".join(a.pharaoh() + "\n" for a in alignments)
     if out is None:
         typer.echo(text, nl=False)
     else:
+        out.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out, text)
         err_console.print(f"wrote {len(alignments):,} alignments to {escape(str(out))}")
     if truth is not None:
