@@ -335,6 +335,8 @@ OOM = [
      torch.OutOfMemoryError("out of memory"), "lower --batch-size"),
     ("inspect-attention", "tformer.cli.inspect_attention.inspect_attention",
      "inspect-attention {run} 3", torch.OutOfMemoryError("out of memory"), "the input's length"),
+    ("align", "tformer.cli.align.align", "align {run} --data {w}/good --out {w}/x.align",
+     torch.OutOfMemoryError("out of memory"), "lower --max-tokens (or --limit)"),
 ]  # fmt: skip
 
 

@@ -22,6 +22,8 @@ from tformer.version import __version__
 
 # Public name -> the module that defines it.
 _EXPORTS: dict[str, str] = {
+    "Alignment": "tformer.analysis.align",
+    "AlignmentScores": "tformer.analysis.aer",
     "AttentionMaps": "tformer.model",
     "AttentionResult": "tformer.analysis.attention",
     "AttentionSelection": "tformer.analysis.attention",
@@ -54,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "quantize_int8": "tformer.fast.int8",
     "score_pair": "tformer.analysis.score",
     "score_pairs": "tformer.analysis.score",
+    "align": "tformer.analysis.align",
     "average_checkpoints": "tformer.checkpoint",
     "compare_runs": "tformer.analysis.runs",
     "configure_process": "tformer.fast.process",
@@ -70,8 +73,10 @@ _EXPORTS: dict[str, str] = {
     "measure_batch_limits": "tformer.training.dryrun",
     "plan_job": "tformer.training.run",
     "preset": "tformer.config",
+    "read_pharaoh": "tformer.analysis.aer",
     "save_attention": "tformer.analysis.attention_files",
     "save_checkpoint": "tformer.checkpoint",
+    "score_alignments": "tformer.analysis.aer",
     "stream_tokens": "tformer.decoding.api",
     "train": "tformer.training.run",
     "train_tokenizer": "tformer.data.tokenizer",
@@ -80,6 +85,8 @@ _EXPORTS: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
+    from tformer.analysis.aer import AlignmentScores, read_pharaoh, score_alignments
+    from tformer.analysis.align import Alignment, align
     from tformer.analysis.attention import AttentionResult, AttentionSelection, inspect_attention
     from tformer.analysis.attention_files import load_attention, save_attention
     from tformer.analysis.evaluate import Evaluation, evaluate
@@ -127,6 +134,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Alignment",
+    "AlignmentScores",
     "AttentionMaps",
     "AttentionResult",
     "AttentionSelection",
@@ -157,6 +166,7 @@ __all__ = [
     "Transformer",
     "__version__",
     "accelerate",
+    "align",
     "average_checkpoints",
     "compare_runs",
     "configure_process",
@@ -174,10 +184,12 @@ __all__ = [
     "plan_job",
     "preset",
     "quantize_int8",
+    "read_pharaoh",
     "save_attention",
     "save_checkpoint",
     "score_pair",
     "score_pairs",
+    "score_alignments",
     "stream_tokens",
     "train",
     "train_tokenizer",

@@ -30,6 +30,7 @@ MEMORY_FLAGS = {
     "inspect-attention": "the input's length",
     "score": "the pair's length (or --limit)",
     "average": "the number of checkpoints averaged",
+    "align": "--max-tokens (or --limit)",
 }
 
 

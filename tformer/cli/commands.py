@@ -2,6 +2,7 @@
 
 from tformer.cli import (
     ablate,
+    align,
     average,
     compare,
     compare_runs,
@@ -20,6 +21,7 @@ from tformer.cli.app import app
 
 __all__ = [
     "ablate",
+    "align",
     "app",
     "average",
     "compare",
