@@ -178,3 +178,21 @@ def test_mask_heads_on_generate_evaluate_and_inspect_attention(
         result = runner.invoke(app, [*command, "--mask-heads", "cross.2.0"])
         assert result.exit_code == 2, result.output
         assert "--mask-heads 'cross.2.0': layer 2 is out of range" in result.output
+
+
+def test_mask_heads_on_score_scores_the_masked_model(
+    date_run: TrainResult, date_model: Checkpoint
+) -> None:
+    from tformer.analysis.score import score_pair
+
+    pair = ("6 March 2025", "2025-03-06")
+    result = runner.invoke(app, ["score", str(date_run.run_dir), *pair, "--json",
+                                 "--mask-heads", "dec.0.*"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    model = date_model.model
+    with heads_masked(model, parse_heads("dec.0.*", model)):
+        want = score_pair(model, date_model.tokenizers, *pair)
+    plain = score_pair(model, date_model.tokenizers, *pair)
+    assert record["loss_sum"] == pytest.approx(want.loss_sum, rel=1e-6)
+    assert want.loss_sum > plain.loss_sum + 0.1

@@ -34,8 +34,10 @@ from tformer.cli.options import (
     CHECKPOINT,
     DATA,
     DEVICE,
+    MASK_HEADS,
     SOURCE_FIELD,
     TARGET_FIELD,
+    apply_mask_heads,
     file_option,
 )
 from tformer.cli.render import SPECIAL_STYLE, heatmap
@@ -86,6 +88,7 @@ def score_command(
         "cross-attention.",
     ),
     device: str = DEVICE,
+    mask_heads: str | None = MASK_HEADS,
 ) -> None:
     """Teacher-force a reference and show, at each position, what the decoder read, the label
     it had to predict, the label's probability and rank, the model's own top choice, and the
@@ -102,7 +105,8 @@ def score_command(
     name = split or "test"
     pairs = _split_pairs(data, name, source_field, target_field, limit) if whole_split else None
     ckpt = load_checkpoint(checkpoint, resolve_device(device))
-    model = ckpt.model  # scored as it is here: an option that edits the model goes just above
+    model = ckpt.model
+    apply_mask_heads(model, mask_heads)
     smoothing = ckpt.train_config.label_smoothing
     if pairs is None:
         assert source is not None and reference is not None
