@@ -24,6 +24,7 @@ from tformer.version import __version__
 _EXPORTS: dict[str, str] = {
     "Alignment": "tformer.analysis.align",
     "AlignmentScores": "tformer.analysis.aer",
+    "Ablation": "tformer.analysis.ablate",
     "AttentionMaps": "tformer.model",
     "AttentionResult": "tformer.analysis.attention",
     "AttentionSelection": "tformer.analysis.attention",
@@ -37,6 +38,7 @@ _EXPORTS: dict[str, str] = {
     "DryRunReport": "tformer.training.dryrun",
     "Evaluation": "tformer.analysis.evaluate",
     "Generation": "tformer.decoding.text",
+    "HeadName": "tformer.model.heads",
     "HeadStats": "tformer.analysis.head_stats",
     "Hypothesis": "tformer.decoding.settings",
     "ModelConfig": "tformer.config",
@@ -52,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "TrainConfig": "tformer.config",
     "TrainResult": "tformer.training.reporting",
     "Transformer": "tformer.model",
+    "ablate": "tformer.analysis.ablate",
     "accelerate": "tformer.fast.accelerate",
     "quantize_int8": "tformer.fast.int8",
     "score_pair": "tformer.analysis.score",
@@ -67,10 +70,13 @@ _EXPORTS: dict[str, str] = {
     "export_checkpoint": "tformer.export",
     "generate": "tformer.decoding.text",
     "head_statistics": "tformer.analysis.head_stats",
+    "heads_masked": "tformer.model.heads",
     "inspect_attention": "tformer.analysis.attention",
     "load_attention": "tformer.analysis.attention_files",
     "load_checkpoint": "tformer.checkpoint",
+    "mask_heads": "tformer.model.heads",
     "measure_batch_limits": "tformer.training.dryrun",
+    "parse_heads": "tformer.model.heads",
     "plan_job": "tformer.training.run",
     "preset": "tformer.config",
     "read_pharaoh": "tformer.analysis.aer",
@@ -85,6 +91,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
+    from tformer.analysis.ablate import Ablation, ablate
     from tformer.analysis.aer import AlignmentScores, read_pharaoh, score_alignments
     from tformer.analysis.align import Alignment, align
     from tformer.analysis.attention import AttentionResult, AttentionSelection, inspect_attention
@@ -114,6 +121,7 @@ if TYPE_CHECKING:
     from tformer.fast.process import configure_process
     from tformer.metrics import corpus_scores
     from tformer.model import AttentionMaps, Transformer
+    from tformer.model.heads import HeadName, heads_masked, mask_heads, parse_heads
     from tformer.training.configs import Settings
     from tformer.training.dryrun import DryRunReport, measure_batch_limits
     from tformer.training.reporting import TrainResult
@@ -134,6 +142,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Ablation",
     "Alignment",
     "AlignmentScores",
     "AttentionMaps",
@@ -149,6 +158,7 @@ __all__ = [
     "DryRunReport",
     "Evaluation",
     "Generation",
+    "HeadName",
     "HeadStats",
     "Hypothesis",
     "ModelConfig",
@@ -165,6 +175,7 @@ __all__ = [
     "TrainResult",
     "Transformer",
     "__version__",
+    "ablate",
     "accelerate",
     "align",
     "average_checkpoints",
@@ -177,10 +188,13 @@ __all__ = [
     "export_checkpoint",
     "generate",
     "head_statistics",
+    "heads_masked",
     "inspect_attention",
     "load_attention",
     "load_checkpoint",
+    "mask_heads",
     "measure_batch_limits",
+    "parse_heads",
     "plan_job",
     "preset",
     "quantize_int8",
