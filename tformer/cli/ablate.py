@@ -25,17 +25,19 @@ from tformer.cli.options import (
     CHECKPOINT,
     DATA,
     DEVICE,
+    LIMIT,
     MAX_NEW_TOKENS,
     SOURCE_FIELD,
     TARGET_FIELD,
     check_batch_size,
+    check_limit,
     file_option,
+    split_pairs,
 )
 from tformer.cli.render import weight_color
-from tformer.data.prepare import text_splits
 from tformer.decoding.settings import DecodingConfig
 from tformer.device import resolve_device
-from tformer.errors import CheckpointError, ConfigError, DataError
+from tformer.errors import CheckpointError, ConfigError
 from tformer.model.heads import PARTS, all_heads
 from tformer.paths import check_replaceable
 
@@ -51,9 +53,7 @@ def ablate_command(
     split: str = typer.Option(
         "validation", "--split", help="train, validation or test (choose heads on held-out data)."
     ),
-    limit: int | None = typer.Option(
-        None, "--limit", help="Only the first N pairs.", show_default=False
-    ),
+    limit: int | None = LIMIT,
     metric: str = typer.Option(
         "loss",
         "--metric",
@@ -93,10 +93,9 @@ def ablate_command(
     """
     _check_options(metric, limit, prune_step, top, save)
     check_batch_size(batch_size)
-    splits = text_splits(data, source_field=source_field, target_field=target_field)
-    if split not in splits:
-        raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
-    pairs = splits[split][:limit] if limit else splits[split]
+    pairs = split_pairs(
+        data, split, source_field=source_field, target_field=target_field, limit=limit
+    )
     ckpt = load_checkpoint(checkpoint, resolve_device(device))
     heads = all_heads(ckpt.model)
     runs = len(heads) + 1
@@ -142,8 +141,7 @@ def _check_options(
 ) -> None:
     if metric not in METRICS:
         raise ConfigError(f"--metric {metric!r} must be one of {', '.join(METRICS)}")
-    if limit is not None and limit < 1:
-        raise ConfigError(f"--limit {limit} must be >= 1")
+    check_limit(limit)
     if not 0.0 < prune_step <= 1.0:
         raise ConfigError(f"--prune-step {prune_step} must be in (0, 1]")
     if top < 0:

@@ -26,13 +26,15 @@ from tformer.cli.options import (
     CHECKPOINT,
     DATA,
     DEVICE,
+    LIMIT,
     SOURCE_FIELD,
     TARGET_FIELD,
+    check_limit,
     existing_file,
     file_option,
+    split_pairs,
     warn_long_inputs,
 )
-from tformer.data.prepare import text_splits
 from tformer.device import resolve_device
 from tformer.errors import ConfigError, DataError
 
@@ -73,10 +75,7 @@ def read_pairs(
                 f"{len(targets)}; the files must be aligned line by line"
             )
         return list(zip(sources, targets, strict=True))
-    splits = text_splits(data, source_field=fields[0], target_field=fields[1])
-    if split not in splits:
-        raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
-    return list(splits[split])
+    return split_pairs(data, split, source_field=fields[0], target_field=fields[1])
 
 
 @app.command("align")
@@ -86,9 +85,7 @@ def align_command(
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,
     split: str = typer.Option("test", "--split", help="train, validation or test."),
-    limit: int | None = typer.Option(
-        None, "--limit", help="Only the first N pairs.", show_default=False
-    ),
+    limit: int | None = LIMIT,
     source: Path | None = typer.Option(
         None, "--source", help="Source sentences, one a line (instead of --data).",
         show_default=False,
@@ -146,8 +143,7 @@ def align_command(
     """
     which_layer = parse_choice(layer, "--layer", "layer")
     which_head = parse_choice(head, "--head", "head")
-    if limit is not None and limit < 1:
-        raise ConfigError(f"--limit {limit} must be >= 1")
+    check_limit(limit)
     if max_tokens < 1:
         raise ConfigError(f"--max-tokens {max_tokens} must be >= 1")
     if as_json and (gold is None or out is None):

@@ -18,6 +18,7 @@ from tformer.cli.options import (
     DATA,
     DEVICE,
     LENGTH_PENALTY,
+    LIMIT,
     MASK_HEADS,
     MAX_NEW_TOKENS,
     MIN_NEW_TOKENS,
@@ -34,13 +35,14 @@ from tformer.cli.options import (
     apply_mask_heads,
     apply_quantize,
     check_batch_size,
+    check_limit,
     decoding_config,
     folder_option,
+    split_pairs,
     warn_long_inputs,
 )
-from tformer.data.prepare import text_splits
 from tformer.device import resolve_device
-from tformer.errors import CheckpointError, ConfigError, DataError
+from tformer.errors import CheckpointError
 
 
 @app.command("evaluate")
@@ -51,9 +53,7 @@ def evaluate_command(
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,
     split: str = typer.Option("test", "--split", help="train, validation or test."),
-    limit: int | None = typer.Option(
-        None, "--limit", help="Only the first N pairs.", show_default=False
-    ),
+    limit: int | None = LIMIT,
     out: Path | None = typer.Option(
         None,
         "--out",
@@ -82,16 +82,14 @@ def evaluate_command(
 
     Example: tformer evaluate checkpoints/dates --split test
     """
-    if limit is not None and limit < 1:
-        raise ConfigError(f"--limit {limit} must be >= 1")
+    check_limit(limit)
     check_batch_size(batch_size)
     folder_option(out, "--out")
     # The same decoding flags as `tformer generate`; one output per input is scored.
     decoding = decoding_config(ctx.params)
-    splits = text_splits(data, source_field=source_field, target_field=target_field)
-    if split not in splits:
-        raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
-    pairs = splits[split][:limit] if limit else splits[split]
+    pairs = split_pairs(
+        data, split, source_field=source_field, target_field=target_field, limit=limit
+    )
     ckpt = load_checkpoint(checkpoint, resolve_device(device))
     masked = apply_mask_heads(ckpt.model, mask_heads)
     apply_quantize(ckpt.model, quantize)

@@ -20,6 +20,7 @@ from tformer.decoding.settings import DecodingConfig, check_rows
 from tformer.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # importing the tokenizers library is slow: only commands that need it do
+    from tformer.data.sources import TextPair
     from tformer.data.tokenizer import Tokenizer
     from tformer.model import Transformer
 
@@ -342,3 +343,31 @@ def apply_mask_heads(model: Transformer, mask_heads: str | None) -> list[str]:
     names = [str(h) for h in heads]
     err_console.print(f"masked {len(names)} head(s): {', '.join(names)}", highlight=False)
     return names
+
+
+LIMIT = typer.Option(None, "--limit", help="Only the first N pairs.", show_default=False)
+
+
+def check_limit(limit: int | None) -> None:
+    """Refuse a ``--limit`` below 1 before anything is read."""
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit {limit} must be >= 1")
+
+
+def split_pairs(
+    data: str | None,
+    split: str,
+    *,
+    source_field: str,
+    target_field: str,
+    limit: int | None = None,
+) -> list[TextPair]:
+    """The (first ``limit``) text pairs of ``split`` in ``--data`` (the bundled dates when
+    None), or one line naming the splits there are."""
+    from tformer.data.prepare import text_splits  # reads data: only commands that need it
+
+    splits = text_splits(data, source_field=source_field, target_field=target_field)
+    if split not in splits:
+        raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
+    pairs = splits[split]
+    return list(pairs[:limit] if limit else pairs)

@@ -38,14 +38,14 @@ from tformer.cli.options import (
     SOURCE_FIELD,
     TARGET_FIELD,
     apply_mask_heads,
+    check_limit,
     file_option,
+    split_pairs,
 )
 from tformer.cli.render import SPECIAL_STYLE, heatmap
 from tformer.config import SPECIAL_TOKENS, UNK, UNK_ID
-from tformer.data.prepare import text_splits
-from tformer.data.sources import TextPair
 from tformer.device import resolve_device
-from tformer.errors import CheckpointError, ConfigError, DataError
+from tformer.errors import CheckpointError, ConfigError
 
 MARKER = "≠"  # a position whose top choice is not the label
 
@@ -103,7 +103,11 @@ def score_command(
     whole_split = data is not None or split is not None
     _check_options(source, reference, whole_split, limit, worst_n, masks, out)
     name = split or "test"
-    pairs = _split_pairs(data, name, source_field, target_field, limit) if whole_split else None
+    pairs = (
+        split_pairs(data, name, source_field=source_field, target_field=target_field, limit=limit)
+        if whole_split
+        else None
+    )
     ckpt = load_checkpoint(checkpoint, resolve_device(device))
     model = ckpt.model
     apply_mask_heads(model, mask_heads)
@@ -148,23 +152,13 @@ def _check_options(
         raise ConfigError(f"{missing} missing: give SOURCE REFERENCE, or --data D --split S")
     if limit is not None and not whole_split:
         raise ConfigError(f"--limit {limit} applies to a split; give --data D --split S")
-    if limit is not None and limit < 1:
-        raise ConfigError(f"--limit {limit} must be >= 1")
+    check_limit(limit)
     if worst_n < 1:
         raise ConfigError(f"--worst {worst_n} must be >= 1 (pairs shown)")
     if masks and whole_split:
         raise ConfigError("--masks draws one pair's masks; give SOURCE REFERENCE, not --split")
     if out is not None:
         file_option(out, "--out")
-
-
-def _split_pairs(
-    data: str | None, split: str, source_field: str, target_field: str, limit: int | None
-) -> Sequence[TextPair]:
-    splits = text_splits(data, source_field=source_field, target_field=target_field)
-    if split not in splits:
-        raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
-    return splits[split][:limit] if limit else splits[split]
 
 
 def _warn_unknown_source(ckpt: Checkpoint, source: str) -> None:
