@@ -117,7 +117,8 @@ def test_attention_equals_inspect_attention(client: Client, reference: Checkpoin
     assert answer["target"] == result.target_text == "three one four"
     assert answer["rows"] == selection.rows and answer["columns"] == selection.columns
     assert answer["dims"] == ["head", "row", "column"] and answer["layer"] == 0
-    torch.testing.assert_close(torch.tensor(answer["weights"]), selection.weights, atol=1e-5, rtol=0)
+    got = torch.tensor(answer["weights"])
+    torch.testing.assert_close(got, selection.weights, atol=1e-5, rtol=0)
     forced = client.post(
         "/v1/attention", {"source": "3 1", "target": "nine", "kind": "decoder", "head": 1}
     ).json()
@@ -126,19 +127,26 @@ def test_attention_equals_inspect_attention(client: Client, reference: Checkpoin
     assert len(forced["weights"]) == 2
 
 
-def test_explain_gives_a_step_per_token(client: Client) -> None:
+def test_explain_gives_a_step_per_token(client: Client, reference: Checkpoint) -> None:
     answer = client.post("/v1/explain", {"source": "5 0", "temperature": 0.7, "top_k": 3}).json()
-    assert answer["output"] == "five zero"
     assert answer["stages"][0] == "model" and "top-k" in " ".join(answer["stages"])
     steps = answer["steps"]
-    assert steps[-1]["token"] == "<eos>" and len(steps) == 3
+    assert steps[-1]["token"] == "<eos>"
     for step in steps:
         assert set(step["probs"]) == set(answer["stages"])
         assert 0 < step["probs"]["model"] <= 1
         assert step["source"] and step["alternatives"]
+    # Greedy: the explained output is the translated one, with the same log-probability.
+    greedy = client.post("/v1/explain", {"source": "5 0"}).json()
+    output = client.post("/v1/translate", {"inputs": "5 0"}).json()["results"][0]["outputs"][0]
+    assert greedy["output"] == output["output"] == "five zero"
+    assert [s["id"] for s in greedy["steps"][:-1]] == output["ids"]
+    assert greedy["logprob"] == pytest.approx(output["logprob"], abs=1e-4)
+    # A given target is teacher-forced, token by token.
     given = client.post("/v1/explain", {"source": "5 0", "target": "five one"}).json()
-    assert [s["token"].lstrip("▁") for s in given["steps"]] == ["five", "one", "<eos>"]
-    assert given["logprob"] < answer["logprob"] + 1e-6 or given["logprob"] < 0
+    ids = reference.tokenizers.target.encode("five one")
+    assert [s["id"] for s in given["steps"]][:-1] == ids and given["steps"][-1]["token"] == "<eos>"
+    assert given["logprob"] < greedy["logprob"]
 
 
 def test_page_is_self_contained(client: Client) -> None:

@@ -16,18 +16,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tformer.errors import DataError, OutOfMemoryError, TformerError
 from tformer.paths import excerpt
 
+# What FastAPI says of a body it cannot decode (bytes that are not UTF-8, for one).
+FASTAPI_UNREADABLE = "There was an error parsing the body"
+
 
 def error(status: int, message: str) -> JSONResponse:
     """The one shape of every refusal."""
     return JSONResponse({"error": " ".join(message.split())}, status_code=status)
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class BodyLimit:
-    """ASGI middleware: a declared or streamed body over ``limit`` bytes gets a 413."""
+    """ASGI middleware: a body over ``limit`` bytes gets a 413 before the application sees it.
+
+    A declared length over the limit is refused at once; a body without one (chunked) is read
+    here, counted, and handed on whole only when it fits.
+    """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -44,31 +47,37 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await error(413, self.message())(scope, receive, send)
-            return
-        seen = 0
-        started = False
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise BodyTooLarge
-            return message
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, tracked)
-        except BodyTooLarge:
-            if not started:
+        if declared is not None:
+            if not declared.isdigit() or int(declared) > self.limit:
                 await error(413, self.message())(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                await error(413, self.message())(scope, receive, send)
+                return
+        await self.app(scope, _replay(bytes(body), receive), send)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``body`` once, then waits on the real one (disconnects)."""
+    given = False
+
+    async def replayed() -> Message:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed
 
 
 def validation_message(exc: RequestValidationError) -> tuple[int, str]:
@@ -100,6 +109,8 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == FASTAPI_UNREADABLE:
+            return error(400, "the body is not UTF-8 JSON; send a JSON object in UTF-8")
         return error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(TformerError)
