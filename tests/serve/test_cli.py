@@ -54,17 +54,18 @@ def test_bad_flags_are_refused(trained: TrainResult, flags: list[str], message: 
 
 
 def test_sigterm_finishes_requests_in_flight_and_exits_0(trained: TrainResult) -> None:
-    """A long batch window keeps a request in flight while SIGTERM arrives."""
+    """A long batch window keeps a request in flight while SIGTERM arrives (the model int8)."""
     pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "tformer", "serve", str(trained.run_dir), "--port",
-               str(port), "--batch-window-ms", "1500"]
+               str(port), "--batch-window-ms", "1500", "--quantize", "int8"]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
         client = Client(port)
         client.wait_ready(120)
+        assert client.get("/v1/model").json()["quantize"] == "int8"
         replies = []
         sender = threading.Thread(
             target=lambda: replies.append(client.post("/v1/translate", {"inputs": "4 2"}))

@@ -5,18 +5,37 @@ Needs Playwright and a browser it can launch; skips with the reason where there 
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="Playwright is not installed (pip install playwright)"
-)
 
 from .conftest import Client  # noqa: E402
 
 
+def test_page_scripts_parse(client: Client, tmp_path: Path) -> None:
+    """Without a browser, at least every inline script of the served page is valid JavaScript."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the page's scripts cannot be syntax-checked")
+    scripts = re.findall(r"<script(?: [^>]*)?>(.*?)</script>", client.get("/").text, re.S)
+    assert len(scripts) == 2  # the attention drawing (run per output) and the page's own
+    for n, script in enumerate(scripts):
+        path = tmp_path / f"script{n}.js"
+        path.write_text(script, encoding="utf-8")
+        checked = subprocess.run([node, "--check", str(path)], capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stderr
+
+
 @pytest.mark.parametrize("browser_name", ["chromium", "firefox"])
 def test_page_translates_and_draws(client: Client, browser_name: str) -> None:
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="Playwright is not installed (pip install playwright)"
+    )
     with sync_api.sync_playwright() as playwright:
         try:
             browser = getattr(playwright, browser_name).launch()
