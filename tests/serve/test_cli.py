@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -51,6 +52,18 @@ def test_bad_flags_are_refused(trained: TrainResult, flags: list[str], message: 
     result = CliRunner().invoke(app, ["serve", str(trained.run_dir), *flags])
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
+
+
+def test_an_address_in_use_is_refused_before_loading(tmp_path: Path) -> None:
+    pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # No checkpoint there: the address is checked first.
+        result = CliRunner().invoke(app, ["serve", str(tmp_path), "--port", str(port)])
+    assert result.exit_code == 2, result.output
+    assert f"--port {port}: cannot listen there" in " ".join(result.output.split())
 
 
 def test_sigterm_finishes_requests_in_flight_and_exits_0(trained: TrainResult) -> None:

@@ -19,7 +19,6 @@ from tformer.cli.options import (
     with_parameters,
 )
 from tformer.device import resolve_device
-from tformer.errors import ConfigError
 from tformer.serve import require
 from tformer.serve.settings import ServeSettings
 
@@ -46,9 +45,9 @@ def serve_command(
 ) -> None:
     """Serve translations over HTTP, with a web page at / (needs the serve extra).
 
-    Requests that arrive together are decoded in one batch. The JSON API is described at
-    /docs; Ctrl-C or SIGTERM finishes the requests in flight and stops. Binds to
-    127.0.0.1 unless --host names another address. See docs/serve.md.
+    Requests that arrive together are decoded in one batch. The JSON API is described
+    at the page /docs of the server. Ctrl-C or SIGTERM finishes the requests in flight
+    and stops. Binds to 127.0.0.1 unless --host names another address (docs/serve.md).
 
     Examples:
 
@@ -57,12 +56,14 @@ def serve_command(
       tformer serve checkpoints/dates --port 9000 --quantize int8 --max-inputs 16
     """
     require()
+    # fastapi and uvicorn: the optional extra, checked just above
+    from tformer.serve.app import create_app
+    from tformer.serve.server import check_address, is_loopback, run_server
+
     settings = ServeSettings(**values)
+    check_address(settings.host, settings.port)  # before the minutes a large model may take
     loaded = load_checkpoint(checkpoint, resolve_device(device))
     apply_quantize(loaded.model, quantize)
-
-    from tformer.serve.app import create_app  # fastapi: the optional extra, checked above
-    from tformer.serve.server import is_loopback, run_server
 
     application = create_app(loaded, settings, quantize=quantize)
     if not is_loopback(settings.host):
@@ -77,7 +78,4 @@ def serve_command(
         soft_wrap=True,
         highlight=False,
     )
-    try:
-        run_server(application, settings.host, settings.port)
-    except OSError as error:
-        raise ConfigError(f"--host {settings.host} --port {settings.port}: {error}") from error
+    run_server(application, settings.host, settings.port)
