@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
 
-from .conftest import MAX_BODY, Client  # noqa: E402
+from .conftest import MAX_BODY, Client, Running  # noqa: E402
 
 T = "/v1/translate"
 A = "/v1/attention"
@@ -88,4 +88,27 @@ def test_a_chunked_body_over_the_limit_is_cut_off(client: Client) -> None:
     assert response.status == 413
     assert "--max-body-bytes" in response.read().decode()
     conn.close()
+    assert client.get("/health").status == 200
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "message"),
+    [
+        (RuntimeError("boom\nmore lines"), 500, "internal error (RuntimeError: boom)"),
+        (RuntimeError("CUDA out of memory. Tried"), 503, "out of memory (CUDA out of memory."),
+    ],
+)
+def test_an_unforeseen_error_is_one_line_and_the_server_goes_on(
+    client: Client, served: Running, monkeypatch: pytest.MonkeyPatch,
+    raised: Exception, status: int, message: str,
+) -> None:
+    def fail(*args: Any) -> None:
+        raise raised
+
+    monkeypatch.setattr(served.app.state.service, "explanation", fail)
+    reply = client.post(E, {"source": "1"})
+    assert reply.status == status
+    assert reply.json()["error"].startswith(message)
+    monkeypatch.undo()
+    assert client.post(E, {"source": "1"}).status == 200
     assert client.get("/health").status == 200

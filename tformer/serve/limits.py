@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tformer.errors import DataError, OutOfMemoryError, TformerError
-from tformer.paths import excerpt
+from tformer.paths import excerpt, first_line
 
 # What FastAPI says of a body it cannot decode (bytes that are not UTF-8, for one).
 FASTAPI_UNREADABLE = "There was an error parsing the body"
@@ -116,6 +116,19 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(TformerError)
     async def _tformer(request: Request, exc: TformerError) -> JSONResponse:
         return error(status_of(exc), str(exc))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return error(*unexpected(exc))
+
+
+def unexpected(exc: BaseException) -> tuple[int, str]:
+    """(status, one line) for an error no check foresaw: out of memory is 503, else 500."""
+    text = str(exc).strip()
+    detail = first_line(exc) if text else type(exc).__name__
+    if isinstance(exc, MemoryError) or "out of memory" in text.lower():
+        return 503, f"out of memory ({detail}); send fewer or shorter inputs, beams or samples"
+    return 500, f"internal error ({type(exc).__name__}: {detail})"
 
 
 def status_of(exc: TformerError) -> int:

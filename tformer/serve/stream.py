@@ -24,6 +24,7 @@ from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.errors import TformerError
 from tformer.model import Transformer
 from tformer.serve.answers import output_record, settings_record
+from tformer.serve.limits import unexpected
 
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -99,7 +100,9 @@ def relay(
                 yield event_text(*item)
             problem = future.exception()
             if problem is not None:
-                message = str(problem) if isinstance(problem, TformerError) else "decoding failed"
+                _, message = (
+                    (0, str(problem)) if isinstance(problem, TformerError) else unexpected(problem)
+                )
                 yield event_text("error", {"error": " ".join(message.split())})
         finally:
             cancelled.set()
