@@ -95,3 +95,14 @@ def test_sigterm_finishes_requests_in_flight_and_exits_0(trained: TrainResult) -
     assert replies[0].json()["results"][0]["outputs"][0]["output"] == "four two"
     assert proc.returncode == 0, stderr
     assert "serving" in stderr and "Traceback" not in stderr
+
+
+def test_the_command_line_loads_no_server_package_until_serve_runs() -> None:
+    code = (
+        "import sys, tformer.cli.commands; "
+        "print(sorted({'fastapi', 'uvicorn', 'starlette', 'pydantic'} & set(sys.modules)))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env=env)
+    assert done.stdout.strip() == "[]"
