@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tformer.fast.malloc import glibc
+from tformer.training.run import TrainResult
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
@@ -95,3 +96,14 @@ def test_variant_lab_smoke(tmp_path: Path) -> None:
     assert (tmp_path / "results" / "variant-lab-smoke.png").read_bytes()[:4] == b"\x89PNG"
     table = (tmp_path / "results" / "variant-lab-smoke.md").read_text()
     assert "| gqa-1 | `--kv-heads 1` |" in table
+
+
+def test_serve_load_smoke(trained: TrainResult) -> None:
+    pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+    records = run_script("serve_load.py", "--checkpoint", str(trained.run_dir), "--clients",
+                         "1,4", "--seconds", "1", "--max-new-tokens", "8")
+    assert [r["clients"] for r in records] == [1, 4]
+    for record in records:
+        assert record["errors"] == 0 and record["requests"] > 0
+        assert record["requests_per_s"] > 0 and record["new_tokens_per_s"] > 0
+        assert record["p50_ms"] <= record["p95_ms"] <= record["p99_ms"]

@@ -308,3 +308,7 @@ _SCRIPT = r"""
   render();
 })();
 """
+
+# The page's style and script, also drawn by tformer serve's web page (tformer/serve/page.py).
+STYLE = _STYLE
+SCRIPT = _SCRIPT

@@ -1,0 +1,120 @@
+"""A real server on a free localhost port (uvicorn in a thread), and a small HTTP client."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.training.run import TrainResult
+
+MAX_BODY = 4096
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    text: str
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
+@dataclass
+class Client:
+    port: int
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 60,
+    ) -> Reply:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+            sent = {"Content-Type": "application/json", **(headers or {})}
+            conn.request(method, path, body=data, headers=sent)
+            response = conn.getresponse()
+            text = response.read().decode("utf-8")
+            return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, text)
+        finally:
+            conn.close()
+
+    def post(self, path: str, body: Any = None, **kwargs: Any) -> Reply:
+        return self.request("POST", path, body, **kwargs)
+
+    def get(self, path: str) -> Reply:
+        return self.request("GET", path)
+
+    def wait_ready(self, seconds: float = 30) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                if self.get("/health").status == 200:
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("the server did not answer /health")
+
+
+@dataclass
+class Running:
+    client: Client
+    loaded: Checkpoint
+    app: Any
+
+
+@pytest.fixture(scope="package")
+def served(trained: TrainResult) -> Iterator[Running]:
+    """The digit model served with small limits (the tests cross them) and a 50 ms window."""
+    import uvicorn
+
+    from tformer.serve.app import create_app
+    from tformer.serve.settings import ServeSettings
+
+    loaded = load_checkpoint(trained.run_dir)
+    settings = ServeSettings(
+        port=free_port(),
+        batch_window_ms=50,
+        max_inputs=8,
+        max_input_tokens=20,
+        max_new_tokens=40,
+        max_rows=16,
+        max_body_bytes=MAX_BODY,
+    )
+    app = create_app(loaded, settings)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    client = Client(settings.port)
+    client.wait_ready()
+    yield Running(client, loaded, app)
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture
+def client(served: Running) -> Client:
+    return served.client

@@ -1,0 +1,81 @@
+"""``tformer serve``: an HTTP translation service and a web page over one checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from tformer.checkpoint import load_checkpoint
+from tformer.cli.app import app
+from tformer.cli.console import err_console
+from tformer.cli.options import (
+    CHECKPOINT,
+    DEVICE,
+    QUANTIZE,
+    apply_quantize,
+    config_parameter,
+    with_parameters,
+)
+from tformer.device import resolve_device
+from tformer.serve import require
+from tformer.serve.settings import ServeSettings
+
+_SETTINGS = [
+    "host",
+    "port",
+    "batch_window_ms",
+    "max_batch_tokens",
+    "max_input_tokens",
+    "max_inputs",
+    "max_new_tokens",
+    "max_rows",
+    "max_body_bytes",
+]
+
+
+@app.command("serve")
+@with_parameters([config_parameter(ServeSettings, name) for name in _SETTINGS])
+def serve_command(
+    checkpoint: Path = CHECKPOINT,
+    device: str = DEVICE,
+    quantize: str = QUANTIZE,
+    **values: Any,
+) -> None:
+    """Serve translations over HTTP, with a web page at / (needs the serve extra).
+
+    Requests that arrive together are decoded in one batch. The JSON API is described
+    at the page /docs of the server. Ctrl-C or SIGTERM finishes the requests in flight
+    and stops. Binds to 127.0.0.1 unless --host names another address (docs/serve.md).
+
+    Examples:
+
+      tformer serve checkpoints/dates
+
+      tformer serve checkpoints/dates --port 9000 --quantize int8 --max-inputs 16
+    """
+    require()
+    # fastapi and uvicorn: the optional extra, checked just above
+    from tformer.serve.app import create_app
+    from tformer.serve.server import check_address, is_loopback, run_server
+
+    settings = ServeSettings(**values)
+    check_address(settings.host, settings.port)  # before the minutes a large model may take
+    loaded = load_checkpoint(checkpoint, resolve_device(device))
+    apply_quantize(loaded.model, quantize)
+
+    application = create_app(loaded, settings, quantize=quantize)
+    if not is_loopback(settings.host):
+        err_console.print(
+            f"[yellow]warning:[/] --host {escape(settings.host)} is reachable from other "
+            "machines; tformer serve has no authentication",
+            soft_wrap=True,
+        )
+    err_console.print(
+        f"serving {escape(str(loaded.path))} at http://{escape(settings.host)}:{settings.port}/ "
+        "(Ctrl-C or SIGTERM stops)",
+        soft_wrap=True,
+        highlight=False,
+    )
+    run_server(application, settings.host, settings.port)

@@ -1,0 +1,162 @@
+"""What the endpoints share: the loaded model, its worker, and the per-request checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from tformer.analysis.attention import inspect_attention
+from tformer.analysis.explain import explain
+from tformer.checkpoint.store import Checkpoint
+from tformer.config import SEED_LIMIT
+from tformer.decoding.settings import DecodingConfig, Hypothesis
+from tformer.decoding.text import translate
+from tformer.errors import ConfigError
+from tformer.serve.answers import (
+    attention_record,
+    explain_record,
+    logprob_of,
+    model_record,
+    output_record,
+    settings_record,
+)
+from tformer.serve.batcher import Batcher
+from tformer.serve.schemas import AttentionRequest, Decoding, ExplainRequest
+from tformer.serve.settings import ServeSettings
+
+LIBRARY_MAX_NEW_TOKENS = DecodingConfig().max_new_tokens
+
+
+class Service:
+    """One checkpoint served: requests checked here, decoded by the ``Batcher``'s worker."""
+
+    def __init__(self, loaded: Checkpoint, settings: ServeSettings, *, quantize: str) -> None:
+        self.loaded = loaded
+        self.settings = settings
+        self.max_input_tokens = settings.max_input_tokens or loaded.model_config.max_len
+        self.model_info = model_record(loaded, quantize)
+        self.batcher = Batcher(
+            loaded.model,
+            window_s=settings.batch_window_ms / 1000,
+            max_batch_tokens=settings.max_batch_tokens,
+        )
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def decoding_config(self, request: Decoding) -> DecodingConfig:
+        """The request's settings, checked by the library and against the server's caps.
+
+        Sampling without a seed gets a fresh one (reported in the answer), so that requests
+        never share a random stream; greedy and beam search drop the seed, which they do
+        not use, so they batch whatever seed was sent.
+        """
+        cap = self.settings.max_new_tokens
+        wanted = request.max_new_tokens
+        if wanted is not None and wanted > cap:
+            raise ConfigError(
+                f"max_new_tokens {wanted} is over this server's cap of {cap} "
+                "(tformer serve --max-new-tokens); ask for fewer"
+            )
+        config = request.decoding_config(
+            max_new_tokens=min(LIBRARY_MAX_NEW_TOKENS, cap) if wanted is None else wanted,
+            seed=request.seed,
+        )
+        if config.temperature == 0:
+            return dataclasses.replace(config, seed=None)
+        if config.seed is None:
+            return dataclasses.replace(config, seed=secrets.randbelow(SEED_LIMIT + 1))
+        return config
+
+    def encode(self, texts: Sequence[str], field: str = "inputs") -> list[list[int]]:
+        """Token ids of ``texts``, refusing too many inputs or one too long."""
+        if not texts:
+            raise ConfigError(f"{field} is an empty list; give a text or a list of texts")
+        if len(texts) > self.settings.max_inputs:
+            raise ConfigError(
+                f"{field} has {len(texts)} texts; this server takes at most "
+                f"{self.settings.max_inputs} a request (tformer serve --max-inputs); "
+                "split the request"
+            )
+        ids = self.loaded.tokenizers.source.encode_batch(list(texts))
+        for n, row in enumerate(ids):
+            self.check_length(row, f"{field}[{n}]" if len(texts) > 1 else field)
+        return ids
+
+    def check_length(self, ids: Sequence[int], field: str) -> None:
+        if len(ids) > self.max_input_tokens:
+            raise ConfigError(
+                f"{field} has {len(ids)} tokens; this server reads at most "
+                f"{self.max_input_tokens} (tformer serve --max-input-tokens); shorten it"
+            )
+
+    def check_rows(self, inputs: int, config: DecodingConfig) -> None:
+        rows = inputs * (config.beam_size if config.beam_size > 1 else config.num_samples)
+        if rows > self.settings.max_rows:
+            raise ConfigError(
+                f"{inputs} input(s) x {rows // inputs} outputs each is {rows} rows; this "
+                f"server decodes at most {self.settings.max_rows} for a request "
+                "(tformer serve --max-rows); send fewer inputs, beams or samples"
+            )
+
+    # -- answers --------------------------------------------------------------------------
+
+    def outputs(
+        self, texts: Sequence[str], hyps: list[list[Hypothesis]], config: DecodingConfig
+    ) -> dict[str, Any]:
+        """The answer of ``/v1/translate``: each input with its outputs."""
+        target = self.loaded.tokenizers.target
+        flat = [hyp for per_input in hyps for hyp in per_input]
+        decoded = iter(target.decode_batch([hyp.ids for hyp in flat]))
+        results = [
+            {
+                "input": text,
+                "outputs": [
+                    output_record(next(decoded), hyp, index, config, target.tokens(hyp.ids))
+                    for index, hyp in enumerate(per_input)
+                ],
+            }
+            for text, per_input in zip(texts, hyps, strict=True)
+        ]
+        return {"results": results, "settings": settings_record(config)}
+
+    def attention(self, request: AttentionRequest, decoding: DecodingConfig) -> dict[str, Any]:
+        """Runs in the worker: the maps ``tformer inspect-attention`` computes."""
+        loaded = self.loaded
+        result = inspect_attention(
+            loaded.model, loaded.tokenizers, request.source, request.target, decoding
+        )
+        selection = result.selection(
+            request.kind, request.layer, request.head, checkpoint=str(loaded.path)
+        )
+        return attention_record(selection)
+
+    def explanation(
+        self, request: ExplainRequest, src: list[int], config: DecodingConfig
+    ) -> dict[str, Any]:
+        """Runs in the worker: ``generate --explain``'s table for one output, as JSON."""
+        loaded = self.loaded
+        tokenizers = loaded.tokenizers
+        if request.target is None:
+            outputs = translate(loaded.model, tokenizers, [request.source], config)[0]
+            if request.output >= len(outputs):
+                raise ConfigError(
+                    f"output {request.output} is out of range: these settings give "
+                    f"{len(outputs)} output(s) (0..{len(outputs) - 1})"
+                )
+            hyp, text = outputs[request.output].hypothesis, outputs[request.output].text
+        else:
+            ids = tokenizers.target.encode(request.target)[: loaded.model_config.max_len - 1]
+            hyp, text = Hypothesis(ids=ids, token_logprobs=[], finished=True), request.target
+        steps = explain(loaded.model, src, hyp, config)
+        source_tokens = tokenizers.source.tokens(src) if src else ["<eos>"]
+        return {
+            "source": request.source,
+            "output": text,
+            "source_tokens": source_tokens,
+            "stages": list(steps[0].probs) if steps else ["model"],
+            "steps": explain_record(steps, source_tokens, tokenizers.target.id_to_token),
+            "logprob": logprob_of(steps),
+            "settings": settings_record(config),
+        }
