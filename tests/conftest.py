@@ -195,3 +195,17 @@ def token_at(offsets: list[tuple[int, int]], char: int) -> int:
     return max(i for i, (start, end) in enumerate(offsets) if start <= char < end)
 
 
+
+
+@pytest.fixture(autouse=True)
+def _signals_left_as_found() -> Iterator[None]:
+    """A test that leaves SIGINT / SIGTERM handled differently, or blocked, breaks later ones
+    (Ctrl-C tests would wait forever): fail the test that did it."""
+    import signal
+
+    watched = (signal.SIGINT, signal.SIGTERM)
+    handlers = {sig: signal.getsignal(sig) for sig in watched}
+    yield
+    assert {sig: signal.getsignal(sig) for sig in watched} == handlers, "signal handler changed"
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert not blocked & set(watched), f"signals left blocked: {blocked}"

@@ -34,10 +34,36 @@ def test_runs_directly_outside_the_main_thread() -> None:
 
 def test_ctrl_c_interrupts_the_wait_while_the_call_still_runs() -> None:
     never = threading.Event()
-    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    stop = threading.Event()
+    interrupts: list[int] = []
+
+    def first_only(signum: int, frame: object) -> None:
+        # Python's own SIGINT handler, once: later signals from the sender are ignored.
+        if not interrupts:
+            interrupts.append(signum)
+            raise KeyboardInterrupt
+
+    def sender() -> None:
+        # Ctrl-C until the wait is over, and after 10 s end the call itself, so a lost signal
+        # fails this test instead of hanging the suite.
+        for _ in range(50):
+            if stop.wait(0.2):
+                return
+            os.kill(os.getpid(), signal.SIGINT)
+        never.set()
+
+    previous = signal.signal(signal.SIGINT, first_only)
+    thread = threading.Thread(target=sender)
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        interruptible(never.wait)  # blocks forever in its own thread
+    thread.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            interruptible(never.wait)  # blocks in its own thread until the sender gives up
+    finally:
+        stop.set()
+        thread.join()
+        signal.signal(signal.SIGINT, previous)
+        never.set()  # the worker thread ends too
     assert time.monotonic() - started < 5
 
 
