@@ -53,6 +53,7 @@ def test_ctrl_c_interrupts_the_wait_while_the_call_still_runs() -> None:
         never.set()
 
     previous = signal.signal(signal.SIGINT, first_only)
+    unblocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     thread = threading.Thread(target=sender)
     started = time.monotonic()
     thread.start()
@@ -63,6 +64,7 @@ def test_ctrl_c_interrupts_the_wait_while_the_call_still_runs() -> None:
         stop.set()
         thread.join()
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         never.set()  # the worker thread ends too
     assert time.monotonic() - started < 5
 
@@ -71,7 +73,11 @@ def test_ctrl_c_interrupts_the_wait_while_the_call_still_runs() -> None:
 # after the last line is read; without the worker thread Ctrl-C waits for all of them.
 _CHILD = textwrap.dedent(
     """
-    import random, sys
+    import random, signal, sys
+    # As a shell starts a command: Ctrl-C neither ignored nor blocked, whatever the test
+    # process that starts this one had set at that moment.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     from tformer.data.tokenizer import train_tokenizer
     rng = random.Random(0)
     def lines():

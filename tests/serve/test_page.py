@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,14 +64,27 @@ def test_page_runs_in_jsdom(client: Client) -> None:
     assert refused["outputs"] == [] and "rendered" not in refused
 
 
+def launch(playwright: Any, browser_name: str) -> Any:
+    """Playwright's own build of the browser, or else the system's Chromium (Debian's
+    ``chromium`` package: Playwright drives any recent Chromium)."""
+    kind = getattr(playwright, browser_name)
+    try:
+        return kind.launch()
+    except Exception:
+        system = shutil.which("chromium") or shutil.which("chromium-browser")
+        if browser_name != "chromium" or system is None:
+            raise
+        return kind.launch(executable_path=system)
+
+
 @pytest.mark.parametrize("browser_name", ["chromium", "firefox"])
-def test_page_translates_and_draws(client: Client, browser_name: str) -> None:
+def test_page_translates_and_draws(client: Client, browser_name: str, tmp_path: Path) -> None:
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="Playwright is not installed (pip install playwright)"
     )
     with sync_api.sync_playwright() as playwright:
         try:
-            browser = getattr(playwright, browser_name).launch()
+            browser = launch(playwright, browser_name)
         except Exception as error:  # no browser binary installed for Playwright
             pytest.skip(f"{browser_name} cannot be launched here: {str(error).splitlines()[0]}")
         try:
@@ -89,5 +103,8 @@ def test_page_translates_and_draws(client: Client, browser_name: str) -> None:
             assert page.get_attribute("#root", "data-rendered") == "encoder/0/1"
             page.wait_for_selector("table.explain", timeout=20_000)
             assert page.locator("table.explain tr").count() == 1 + steps(client)
+            shot = tmp_path / f"{browser_name}.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         finally:
             browser.close()
