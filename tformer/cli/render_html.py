@@ -59,6 +59,19 @@ def page_data(result: AttentionResult, selection: AttentionSelection) -> dict[st
     }
 
 
+# The selectors, the hover line and the map: the same markup here and on `tformer serve`'s page.
+CONTROLS = """<form id="controls" onsubmit="return false">
+  <label>kind <select id="kind"></select></label>
+  <label>layer <select id="layer"></select></label>
+  <label>head <select id="head"></select></label>
+  <label>view <select id="view">
+    <option value="heatmap">heatmap</option><option value="lines">lines</option>
+  </select></label>
+</form>
+<p id="hover">hover a cell or a token to see its weights</p>
+<div id="root"></div>"""
+
+
 def render_html(result: AttentionResult, selection: AttentionSelection) -> str:
     """The whole page as one string."""
     # "</" inside a script element would end it early; "<\/" reads the same to JSON.parse.
@@ -66,6 +79,7 @@ def render_html(result: AttentionResult, selection: AttentionSelection) -> str:
     title = html.escape(f"attention: {result.source_text} -> {result.target_text}")
     return (
         _TEMPLATE.replace("__TITLE__", title)
+        .replace("__CONTROLS__", CONTROLS)
         .replace("__STYLE__", _STYLE)
         .replace("__SCRIPT__", _SCRIPT)
         .replace("__DATA__", data)
@@ -87,16 +101,7 @@ _TEMPLATE = """<!doctype html>
 <body>
 <h1>__TITLE__</h1>
 <p id="provenance"></p>
-<form id="controls" onsubmit="return false">
-  <label>kind <select id="kind"></select></label>
-  <label>layer <select id="layer"></select></label>
-  <label>head <select id="head"></select></label>
-  <label>view <select id="view">
-    <option value="heatmap">heatmap</option><option value="lines">lines</option>
-  </select></label>
-</form>
-<p id="hover">hover a cell or a token to see its weights</p>
-<div id="root"></div>
+__CONTROLS__
 <script id="attention-data" type="application/json">__DATA__</script>
 <script>__SCRIPT__</script>
 </body>

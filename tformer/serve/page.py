@@ -18,7 +18,8 @@ def page_html() -> str:
     """The whole page as one string."""
     template = files("tformer.serve").joinpath("page.html").read_text(encoding="utf-8")
     return (
-        template.replace("__ATTENTION_STYLE__", render_html.STYLE)
+        template.replace("__CONTROLS__", render_html.CONTROLS)
+        .replace("__ATTENTION_STYLE__", render_html.STYLE)
         .replace("__ATTENTION_SCRIPT__", render_html.SCRIPT)
         .replace("__SPECIAL__", json.dumps(list(SPECIAL_TOKENS)))
     )
