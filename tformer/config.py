@@ -19,6 +19,7 @@ import yaml
 
 from tformer.errors import ConfigError
 
+Arch = Literal["encoder-decoder", "decoder-only", "encoder-only"]
 Norm = Literal["post", "pre"]
 Activation = Literal["relu", "gelu", "swiglu", "geglu"]
 GATED_ACTIVATIONS = ("swiglu", "geglu")
@@ -96,6 +97,14 @@ class ModelConfig:
     is also the help of its ``tformer train`` option.
     """
 
+    # The three families of the same blocks: the paper's encoder-decoder, a decoder-only
+    # language model (GPT) and an encoder-only masked language model (BERT).
+    arch: Arch = _field(
+        "encoder-decoder",
+        "encoder-decoder (paper: translation) | decoder-only (GPT: a language model on plain "
+        "text, uses --n-decoder-layers) | encoder-only (BERT: masked language model on plain "
+        "text, uses --n-encoder-layers).",
+    )
     src_vocab_size: int = _field(8000, "Source vocabulary size (set from the tokenizer).")
     tgt_vocab_size: int = _field(8000, "Target vocabulary size (set from the tokenizer).")
     d_model: int = _field(512, "Width of the model (embeddings and every sub-layer's output).")
@@ -157,6 +166,7 @@ class ModelConfig:
         _one_of("--activation", self.activation, Activation)
         _one_of("--normalization", self.normalization, Normalization)
         _one_of("--positions", self.positions, Positions)
+        _one_of("--arch", self.arch, Arch)
         self._check_variants()
         _require(
             not self.share_embeddings or self.src_vocab_size == self.tgt_vocab_size,
@@ -205,6 +215,25 @@ class ModelConfig:
         if not self.gated:
             return self.d_ff
         return 8 * math.ceil(2 * self.d_ff / 3 / 8)
+
+    @property
+    def is_seq2seq(self) -> bool:
+        """Whether this is the paper's encoder-decoder (a source and a target)."""
+        return self.arch == "encoder-decoder"
+
+    @property
+    def unused_fields(self) -> tuple[str, ...]:
+        """Fields the family does not read (a one-stack model has one stack and one vocabulary)."""
+        if self.arch == "decoder-only":
+            return ("src_vocab_size", "n_encoder_layers", "share_embeddings")
+        if self.arch == "encoder-only":
+            return ("tgt_vocab_size", "n_decoder_layers", "share_embeddings")
+        return ()
+
+    @property
+    def layers(self) -> int:
+        """Blocks of a one-stack family (decoder-only: decoder layers; encoder-only: encoder)."""
+        return self.n_encoder_layers if self.arch == "encoder-only" else self.n_decoder_layers
 
     def kv_cache_bytes_per_token(self, bytes_per_value: int = 4) -> int:
         """Bytes the decoder's key/value caches hold per token (float32 by default): keys and
@@ -278,6 +307,23 @@ class TrainConfig:
         "the source language.",
     )
     target_field: str = _field("target", "Target column, or the target language.")
+    text_field: str = _field(
+        "text", "Text column of a language model's data (--arch decoder-only / encoder-only)."
+    )
+    pack: bool = _field(
+        True,
+        "Language models: join the documents with <eos> and cut them into blocks of "
+        "--max-len tokens (--no-pack: one document a row, padded, longer ones cut).",
+    )
+    # BERT's masking (Devlin et al. 2019, section 3.1): of the tokens chosen, 80% become
+    # <mask>, 10% a random token and 10% stay, so the model cannot rely on seeing <mask>.
+    mlm_probability: float = _field(
+        0.15, "Masked language model: share of the tokens chosen for prediction."
+    )
+    mlm_mask: float = _field(0.8, "Of the chosen tokens, the share replaced by <mask>.")
+    mlm_random: float = _field(
+        0.1, "Of the chosen tokens, the share replaced by a random token (the rest stay)."
+    )
     streaming: bool = _field(
         False,
         "Read --data as a stream (a hub data set too large to download whole, or large local "
@@ -358,6 +404,18 @@ class TrainConfig:
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"{flag(name)} {value} must be in [0, 1)")
         _require(self.eps > 0, f"--eps {self.eps} must be > 0")
+        _require(
+            0.0 < self.mlm_probability < 1.0,
+            f"--mlm-probability {self.mlm_probability} must be in (0, 1)",
+        )
+        for name in ("mlm_mask", "mlm_random"):
+            value = getattr(self, name)
+            _require(0.0 <= value <= 1.0, f"{flag(name)} {value} must be in [0, 1]")
+        _require(
+            self.mlm_mask + self.mlm_random <= 1.0,
+            f"--mlm-mask {self.mlm_mask} + --mlm-random {self.mlm_random} must not exceed 1 "
+            "(the rest of the chosen tokens stay as they are)",
+        )
         _require(self.weight_decay >= 0, f"--weight-decay {self.weight_decay} must be >= 0")
         _require(self.clip_norm >= 0, f"--clip-norm {self.clip_norm} must be >= 0 (0 = off)")
         _require(
@@ -398,7 +456,7 @@ class TrainConfig:
 
 # ModelConfig keys added after checkpoints were first written: a config.json without them is
 # a model of their defaults (the paper's), which is what such a checkpoint holds.
-ADDED_MODEL_KEYS = ("kv_heads", "normalization", "positions")
+ADDED_MODEL_KEYS = ("kv_heads", "normalization", "positions", "arch")
 
 
 def _from_dict(cls: type, data: dict[str, Any], source: str) -> Any:
@@ -437,3 +495,10 @@ def parse_duration(text: str, *, option: str = "--time-budget") -> float:
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# A masked language model's tokenizer has one more special token, right after those four.
+MASK, MASK_ID = "<mask>", 4
+
+
+def article(word: str) -> str:
+    """"a" or "an" before ``word`` (by its first letter), for messages naming a family."""
+    return "an" if word[:1].lower() in "aeiou" else "a"

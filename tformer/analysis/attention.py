@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from tformer.checkpoint.store import Tokenizers
-from tformer.config import BOS_ID, EOS_ID
+from tformer.config import BOS_ID, EOS_ID, article
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
 from tformer.errors import ConfigError
@@ -29,6 +29,15 @@ Kind = Literal["encoder", "decoder", "cross"]
 KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
 Layer = int | Literal["all"]
 Head = int | Literal["all", "mean"]
+
+# The maps each family has: a decoder-only model only causal self-attention, an encoder-only
+# one only bidirectional self-attention.
+FAMILY_KINDS: dict[str, tuple[str, ...]] = {
+    "encoder-decoder": KINDS,
+    "decoder-only": ("decoder",),
+    "encoder-only": ("encoder",),
+}
+DEFAULT_KIND = {"encoder-decoder": "cross", "decoder-only": "decoder", "encoder-only": "encoder"}
 
 FILE_FORMAT = "tformer-attention"
 FILE_VERSION = 1
@@ -95,10 +104,17 @@ class AttentionResult:
     source_text: str
     target_text: str
     generated: bool
+    arch: str = "encoder-decoder"
 
     def maps(self, kind: str) -> Tensor:
         if kind not in KINDS:
             raise ConfigError(f"--kind {kind!r} must be one of {', '.join(KINDS)}")
+        kinds = FAMILY_KINDS[self.arch]
+        if kind not in kinds:
+            raise ConfigError(
+                f"--kind {kind}: {article(self.arch)} {self.arch} model has no {kind} "
+                f"attention; use --kind {' or '.join(kinds)}"
+            )
         return getattr(self, kind)
 
     def labels(self, kind: str) -> tuple[list[str], list[str]]:
@@ -185,9 +201,76 @@ def inspect_attention(
     was_training = model.training
     model.eval()
     try:
+        if model.config.arch == "encoder-only":
+            return _inspect_encoder(model, tokenizers, source)
+        if model.config.arch == "decoder-only":
+            return _inspect_decoder(model, tokenizers, source, target, decoding)
         return _inspect(model, tokenizers, source, target, decoding)
     finally:
         model.train(was_training)
+
+
+def _stack(maps: list[Tensor]) -> Tensor:
+    """One row's maps of every layer as (L, H, R, C); (0, 0, 0, 0) when the model has none."""
+    if not maps:
+        return torch.zeros(0, 0, 0, 0)
+    return torch.stack([m[0] for m in maps]).float().cpu()
+
+
+def _inspect_encoder(model: Transformer, tokenizers: Tokenizers, text: str) -> AttentionResult:
+    """An encoder-only model's self-attention over ``text`` (whose ``<mask>`` are masks)."""
+    from tformer.analysis.language import encode_with_masks_of
+
+    device = next(model.parameters()).device
+    ids = encode_with_masks_of(tokenizers.source, text)[: model.config.max_len] or [EOS_ID]
+    out = model(torch.tensor([ids], device=device), None, need_weights=True)
+    assert out.attentions is not None
+    empty = torch.zeros(0, 0, 0, 0)
+    return AttentionResult(
+        encoder=_stack(out.attentions.encoder),
+        decoder=empty,
+        cross=empty,
+        source_tokens=tokenizers.source.tokens(ids),
+        target_tokens=[],
+        source_text=text,
+        target_text="",
+        generated=False,
+        arch="encoder-only",
+    )
+
+
+def _inspect_decoder(
+    model: Transformer,
+    tokenizers: Tokenizers,
+    prompt: str,
+    target: str | None,
+    decoding: DecodingConfig | None,
+) -> AttentionResult:
+    """A decoder-only model's causal self-attention over <bos> + prompt + continuation (the
+    given ``target``, or the model's own)."""
+    device = next(model.parameters()).device
+    generated = target is None
+    if target is None:
+        output = translate(model, tokenizers, [prompt], decoding)[0][0]
+        tgt_ids, target = output.hypothesis.ids, output.text
+    else:
+        tgt_ids = tokenizers.target.encode(target)
+    sequence = [BOS_ID, *tokenizers.source.encode(prompt), *tgt_ids][: model.config.max_len]
+    ids = torch.tensor([sequence], device=device)
+    out = model(ids, ids, need_weights=True)
+    assert out.attentions is not None
+    empty = torch.zeros(0, 0, 0, 0)
+    return AttentionResult(
+        encoder=empty,
+        decoder=_stack(out.attentions.decoder),
+        cross=empty,
+        source_tokens=[],
+        target_tokens=tokenizers.target.tokens(sequence),
+        source_text=prompt,
+        target_text=target,
+        generated=generated,
+        arch="decoder-only",
+    )
 
 
 def _inspect(

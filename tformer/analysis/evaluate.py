@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from tformer.analysis.language import LanguageEvaluation
 from tformer.checkpoint.files import write_text_atomic
 from tformer.checkpoint.store import Checkpoint, Tokenizers
 from tformer.data.batching import Batch, BatchPlan
@@ -221,4 +222,59 @@ def write_results(out: Path, card: dict[str, Any], hypotheses: Sequence[str]) ->
     write_text_atomic(paths["hypotheses"], "".join(h + "\n" for h in hypotheses))
     write_text_atomic(paths["json"], json.dumps(card, indent=2, ensure_ascii=False) + "\n")
     write_text_atomic(paths["markdown"], card_markdown(card))
+    return paths
+
+
+def language_card(
+    ckpt: Checkpoint,
+    result: LanguageEvaluation,
+    *,
+    data: str | None,
+    docs: Sequence[str],
+    mask_heads: list[str] | None = None,
+) -> dict[str, Any]:
+    """The result card of a language model on one split (no outputs: it is measured on the
+    text itself)."""
+    digest = hashlib.sha256("".join(doc + "\n" for doc in docs).encode("utf-8")).hexdigest()
+    return {
+        "tformer_version": __version__,
+        "git_commit": git_commit(),
+        "checkpoint": str(ckpt.path),
+        "step": ckpt.step,
+        "arch": ckpt.model_config.arch,
+        "data": data or "bundled text (data/text/)",
+        "split": result.split,
+        "documents": result.documents,
+        "data_sha256": digest,
+        "metrics": result.to_dict(),
+        "mask_heads": mask_heads or [],
+        "model": ckpt.model_config.to_dict(),
+        "train": ckpt.train_config.to_dict(),
+        "hardware": hardware(),
+        "wall_time_s": result.wall_time,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def write_language_results(out: Path, card: dict[str, Any]) -> dict[str, Path]:
+    """Write result.json and result.md of a language model's card into ``out`` (atomically)."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "result.json", "markdown": out / "result.md"}
+    rows = [f"| {name.replace('_', ' ')} | {value} |" for name, value in card["metrics"].items()]
+    markdown = "\n".join(
+        [
+            f"# tformer evaluation ({card['arch']}): {card['data']} [{card['split']}]",
+            "",
+            "| metric | value |",
+            "|---|---:|",
+            *rows,
+            "",
+            f"- checkpoint: `{card['checkpoint']}` (step {card['step']})",
+            f"- documents: {card['documents']}, data sha256 `{card['data_sha256'][:16]}…`",
+            f"- tformer {card['tformer_version']}, commit `{card['git_commit']}`",
+            f"- date: {card['date']}",
+        ]
+    )
+    write_text_atomic(paths["json"], json.dumps(card, indent=2, ensure_ascii=False) + "\n")
+    write_text_atomic(paths["markdown"], markdown + "\n")
     return paths

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from tformer.config import BOS_ID, EOS_ID
-from tformer.decoding.api import fit_source
+from tformer.decoding.api import fit_input, fit_source
 from tformer.decoding.logits import mask_special_tokens
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.model import Transformer
@@ -29,7 +29,9 @@ class StepExplanation:
             ``"model"`` (softmax of the raw logits).
         alternatives: the most probable tokens of the final distribution, (id, probability).
         source: the source positions the last decoder layer's cross-attention weighted most
-            (mean over heads), (position, weight).
+            (mean over heads), (position, weight). For a decoder-only model: the positions of
+            <bos> + prompt + output so far that the last layer's self-attention row which
+            produced the token weighted most.
     """
 
     token: int
@@ -58,15 +60,27 @@ def explain(
     chosen = [*hyp.ids, EOS_ID] if hyp.finished else list(hyp.ids)
     if not chosen:
         return []
-    src = torch.tensor([fit_source(src_ids, model.config.max_len)], device=device)
-    tgt_in = torch.tensor([[BOS_ID, *chosen[:-1]]], device=device)
-    out = model.decode(tgt_in, model.encode(src), need_weights=True)
-    assert out.cross_attentions is not None
-    cross = out.cross_attentions[-1][0].float().mean(dim=0)  # (T, S)
+    if model.config.arch == "decoder-only":
+        # The prompt is part of the decoder's input; each output step reads one row after it.
+        prompt = fit_input(model, src_ids)
+        tgt_in = torch.tensor([[BOS_ID, *prompt, *chosen[:-1]]], device=device)
+        out = model.decode(tgt_in, model.encode(tgt_in), need_weights=True)
+        assert out.self_attentions is not None
+        offset = len(prompt)
+        cross = out.self_attentions[-1][0].float().mean(dim=0)[offset:]  # (T, P + 1 + T)
+        logits_at = out.logits[:, offset:]
+        tgt_in = tgt_in[:, offset:]
+    else:
+        src = torch.tensor([fit_source(src_ids, model.config.max_len)], device=device)
+        tgt_in = torch.tensor([[BOS_ID, *chosen[:-1]]], device=device)
+        out = model.decode(tgt_in, model.encode(src), need_weights=True)
+        assert out.cross_attentions is not None
+        cross = out.cross_attentions[-1][0].float().mean(dim=0)  # (T, S)
+        logits_at = out.logits
     stages = config.constraints() + config.sampling()
     steps = []
     for t, token in enumerate(chosen):
-        logits = mask_special_tokens(out.logits[:, t].float())  # (1, V)
+        logits = mask_special_tokens(logits_at[:, t].float())  # (1, V)
         history = tgt_in[:, 1 : t + 1]
         probs = {"model": float(logits.softmax(-1)[0, token])}
         for stage in stages:

@@ -59,7 +59,7 @@ from tformer.checkpoint.weights import check_weights, weights_metadata
 from tformer.config import SPECIAL_TOKENS, ModelConfig, TrainConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
-from tformer.model import Transformer
+from tformer.model import Transformer, build_model
 from tformer.paths import excerpt, whole_message
 from tformer.version import __version__
 
@@ -372,7 +372,7 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Che
     tokenizers = load_tokenizers(folder, config)
     check_vocabulary(folder, tokenizers, model_config)
     check_weights(folder / WEIGHTS, model_config, folder / CONFIG)
-    model = Transformer(model_config)
+    model = build_model(model_config)
     load_weights(model, folder / WEIGHTS)
     model.to(device).eval()
     return Checkpoint(model, model_config, train_config, tokenizers, step, folder)

@@ -33,7 +33,7 @@ from tformer.checkpoint.store import (
 )
 from tformer.config import ModelConfig
 from tformer.errors import CheckpointError, ConfigError
-from tformer.model import Transformer
+from tformer.model import build_model
 from tformer.paths import excerpt_list
 
 
@@ -176,7 +176,7 @@ def _verify_training_state(folder: Path) -> tuple[str, None]:
 def _verify_load(folder: Path, model_config: ModelConfig | None) -> tuple[str, None]:
     if model_config is None:
         raise CheckpointError(f"{folder / CONFIG}: unreadable, so the weights cannot be loaded")
-    model = Transformer(model_config)
+    model = build_model(model_config)
     load_weights(model, folder / WEIGHTS)
     bad = [n for n, p in model.state_dict().items() if not torch.isfinite(p).all()]
     if bad:

@@ -22,7 +22,7 @@ from safetensors import SafetensorError, safe_open
 
 from tformer.config import ADDED_MODEL_KEYS, ModelConfig
 from tformer.errors import CheckpointError
-from tformer.model import Transformer
+from tformer.model import build_model
 from tformer.paths import excerpt, excerpt_list, first_line
 
 DTYPE = "F32"  # the dtype of every tensor in model.safetensors (safetensors' spelling)
@@ -87,7 +87,7 @@ def expected_tensors(config: ModelConfig) -> list[dict[str, tuple[int, ...]]]:
     """The tensors a model of ``config`` saves, built on the meta device (no memory): one
     {name: shape} group per tensor; tied names share a group, of which the file holds one."""
     with torch.device("meta"):
-        state = Transformer(config).state_dict(keep_vars=True)
+        state = build_model(config).state_dict(keep_vars=True)
     groups: dict[int, dict[str, tuple[int, ...]]] = {}
     for name, tensor in state.items():
         groups.setdefault(id(tensor), {})[name] = tuple(tensor.shape)

@@ -32,6 +32,7 @@ from tformer.cli.options import (
     check_batch_size,
     check_limit,
     file_option,
+    require_family,
     split_pairs,
 )
 from tformer.cli.render import weight_color
@@ -96,6 +97,7 @@ def ablate_command(
     pairs = split_pairs(
         data, split, source_field=source_field, target_field=target_field, limit=limit
     )
+    require_family(checkpoint, "ablate", "encoder-decoder")
     ckpt = load_checkpoint(checkpoint, resolve_device(device))
     heads = all_heads(ckpt.model)
     runs = len(heads) + 1

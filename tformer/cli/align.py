@@ -32,6 +32,7 @@ from tformer.cli.options import (
     check_limit,
     existing_file,
     file_option,
+    require_family,
     split_pairs,
     warn_long_inputs,
 )
@@ -187,6 +188,7 @@ def _align(
                 "undefined; mark the links annotators were sure of with i-j"
             )
     pairs = aligned
+    require_family(checkpoint, "align", "encoder-decoder")
     ckpt = load_checkpoint(checkpoint, resolve_device(device))
     layer, head = choices
     check_choice(layer, ckpt.model_config.n_decoder_layers, "--layer", "decoder layers")

@@ -25,6 +25,7 @@ from tformer.cli.options import (
     check_batch_size,
     default,
     read_inputs,
+    require_family,
     warn_long_inputs,
 )
 from tformer.decoding.settings import DecodingConfig
@@ -182,6 +183,7 @@ def compare_command(
         seed=seed,
     )
     inputs = read_inputs(texts, input_file)
+    require_family(checkpoint, "compare", "encoder-decoder", "decoder-only")
     loaded = load_checkpoint(checkpoint, resolve_device(device))
     apply_quantize(loaded.model, quantize)
     warn_long_inputs(loaded.tokenizers.source, inputs, loaded.model_config.max_len)

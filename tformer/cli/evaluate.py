@@ -8,7 +8,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tformer.analysis.evaluate import evaluate, result_card, write_results
+from tformer.analysis.evaluate import (
+    evaluate,
+    language_card,
+    result_card,
+    write_language_results,
+    write_results,
+)
+from tformer.analysis.language import evaluate_language
 from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
@@ -30,6 +37,7 @@ from tformer.cli.options import (
     SOURCE_FIELD,
     TARGET_FIELD,
     TEMPERATURE,
+    TEXT_FIELD,
     TOP_K,
     TOP_P,
     apply_mask_heads,
@@ -38,11 +46,13 @@ from tformer.cli.options import (
     check_limit,
     decoding_config,
     folder_option,
+    require_family,
     split_pairs,
     warn_long_inputs,
 )
+from tformer.data.lm import load_texts
 from tformer.device import resolve_device
-from tformer.errors import CheckpointError
+from tformer.errors import CheckpointError, DataError
 
 
 @app.command("evaluate")
@@ -77,14 +87,22 @@ def evaluate_command(
     device: str = DEVICE,
     quantize: str = QUANTIZE,
     mask_heads: str | None = MASK_HEADS,
+    text_field: str = TEXT_FIELD,
 ) -> None:
     """Translate a split and report sacreBLEU and chrF (with signatures), loss and perplexity.
+
+    A language model's split is measured instead: perplexity and bits per character
+    (decoder-only), masked-token accuracy and perplexity (encoder-only).
 
     Example: tformer evaluate checkpoints/dates --split test
     """
     check_limit(limit)
     check_batch_size(batch_size)
     folder_option(out, "--out")
+    arch = require_family(checkpoint, "evaluate", "encoder-decoder", *LANGUAGE_MODELS)
+    if arch in LANGUAGE_MODELS:
+        _evaluate_language(checkpoint, data, text_field, split, limit, out, device, mask_heads)
+        return
     # The same decoding flags as `tformer generate`; one output per input is scored.
     decoding = decoding_config(ctx.params)
     pairs = split_pairs(
@@ -126,3 +144,53 @@ def evaluate_command(
         f"{escape(str(paths['json']))}, {escape(str(paths['markdown']))}, "
         f"{escape(str(paths['hypotheses']))}"
     )
+
+
+LANGUAGE_MODELS = ("decoder-only", "encoder-only")
+
+
+def _evaluate_language(
+    checkpoint: Path,
+    data: str | None,
+    text_field: str,
+    split: str,
+    limit: int | None,
+    out: Path | None,
+    device: str,
+    mask_heads: str | None,
+) -> None:
+    """A language model's split: loss, perplexity and bits per character or masked accuracy."""
+    splits = load_texts(data, text_field)
+    if split not in splits:
+        raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
+    docs = splits[split][:limit] if limit else splits[split]
+    ckpt = load_checkpoint(checkpoint, resolve_device(device))
+    masked = apply_mask_heads(ckpt.model, mask_heads)
+    folder = out or ckpt.path / f"eval-{split}"
+    folder_option(folder, "--out")
+    err_console.print(f"measuring {len(docs):,} documents of {split} …")
+    result = evaluate_language(ckpt, docs, split=split)
+    card = language_card(ckpt, result, data=data, docs=docs, mask_heads=masked)
+    try:
+        paths = write_language_results(folder, card)
+    except OSError as error:
+        raise CheckpointError(
+            f"--out {folder}: the results cannot be written ({error.strerror or error}); "
+            "give a writable --out folder"
+        ) from error
+    table = Table(
+        title=escape(
+            f"{data or 'bundled text'} [{split}], {len(docs):,} documents, "
+            f"{result.tokens:,} predicted tokens"
+        ),
+        title_justify="left",
+    )
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("loss", f"{result.loss:.4f}")
+    table.add_row("perplexity", f"{result.perplexity:.3f}")
+    for name, value in result.metrics.items():
+        shown = f"{value:.2%}" if name == "masked_accuracy" else f"{value:.4f}"
+        table.add_row(name.replace("_", " "), shown)
+    console.print(table)
+    console.print(f"wrote {escape(str(paths['json']))}, {escape(str(paths['markdown']))}")

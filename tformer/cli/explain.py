@@ -32,11 +32,15 @@ def explanation_table(
     hyp: Hypothesis,
     *,
     title: str = "",
+    decoder_only: bool = False,
 ) -> Table:
     """Columns: step, token, its probability after each processor stage (the model's first),
-    the most probable alternatives, and the source tokens attended to most."""
+    the most probable alternatives, and the source tokens attended to most (a decoder-only
+    model's: the tokens of <bos> + prompt + output its self-attention row weighted most)."""
     tgt, src = tokenizers.target, tokenizers.source
     src_tokens = src.tokens(src_ids) if src_ids else ["<eos>"]
+    if decoder_only:
+        src_tokens = ["<bos>", *src.tokens(src_ids), *tgt.tokens(hyp.ids)]
     stages = list(steps[0].probs) if steps else ["model"]
     caption = f"{_strategy(config)}. log p {hyp.logprob:.3f}"
     if config.beam_size > 1:
@@ -49,7 +53,11 @@ def explanation_table(
     for stage in stages:
         table.add_column(f"p {stage}", justify="right")
     table.add_column("alternatives (final p)")
-    table.add_column("source attention (last layer)")
+    table.add_column(
+        "attention to <bos> + prompt + output (last layer)"
+        if decoder_only
+        else "source attention (last layer)"
+    )
     for t, step in enumerate(steps):
         probs = [f"{step.probs[stage]:.3f}" for stage in stages]
         alternatives = ", ".join(

@@ -43,6 +43,7 @@ from tformer.cli.options import (
     decoding_config,
     default,
     read_inputs,
+    require_family,
     warn_long_inputs,
 )
 from tformer.decoding.api import stream_tokens
@@ -140,6 +141,7 @@ def generate_command(
     if interactive:
         if texts or input_file is not None:
             raise ConfigError("--interactive reads inputs at a prompt: drop TEXT / --input-file")
+        require_family(checkpoint, "generate", "encoder-decoder", "decoder-only")
         loaded = load_checkpoint(checkpoint, resolve_device(device))
         _prepare(loaded.model, quantize, mask_heads)
         _interactive(loaded, config, as_json=as_json, stream=stream)
@@ -147,6 +149,7 @@ def generate_command(
     inputs = read_inputs(texts, input_file)
     if explain_steps and len(inputs) != 1:
         raise ConfigError(f"--explain shows one input at a time; got {len(inputs)}")
+    require_family(checkpoint, "generate", "encoder-decoder", "decoder-only")
     loaded = load_checkpoint(checkpoint, resolve_device(device))
     _prepare(loaded.model, quantize, mask_heads)
     warn_long_inputs(loaded.tokenizers.source, inputs, loaded.model_config.max_len)
@@ -275,7 +278,11 @@ def _explain(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
         title = f"{text!r} -> {generation.text!r}"
         if len(outputs) > 1:
             title = f"output {index + 1}/{len(outputs)}: {title}"
-        console.print(explanation_table(steps, src, loaded.tokenizers, config, hyp, title=title))
+        decoder_only = loaded.model_config.arch == "decoder-only"
+        table = explanation_table(
+            steps, src, loaded.tokenizers, config, hyp, title=title, decoder_only=decoder_only
+        )
+        console.print(table)
 
 
 def _interactive(

@@ -53,6 +53,8 @@ def info_command(
     arch.add_column("value", justify="right")
     config = model.config
     for key, value in config.to_dict().items():
+        if key in config.unused_fields:
+            continue
         arch.add_row(
             key,
             f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value),
@@ -67,6 +69,8 @@ def info_command(
     params.add_column("count", justify="right")
     params.add_column("share", justify="right")
     for part in ("embeddings", "encoder", "decoder", "attention", "feed_forward", "total"):
+        if part not in counts:
+            continue
         params.add_row(part, f"{counts[part]:,}", f"{counts[part] / counts['total']:.1%}")
     console.print(params)
 
@@ -75,14 +79,16 @@ def derived_rows(config: ModelConfig) -> list[tuple[str, str]]:
     """What the settings imply: the effective key/value heads and feed-forward width, and the
     decoder's key/value cache per token (float32)."""
     groups = config.n_heads // config.n_kv_heads
-    return [
+    rows = [
         (
             "key/value heads (effective)",
             f"{config.n_kv_heads} ({groups} query head{'s' * (groups > 1)} each)",
         ),
         ("feed-forward hidden width (effective)", f"{config.ffn_hidden:,}"),
-        ("KV cache bytes per token (float32)", kv_cache_text(config)),
     ]
+    if config.arch != "encoder-only":  # it reads its input at once: nothing is cached
+        rows.append(("KV cache bytes per token (float32)", kv_cache_text(config)))
+    return rows
 
 
 def kv_cache_text(config: ModelConfig) -> str:

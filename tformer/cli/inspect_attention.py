@@ -8,6 +8,8 @@ import typer
 from rich.markup import escape
 
 from tformer.analysis.attention import (
+    DEFAULT_KIND,
+    FAMILY_KINDS,
     KINDS,
     Head,
     Layer,
@@ -24,12 +26,13 @@ from tformer.cli.options import (
     SEED,
     TEMPERATURE,
     apply_mask_heads,
+    require_family,
     warn_long_inputs,
     warn_long_target,
 )
 from tformer.cli.render import render_selection, stats_table
 from tformer.cli.render_files import check_save_path, save_maps
-from tformer.config import ModelConfig
+from tformer.config import ModelConfig, article
 from tformer.decoding.settings import DecodingConfig
 from tformer.device import resolve_device
 from tformer.errors import CheckpointError, ConfigError
@@ -67,7 +70,14 @@ def inspect_attention_command(
         help="Teacher-force this target (default: the model's own output).",
         show_default=False,
     ),
-    kind: str = typer.Option("cross", "--kind", "-k", help="encoder | decoder | cross"),
+    kind: str | None = typer.Option(
+        None,
+        "--kind",
+        "-k",
+        help="encoder | decoder | cross (default: cross; a decoder-only model's decoder, an "
+        "encoder-only model's encoder).",
+        show_default=False,
+    ),
     layer: str = typer.Option(
         "-1", "--layer", "-l", help="A layer number (negative counts from the end) or 'all'."
     ),
@@ -104,11 +114,18 @@ def inspect_attention_command(
 
       tformer inspect-attention checkpoints/dates "03/06/25" --save map.html
     """
-    if kind not in KINDS:
+    if kind is not None and kind not in KINDS:
         raise ConfigError(f"--kind {kind!r} must be one of {', '.join(KINDS)}")
     which_layer, which_head = parse_layer(layer), parse_head(head)
     check_save_path(save)
     decoding = DecodingConfig(temperature=temperature, seed=seed)
+    arch = require_family(checkpoint, "inspect-attention", *FAMILY_KINDS)
+    kind = kind or DEFAULT_KIND[arch]
+    if kind not in FAMILY_KINDS[arch]:
+        raise ConfigError(
+            f"--kind {kind}: {article(arch)} {arch} model has no {kind} attention; use --kind "
+            f"{' or '.join(FAMILY_KINDS[arch])}"
+        )
     loaded = load_checkpoint(checkpoint, resolve_device(device))
     apply_mask_heads(loaded.model, mask_heads)
     warn_long_inputs(loaded.tokenizers.source, [text], loaded.model_config.max_len)
@@ -117,10 +134,16 @@ def inspect_attention_command(
     result = inspect_attention(loaded.model, loaded.tokenizers, text, target, decoding)
     selection = result.selection(kind, which_layer, which_head, checkpoint=str(loaded.path))
     origin = "model output" if result.generated else "given target"
-    console.print(
-        f"source: {escape(result.source_text)}\ntarget ({origin}): {escape(result.target_text)}",
-        soft_wrap=True,
-    )
+    if arch == "encoder-only":
+        console.print(f"input: {escape(result.source_text)}", soft_wrap=True)
+    else:
+        first = "prompt" if arch == "decoder-only" else "source"
+        second = "continuation" if arch == "decoder-only" else "target"
+        console.print(
+            f"{first}: {escape(result.source_text)}\n{second} ({origin}): "
+            f"{escape(result.target_text)}",
+            soft_wrap=True,
+        )
     grouping = head_groups(loaded.model_config)
     if grouping is not None:
         console.print(grouping, soft_wrap=True, highlight=False)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 
 from tformer.cli.console import err_console
-from tformer.config import TrainConfig, flag
+from tformer.config import TrainConfig, article, flag
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, TOKENIZER_KINDS
 from tformer.decoding.settings import DecodingConfig, check_rows
 from tformer.errors import ConfigError, DataError
@@ -371,3 +371,35 @@ def split_pairs(
         raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
     pairs = splits[split]
     return list(pairs[:limit] if limit else pairs)
+
+
+# What each family is for, named when a command for another family is given its checkpoint.
+_FAMILY_TOOLS = {
+    "encoder-decoder": "translate with tformer generate",
+    "decoder-only": "continue text with tformer generate",
+    "encoder-only": "fill in <mask> tokens with tformer fill-mask",
+}
+
+
+def require_family(checkpoint: Path, command: str, *allowed: str) -> str:
+    """The architecture of ``checkpoint`` (read from its verified config.json, before any
+    weights), refused in one line unless it is one ``command`` works on."""
+    from tformer import checkpoint as ckpt
+
+    config = ckpt.read_verified_config(ckpt.resolve(checkpoint))
+    model = config.get("model") or {}
+    arch = str(model.get("arch", "encoder-decoder")) if isinstance(model, dict) else ""
+    if arch not in allowed:
+        needs = " or ".join(allowed)
+        hint = _FAMILY_TOOLS.get(arch, "")
+        raise ConfigError(
+            f"tformer {command} works on {needs} models; {checkpoint} is "
+            f"{article(arch)} {arch} model"
+            + (f" ({hint})" if hint else "")
+        )
+    return arch
+
+
+TEXT_FIELD = typer.Option(
+    default(TrainConfig, "text_field"), "--text-field", help=field_help(TrainConfig, "text_field")
+)

@@ -49,13 +49,21 @@ class RichReporter(Reporter):
         model = summary["model"]
         splits = ", ".join(f"{k} {v:,}" for k, v in summary["splits"].items())
         dropped = sum(summary["dropped"].values())
+        arch = model.get("arch", "encoder-decoder")
+        if arch == "encoder-decoder":
+            layers = f"{model['n_encoder_layers']}+{model['n_decoder_layers']} layers"
+            rows = f"pairs ({dropped} dropped for length)"
+        else:
+            stack = "encoder" if arch == "encoder-only" else "decoder"
+            layers = f"{arch}, {model[f'n_{stack}_layers']} layers"
+            rows = f"blocks of up to {model['max_len']} tokens"
+        vocab = model["src_vocab_size" if arch != "decoder-only" else "tgt_vocab_size"]
         err_console.print(
             f"[bold]tformer train[/] → {escape(summary['run_dir'])}  device {summary['device']}\n"
-            f"model d_model {model['d_model']}, {model['n_heads']} heads, "
-            f"{model['n_encoder_layers']}+{model['n_decoder_layers']} layers, d_ff "
-            f"{model['d_ff']}, {model['norm']}-norm, vocab {model['src_vocab_size']:,}: "
+            f"model d_model {model['d_model']}, {model['n_heads']} heads, {layers}, d_ff "
+            f"{model['d_ff']}, {model['norm']}-norm, vocab {vocab:,}: "
             f"{summary['parameters']:,} parameters\n"
-            f"data {splits} pairs ({dropped} dropped for length); "
+            f"data {splits} {rows}; "
             f"{summary['batches_per_epoch']} batches/epoch, "
             f"padding {summary['padding_share']:.1%}\n"
             f"precision {summary['precision']}"
@@ -63,7 +71,7 @@ class RichReporter(Reporter):
             + f"; global batch {_global_batch(summary['global_batch'])}"
             + (f"\nresuming from step {summary['resumed_from']}" if summary["resumed_from"] else "")
         )
-        if summary.get("lengths"):
+        if summary.get("lengths") and arch == "encoder-decoder":
             err_console.print(_length_table(summary))
         if self.live:
             self.progress = Progress(

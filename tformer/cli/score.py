@@ -40,6 +40,7 @@ from tformer.cli.options import (
     apply_mask_heads,
     check_limit,
     file_option,
+    require_family,
     split_pairs,
 )
 from tformer.cli.render import SPECIAL_STYLE, heatmap
@@ -108,6 +109,7 @@ def score_command(
         if whole_split
         else None
     )
+    require_family(checkpoint, "score", "encoder-decoder")
     ckpt = load_checkpoint(checkpoint, resolve_device(device))
     model = ckpt.model
     apply_mask_heads(model, mask_heads)

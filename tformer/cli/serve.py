@@ -16,6 +16,7 @@ from tformer.cli.options import (
     QUANTIZE,
     apply_quantize,
     config_parameter,
+    require_family,
     with_parameters,
 )
 from tformer.device import resolve_device
@@ -62,6 +63,7 @@ def serve_command(
 
     settings = ServeSettings(**values)
     check_address(settings.host, settings.port)  # before the minutes a large model may take
+    require_family(checkpoint, "serve", "encoder-decoder")
     loaded = load_checkpoint(checkpoint, resolve_device(device))
     apply_quantize(loaded.model, quantize)
 

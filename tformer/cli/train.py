@@ -35,6 +35,7 @@ from tformer.training.run import plan_job, train
 
 # The config fields `tformer train` takes as options, in --help order.
 MODEL_OPTIONS = (
+    "arch",
     "d_model",
     "n_heads",
     "kv_heads",
@@ -54,6 +55,11 @@ TRAIN_OPTIONS = (
     "data",
     "source_field",
     "target_field",
+    "text_field",
+    "pack",
+    "mlm_probability",
+    "mlm_mask",
+    "mlm_random",
     "streaming",
     "max_tokens",
     "accumulate",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -128,17 +129,39 @@ def _cuts(sizes: np.ndarray, max_tokens: int) -> list[int]:
     return cuts
 
 
+class Objective(Protocol):
+    """How a language model's examples become batches (``tformer.data.lm``); translation
+    pairs need none (teacher forcing, :func:`collate`)."""
+
+    def collate(self, pairs: Sequence[IdPair], keys: Sequence[int]) -> Batch: ...
+
+    def predicted(self, pair: IdPair, key: int) -> int: ...
+
+
+def example_key(epoch: int, index: int) -> int:
+    """The random-stream key of example ``index`` in ``epoch`` (masked LM's masking)."""
+    return epoch * 1_000_000_007 + int(index)
+
+
 class BatchPlan:
     """The batches of every epoch, as a pure function of (data, max_tokens, seed, epoch).
 
     Resuming therefore needs only the epoch and the position inside it. The pairs are kept
-    as a :class:`PairStore` and their lengths as two arrays.
+    as a :class:`PairStore` and their lengths as two arrays. A language model's ``objective``
+    makes its batches (keyed by epoch and example, so they too are a pure function).
     """
 
-    def __init__(self, pairs: Sequence[IdPair], max_tokens: int, seed: int) -> None:
+    def __init__(
+        self,
+        pairs: Sequence[IdPair],
+        max_tokens: int,
+        seed: int,
+        objective: Objective | None = None,
+    ) -> None:
         self.pairs = as_store(pairs)
         self.max_tokens = max_tokens
         self.seed = seed
+        self.objective = objective
         self.src_lengths, self.tgt_lengths = self.pairs.lengths()
         self._epoch: tuple[int, list[np.ndarray]] | None = None
 
@@ -150,19 +173,26 @@ class BatchPlan:
             self._epoch = (epoch, bucket_batches(lengths, self.max_tokens, seed))
         return self._epoch[1]
 
-    def target_tokens(self, indices: np.ndarray | Sequence[int]) -> int:
-        """Tokens the decoder predicts for these examples: each target and its <eos>."""
+    def target_tokens(self, indices: np.ndarray | Sequence[int], epoch: int = 0) -> int:
+        """Tokens the model predicts for these examples: each target and its <eos>."""
+        if self.objective is not None:
+            objective = self.objective
+            return sum(objective.predicted(self.pairs[i], example_key(epoch, i)) for i in indices)
         return int(self.tgt_lengths[np.asarray(indices, dtype=np.int64)].sum()) + len(indices)
 
-    def collate(self, indices: np.ndarray | Sequence[int]) -> Batch:
+    def collate(self, indices: np.ndarray | Sequence[int], epoch: int = 0) -> Batch:
         """The batch of these examples; the pages of mapped ids it read are released."""
-        batch = collate([self.pairs[i] for i in indices])
+        pairs = [self.pairs[i] for i in indices]
+        if self.objective is not None:
+            batch = self.objective.collate(pairs, [example_key(epoch, i) for i in indices])
+        else:
+            batch = collate(pairs)
         self.pairs.release()
         return batch
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         for indices in self.epoch(epoch)[start:]:
-            yield self.collate(indices)
+            yield self.collate(indices, epoch)
 
     def padding_share(self) -> float:
         """The share of padded positions across one epoch's batches (source + target)."""

@@ -59,15 +59,19 @@ def tokenizers_for(
     shared: bool = True,
     sample: int = DEFAULT_TOKENIZER_SAMPLE,
     seed: int = 0,
+    specials: tuple[str, ...] = (),
 ) -> tuple[Tokenizer, Tokenizer]:
     """(source, target) tokenizers trained on ``sample`` pairs drawn from ``pairs`` (the same
-    object twice when ``shared``)."""
+    object twice when ``shared``), with ``specials`` after tformer's own."""
     if sample < 1:
         raise ConfigError(f"--tokenizer-sample {sample} must be at least 1 pair")
     chosen = sample_rows(pairs, sample, seed)
     if shared:
         tok = train_tokenizer(
-            (t for pair in chosen for t in pair), kind=kind, vocab_size=vocab_size
+            (t for pair in chosen for t in pair),
+            kind=kind,
+            vocab_size=vocab_size,
+            specials=specials,
         )
         return tok, tok
     source = train_tokenizer((s for s, _ in chosen), kind=kind, vocab_size=vocab_size)

@@ -227,11 +227,13 @@ def train_tokenizer(
     min_frequency: int = 2,
     show_progress: bool = False,
     where: str = "tokenizer training text",
+    specials: Sequence[str] = (),
 ) -> Tokenizer:
     """Train a ``kind`` tokenizer of at most ``vocab_size`` tokens on ``texts`` (one pass).
 
     Args:
         where: names ``texts`` in errors ("--data x.csv, train split").
+        specials: special tokens after tformer's four (ids 4, 5, ...), e.g. <mask>.
 
     Raises:
         ConfigError: unknown ``kind``, ``vocab_size`` too small for the specials or alphabet,
@@ -245,7 +247,7 @@ def train_tokenizer(
         )
     check_tokenizer_options(vocab_size, min_frequency)
     inner = _pipeline(kind)
-    trainer = _trainer(kind, vocab_size, min_frequency, show_progress)
+    trainer = _trainer(kind, vocab_size, min_frequency, show_progress, tuple(specials))
     refused: list[DataError] = []
     try:
         lines = _bounded(_non_empty(texts), where, refused)
@@ -339,11 +341,12 @@ def _pipeline(kind: str) -> tokenizers.Tokenizer:
 
 
 def _trainer(
-    kind: str, vocab_size: int, min_frequency: int, show_progress: bool
+    kind: str, vocab_size: int, min_frequency: int, show_progress: bool, extra: tuple[str, ...]
 ) -> trainers.Trainer:
-    # The specials go first and in this order: that is what gives them ids 0..3. BPE and
-    # WordPiece keep every character seen (limit_alphabet is unset), so no initial_alphabet.
-    specials = list(SPECIAL_TOKENS)
+    # The specials go first and in this order: that is what gives them ids 0..3 (and the
+    # extra ones 4, ...). BPE and WordPiece keep every character seen (limit_alphabet is
+    # unset), so no initial_alphabet.
+    specials = [*SPECIAL_TOKENS, *extra]
     if kind == "bpe":
         return trainers.BpeTrainer(
             vocab_size=vocab_size,

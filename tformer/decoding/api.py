@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from tformer.config import EOS_ID
+from tformer.config import EOS_ID, PAD_ID
 from tformer.data.batching import pad
 from tformer.decoding.beam import beam_search
 from tformer.decoding.sampling import StepEvents, sample_steps
@@ -39,10 +39,33 @@ def decode(model: Transformer, src: Tensor, config: DecodingConfig) -> list[list
         For each source row, in row order: ``num_samples`` hypotheses (greedy / sampling), or
         the ``n_best`` best of beam search, best first.
     """
+    if model.config.arch == "decoder-only":
+        return _decode_prompts(model, src, config)
     src = src[:, : model.config.max_len]
     if config.beam_size > 1:
         return beam_search(model, src, config)
     return _drain(sample_steps(model, src, config))
+
+
+def _decode_prompts(
+    model: Transformer, prompts: Tensor, config: DecodingConfig
+) -> list[list[Hypothesis]]:
+    """A decoder-only model's padded (B, P) prompts, decoded in groups of one length: a
+    prompt is read in one pass after <bos>, so padding inside a group would sit between the
+    prompt and what follows it."""
+    lengths = (prompts != PAD_ID).sum(dim=1).tolist()
+    results: list[list[Hypothesis]] = [[] for _ in lengths]
+    for length in sorted(set(lengths)):
+        rows = [i for i, n in enumerate(lengths) if n == length]
+        group = prompts[rows, :length]
+        group = group[:, max(0, length - (model.config.max_len - 1)) :]
+        if config.beam_size > 1:
+            hyps = beam_search(model, group, config)
+        else:
+            hyps = _drain(sample_steps(model, group, config))
+        for row, found in zip(rows, hyps, strict=True):
+            results[row] = found
+    return results
 
 
 def stream_tokens(
@@ -60,11 +83,20 @@ def stream_tokens(
     if not 0 <= sample < config.num_samples:
         raise ValueError(f"sample {sample} is outside 0..{config.num_samples - 1}")
     device = next(model.parameters()).device
-    src = torch.tensor([fit_source(src_ids, model.config.max_len)], device=device)
+    src = torch.tensor([fit_input(model, src_ids)], dtype=torch.long, device=device)
     for _, tokens in sample_steps(model, src, config, samples=[sample]):
         if tokens[0] == EOS_ID:
             return
         yield tokens[0]
+
+
+def fit_input(model: Transformer, ids: Sequence[int]) -> list[int]:
+    """An input as ``model`` reads it: a source (:func:`fit_source`), or a decoder-only
+    model's prompt, its last ``max_len - 1`` ids (after <bos>), possibly none."""
+    max_len = model.config.max_len
+    if model.config.arch == "decoder-only":
+        return list(ids[len(ids) - (max_len - 1) :] if len(ids) >= max_len else ids)
+    return fit_source(ids, max_len)
 
 
 def fit_source(src_ids: Sequence[int], max_len: int) -> list[int]:
@@ -94,7 +126,7 @@ def decode_texts(
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
     for start in range(0, len(order), sources_per_batch):
         chunk = order[start : start + sources_per_batch]
-        rows = [fit_source(src_ids[i], model.config.max_len) for i in chunk]
+        rows = [fit_input(model, src_ids[i]) for i in chunk]
         sharing.rebalance()  # fewer threads while other tformer processes are busy
         for index, hyps in zip(chunk, decode(model, pad(rows).to(device), config), strict=True):
             results[index] = hyps

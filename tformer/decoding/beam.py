@@ -98,7 +98,7 @@ def beam_search(model: Transformer, src: Tensor, config: DecodingConfig) -> list
         sums=torch.zeros(n_src, device=device),
     )
     last = torch.full((n_src,), BOS_ID, dtype=torch.long, device=device)
-    limit = step_limit(model, config)
+    limit = step_limit(model, config, src)
 
     for step in range(limit):
         logits = mask_special_tokens(stepper.step(last), inplace=True)  # (R, V)

@@ -152,7 +152,7 @@ def sample_steps(
     out = _Outputs(list(range(n_src * n)))
     history = torch.empty(n_src, 0, dtype=torch.long, device=device)  # (R, t)
     last = torch.full((n_src,), BOS_ID, dtype=torch.long, device=device)
-    limit = step_limit(model, config)
+    limit = step_limit(model, config, src)
 
     for step in range(limit):
         logits = mask_special_tokens(stepper.step(last), inplace=True)  # (R, V)

@@ -28,16 +28,24 @@ class CachedStepper:
     on the first step and kept; each layer's self-attention keys/values grow by one a step.
     """
 
-    def __init__(self, model: Transformer, encoded: EncoderOutput) -> None:
+    def __init__(
+        self, model: Transformer, encoded: EncoderOutput, prompts: Tensor | None = None
+    ) -> None:
         self.model = model
         self.encoded = encoded
         self.cache = model.new_cache()
+        self.prompts = prompts  # decoder-only: (R, P) ids read after <bos> on the first step
         self._step_mask: Tensor | None = None
         self._step_mask_of: Tensor | None = None  # the source mask _step_mask was read from
 
     def step(self, tokens: Tensor) -> Tensor:
         """(R,) newest tokens -> (R, V) float32 logits for the next one."""
         model = self.model
+        if self.prompts is not None:
+            # A language model continues its prompt: <bos> and the prompt in one pass.
+            first = torch.cat([tokens[:, None], self.prompts], dim=1)
+            self.prompts = None
+            return model.decode(first, self.encoded, cache=self.cache).logits[:, -1].float()
         if isinstance(model, FastTransformer) and not model.training:
             logits = model.step(tokens[:, None], self.encoded.memory, self._mask(), self.cache)
         else:
@@ -69,13 +77,18 @@ class CachedStepper:
 class RecomputeStepper:
     """The cache-free reference: re-runs the decoder over the whole prefix at every step."""
 
-    def __init__(self, model: Transformer, encoded: EncoderOutput) -> None:
+    def __init__(
+        self, model: Transformer, encoded: EncoderOutput, prompts: Tensor | None = None
+    ) -> None:
         self.model = model
         self.encoded = encoded
-        self.prefix: Tensor | None = None  # (R, t + 1) with <bos>
+        self.prompts = prompts
+        self.prefix: Tensor | None = None  # (R, t + 1) with <bos> (and a prompt)
 
     def step(self, tokens: Tensor) -> Tensor:
         new = tokens[:, None]
+        if self.prefix is None and self.prompts is not None:
+            new = torch.cat([new, self.prompts], dim=1)
         self.prefix = new if self.prefix is None else torch.cat([self.prefix, new], dim=1)
         return self.model.decode(self.prefix, self.encoded).logits[:, -1].float()
 
@@ -90,11 +103,19 @@ Stepper = CachedStepper | RecomputeStepper
 
 
 def make_stepper(model: Transformer, src: Tensor, use_cache: bool = True) -> Stepper:
-    """Encode ``src`` (B, S) once and return the object that runs decoder steps over it."""
+    """Encode ``src`` (B, S) once and return the object that runs decoder steps over it.
+
+    For a decoder-only model ``src`` holds the prompts, all of one length (no padding)."""
     encoded = model.encode(src)
-    return CachedStepper(model, encoded) if use_cache else RecomputeStepper(model, encoded)
+    prompts = src if model.config.arch == "decoder-only" else None
+    kind = CachedStepper if use_cache else RecomputeStepper
+    return kind(model, encoded, prompts)
 
 
-def step_limit(model: Transformer, config: DecodingConfig) -> int:
-    """Decoder steps at most: --max-new-tokens (the <eos> counts), within the model's positions."""
-    return min(config.max_new_tokens, model.config.max_len)
+def step_limit(model: Transformer, config: DecodingConfig, src: Tensor | None = None) -> int:
+    """Decoder steps at most: --max-new-tokens (the <eos> counts), within the model's positions
+    (a decoder-only model's prompt, after <bos>, takes some of them)."""
+    room = model.config.max_len
+    if model.config.arch == "decoder-only" and src is not None:
+        room -= src.size(1)
+    return max(min(config.max_new_tokens, room), 1)

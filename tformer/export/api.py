@@ -92,6 +92,11 @@ def check_variants(config: ModelConfig, to: str) -> None:
     Raises:
         ConfigError: naming each variant the checkpoint uses that the target cannot express.
     """
+    if not config.is_seq2seq:
+        raise ConfigError(
+            f"--to {to} exports an encoder-decoder (translation) model; this checkpoint is a "
+            f"--arch {config.arch} model, which tformer export does not write"
+        )
     found = variant_flags(config)
     if to == "ctranslate2":
         found = [

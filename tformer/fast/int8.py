@@ -128,6 +128,11 @@ def quantize_int8(model: Transformer) -> Int8Transformer:
         return model
     if next(model.parameters()).device.type != "cpu":
         raise ConfigError("int8 decoding runs on the CPU only: load the model with --device cpu")
+    if not model.config.is_seq2seq:
+        raise ConfigError(
+            f"--quantize int8 decodes encoder-decoder models; this is a --arch "
+            f"{model.config.arch} model: leave out --quantize"
+        )
     accelerate(model).eval().requires_grad_(False)
     forget_fast_weights(model)
     projection = Int8Linear(model.output_weight(), None)

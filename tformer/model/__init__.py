@@ -1,7 +1,8 @@
 """The Transformer of "Attention Is All You Need": attention, layers, the encoder-decoder, caches.
 
 Plain torch modules, one formula each, read top-down: ``attention`` (section 3.2), ``layers``
-(sections 3.1, 3.3-3.5), ``transformer`` (figure 1) and ``cache`` (keys and values kept for
+(sections 3.1, 3.3-3.5), ``transformer`` (figure 1), ``families`` (the same blocks as a
+decoder-only and an encoder-only model) and ``cache`` (keys and values kept for
 step-by-step decoding). CPU speed-ups live in ``tformer.fast`` and are swapped into a built
 model by ``tformer.fast.accelerate``; nothing here imports them.
 """
@@ -13,6 +14,7 @@ from tformer.model.attention import (
     scaled_dot_product_attention,
 )
 from tformer.model.cache import DecoderCache, KVCache, LayerCache
+from tformer.model.families import DecoderOnlyTransformer, EncoderOnlyTransformer, build_model
 from tformer.model.transformer import (
     AttentionMaps,
     DecoderOutput,
@@ -24,13 +26,16 @@ from tformer.model.transformer import (
 __all__ = [
     "AttentionMaps",
     "DecoderCache",
+    "DecoderOnlyTransformer",
     "DecoderOutput",
+    "EncoderOnlyTransformer",
     "EncoderOutput",
     "KVCache",
     "LayerCache",
     "MultiHeadAttention",
     "Seq2SeqOutput",
     "Transformer",
+    "build_model",
     "causal_mask",
     "padding_mask",
     "scaled_dot_product_attention",

@@ -108,7 +108,7 @@ def self_attention(config: ModelConfig) -> MultiHeadAttention:
     )
 
 
-def cross_attention(config: ModelConfig) -> MultiHeadAttention:
+def _cross_attention(config: ModelConfig) -> MultiHeadAttention:
     """Cross-attention: grouped-query with ``kv_heads``, never rotary (its queries and keys
     come from two sequences, whose positions have no offset to one another)."""
     return MultiHeadAttention(
@@ -153,17 +153,26 @@ class DecoderLayer(nn.Module):
     """Causal self-attention, cross-attention over the encoder output, then feed-forward.
 
     Section 3.1: queries of the cross-attention come from the decoder, keys and values from
-    the encoder output ("memory").
+    the encoder output ("memory"). Without ``cross_attention`` the middle sub-layer is left
+    out: the block of a decoder-only language model (GPT, Radford et al. 2018), whose other
+    parameters keep their names here.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    cross_attn: MultiHeadAttention
+    norm2: nn.LayerNorm | nn.RMSNorm
+
+    def __init__(self, config: ModelConfig, *, cross_attention: bool = True) -> None:
         super().__init__()
         self.pre_norm = config.norm == "pre"
+        self.has_cross = cross_attention
+        # Registered in this order whichever the family: initialisation draws in module order.
         self.self_attn = self_attention(config)
-        self.cross_attn = cross_attention(config)
+        if cross_attention:
+            self.cross_attn = _cross_attention(config)
         self.feed_forward = feed_forward(config)
         self.norm1 = norm_layer(config)
-        self.norm2 = norm_layer(config)
+        if cross_attention:
+            self.norm2 = norm_layer(config)
         self.norm3 = norm_layer(config)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -190,6 +199,25 @@ class DecoderLayer(nn.Module):
         if not self.pre_norm:
             x = self.norm1(x)
 
+        if not self.has_cross:
+            cross_weights = None
+        else:
+            x, cross_weights = self._cross(x, memory, memory_mask, cache, need_weights)
+
+        h = self.norm3(x) if self.pre_norm else x
+        x = x + self.dropout(self.feed_forward(h))
+        if not self.pre_norm:
+            x = self.norm3(x)
+        return x, self_weights, cross_weights  # (B, T, D), (B, H, T, T), (B, H, T, S)
+
+    def _cross(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None,
+        cache: LayerCache | None,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         h = self.norm2(x) if self.pre_norm else x
         attended, cross_weights = self.cross_attn(
             h,
@@ -202,9 +230,4 @@ class DecoderLayer(nn.Module):
         x = x + self.dropout(attended)
         if not self.pre_norm:
             x = self.norm2(x)
-
-        h = self.norm3(x) if self.pre_norm else x
-        x = x + self.dropout(self.feed_forward(h))
-        if not self.pre_norm:
-            x = self.norm3(x)
-        return x, self_weights, cross_weights  # (B, T, D), (B, H, T, T), (B, H, T, S)
+        return x, cross_weights

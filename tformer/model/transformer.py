@@ -76,13 +76,19 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """N identical layers of causal self-attention, cross-attention and feed-forward."""
+    """N identical layers of causal self-attention, cross-attention and feed-forward
+    (without ``cross_attention``: a decoder-only language model's stack)."""
 
-    def __init__(self, config: ModelConfig, embedding: TokenEmbedding) -> None:
+    def __init__(
+        self, config: ModelConfig, embedding: TokenEmbedding, *, cross_attention: bool = True
+    ) -> None:
         super().__init__()
         self.embedding = embedding
         self.positions = positional_encoding(config)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, cross_attention=cross_attention)
+            for _ in range(config.n_decoder_layers)
+        )
         self.final_norm = norm_layer(config) if config.norm == "pre" else nn.Identity()
 
     def forward(
@@ -106,8 +112,9 @@ class Decoder(nn.Module):
                 cache=cache.layers[i] if cache is not None else None,
                 need_weights=need_weights,
             )
-            if self_w is not None and cross_w is not None:
+            if self_w is not None:
                 self_maps.append(self_w)
+            if cross_w is not None:
                 cross_maps.append(cross_w)
         if cache is not None:
             cache.length += tgt.size(1)

@@ -71,7 +71,7 @@ class BestKeeper:
         precision: Precision,
     ) -> None:
         """Measure ``split``, save best/ on improvement, log the record (model as it is now)."""
-        self.last_val = evaluate_loss(model, split, device, precision)
+        self.last_val = evaluate_loss(model, split, device, precision, self.cfg)
         record: dict[str, Any] = {
             "step": step,
             "val_loss": round(self.last_val, 5),

@@ -150,7 +150,8 @@ def resolve(
         model, train = _resume(resume, settings, sections, given_train)
         return Resolved(model, train, tokenizer)
     file_train = sections.get("train", {})
-    recipe = _recipe(settings.recipe, {**file_train, **given_train}.get("data"))
+    arch = {**sections.get("model", {}), **given_model}.get("arch", "encoder-decoder")
+    recipe = _recipe(settings.recipe, {**file_train, **given_train}.get("data"), arch)
     train_values = _layered(recipe["train"], file_train, given_train)
     if init_from is not None:
         saved, _ = _checked_against(init_from, settings, sections, "--init-from")
@@ -171,10 +172,13 @@ def _preset_name(name: str) -> str:
     return name
 
 
-def _recipe(name: str | None, data: str | None) -> dict[str, dict[str, Any]]:
-    """The recipe's values; with no recipe named, 'dates' for the bundled data."""
+def _recipe(
+    name: str | None, data: str | None, arch: str = "encoder-decoder"
+) -> dict[str, dict[str, Any]]:
+    """The recipe's values; with no recipe named, 'dates' for the bundled data ('dates-text'
+    for a language model's bundled text)."""
     if name is None and data is None:
-        name = "dates"
+        name = "dates" if arch == "encoder-decoder" else "dates-text"
     if name is None or name == "none":
         return {"model": {}, "train": {}}
     if name not in RECIPES:

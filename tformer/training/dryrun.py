@@ -23,7 +23,7 @@ from tformer.data.prepared import is_prepared, open_prepared
 from tformer.data.tokenizer import Tokenizer
 from tformer.device import resolve_device, seed_everything
 from tformer.fast.accelerate import accelerate
-from tformer.model import Transformer
+from tformer.model import Transformer, build_model
 from tformer.training.launch import Job
 from tformer.training.loss import sequence_loss
 from tformer.training.optim import build_optimizer
@@ -86,7 +86,7 @@ def measure_batch_limits(
     device = resolve_device(train_config.device)
     precision = resolve_precision(train_config.precision, device, model_config)
     seed_everything(train_config.seed)
-    model = accelerate(Transformer(model_config)).to(device).train()
+    model = accelerate(build_model(model_config)).to(device).train()
     step = _stepper(model, model_config, train_config, precision, device)
     step()  # warm-up: allocates the optimizer state (and compiles, with --compile)
     _synchronize(device)

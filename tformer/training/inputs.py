@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 from tformer import checkpoint as ckpt
-from tformer.config import ModelConfig, TrainConfig
+from tformer.config import MASK, MASK_ID, ModelConfig, TrainConfig
 from tformer.data.fingerprint import fingerprint
+from tformer.data.lm import bundled_text_dir, lm_examples, load_texts
 from tformer.data.pairs import EncodedSplit, encode_pairs, no_training_pairs
 from tformer.data.prepare import (
     TextSource,
@@ -23,6 +24,7 @@ from tformer.data.prepare import (
 )
 from tformer.data.prepared import Prepared, PrepareOptions, Progress, is_prepared, open_prepared
 from tformer.data.sources import bundled_data_dir, load_text_pairs
+from tformer.data.store import as_store
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, Tokenizer
 from tformer.errors import CheckpointError, ConfigError, DataError
 from tformer.training import distributed as dist_
@@ -39,14 +41,16 @@ def get_tokenizers(
     vocab_size: int,
     shared: bool,
     sample: int = DEFAULT_TOKENIZER_SAMPLE,
+    specials: tuple[str, ...] = (),
 ) -> ckpt.Tokenizers:
-    """Load the given tokenizer, or train one on (a sample of ``sample``) training pairs."""
+    """Load the given tokenizer, or train one on (a sample of ``sample``) training pairs
+    (with ``specials`` after tformer's four, e.g. a masked LM's <mask>)."""
     if tokenizer_path is not None:
         tok = Tokenizer.load(tokenizer_path)
         return ckpt.Tokenizers(tok, tok)
     requested = {"kind": kind, "vocab_size": vocab_size, "shared": shared}
     source, target = tokenizers_for(
-        texts, kind=kind, vocab_size=vocab_size, shared=shared, sample=sample
+        texts, kind=kind, vocab_size=vocab_size, shared=shared, sample=sample, specials=specials
     )
     return ckpt.Tokenizers(source, target, requested)
 
@@ -67,10 +71,14 @@ def load_data(
     base: ckpt.Checkpoint | None,
     max_len: int,
     progress: Progress | None = None,
+    arch: str = "encoder-decoder",
 ) -> RunData:
     """Read ``--data``: a prepared folder is checked file by file; a stream (``--streaming``)
     is prepared into the id cache as it is read (with the tokenizers of ``base``, else
-    trained on its first pairs as ``spec`` says); anything else is loaded."""
+    trained on its first pairs as ``spec`` says); anything else is loaded. A language model
+    (``arch`` decoder-only or encoder-only) reads documents, kept as (text, "") pairs."""
+    if arch != "encoder-decoder":
+        return _load_documents(cfg, arch)
     if is_prepared(cfg.data):
         assert cfg.data is not None
         prepared = open_prepared(cfg.data)
@@ -93,6 +101,45 @@ def load_data(
     fields = {"source_field": cfg.source_field, "target_field": cfg.target_field}
     texts = load_text_pairs(cfg.data, **fields)
     return RunData(texts, None, fingerprint(cfg.data, texts, **fields))
+
+
+def _load_documents(cfg: TrainConfig, arch: str) -> RunData:
+    if cfg.streaming or is_prepared(cfg.data):
+        what = "--streaming" if cfg.streaming else f"--data {cfg.data} (a prepared folder)"
+        raise ConfigError(
+            f"{what} holds translation pairs; a --arch {arch} model reads text: give a .txt "
+            "file or folder, a JSONL/CSV/Parquet file with --text-field, or a hub data set"
+        )
+    if cfg.val_bleu:
+        raise ConfigError(
+            f"--val-bleu translates validation pairs; a --arch {arch} model has none (its "
+            "validation loss and perplexity are reported): leave out --val-bleu"
+        )
+    docs = load_texts(cfg.data, cfg.text_field)
+    texts = {name: [(doc, "") for doc in rows] for name, rows in docs.items()}
+    spec = cfg.data if cfg.data is not None else str(bundled_text_dir())
+    return RunData(texts, None, fingerprint(spec, texts, source_field=cfg.text_field))
+
+
+def lm_splits(
+    texts: Mapping[str, Sequence[tuple[str, str]]],
+    tokenizer: Tokenizer,
+    config: ModelConfig,
+    *,
+    pack: bool,
+    data: str | None,
+) -> dict[str, EncodedSplit]:
+    """A language model's splits: each document tokenised, then made into examples of
+    ``config.arch`` (packed into blocks of ``max_len``, or one a row)."""
+    splits: dict[str, EncodedSplit] = {}
+    for name, rows in texts.items():
+        docs = tokenizer.encode_batch([doc for doc, _ in rows])
+        examples = lm_examples(docs, config.arch, config.max_len, pack=pack)
+        splits[name] = EncodedSplit(as_store(examples), [], 0)
+    if not splits["train"].pairs:
+        where = f"--data {data}" if data else "the bundled text"
+        raise DataError(f"{where}: the train split has no tokens to learn from")
+    return splits
 
 
 def prepared_tokenizers(
@@ -142,6 +189,7 @@ def run_tokenizers(
     world: World,
     device: torch.device,
     texts: Mapping[str, Sequence[tuple[str, str]]],
+    specials: tuple[str, ...] = (),
 ) -> ckpt.Tokenizers:
     """A new run's tokenizers: the one at ``path``, or trained on the training pairs as
     ``spec`` says (once, on rank 0)."""
@@ -155,8 +203,19 @@ def run_tokenizers(
             vocab_size=spec.vocab_size,
             shared=spec.shared,
             sample=spec.sample,
+            specials=specials,
         ),
     )
+
+
+def check_mask_token(tokenizer: Tokenizer, path: Path | None) -> None:
+    """A masked language model needs <mask> at id 4 (tformer trains it there for one)."""
+    if tokenizer.inner.token_to_id(MASK) != MASK_ID:
+        where = f"--tokenizer {path}" if path else "the tokenizer"
+        raise ConfigError(
+            f"{where} has no {MASK} token at id {MASK_ID}, which --arch encoder-only needs; "
+            "leave out --tokenizer to train one with it"
+        )
 
 
 def sized_for(model: ModelConfig, tokenizers: ckpt.Tokenizers) -> ModelConfig:

@@ -230,9 +230,9 @@ class TrainingLoop:
         # Normalise by the target tokens of the whole (global) step, so accumulating k batches
         # equals one batch k times larger, and n ranks equal one process. Every rank knows
         # every batch of the step, so this needs no communication.
-        n_tokens = sum(plan.target_tokens(indices) for _, _, indices in micro)
+        n_tokens = sum(plan.target_tokens(indices, epoch) for epoch, _, indices in micro)
         mine = micro[world.rank :: world.world_size]
-        batches = [plan.collate(indices) for _, _, indices in mine]
+        batches = [plan.collate(indices, epoch) for epoch, _, indices in mine]
         budget = self.cfg.time_budget
         fraction = min(self.time_used / budget, 1.0) if budget else None
         lr = lr_at(step, self.model_config, self.cfg, total_steps, fraction)
@@ -381,8 +381,8 @@ class TrainingLoop:
     def _measure_exact_match(self, result: TrainResult, step: int) -> None:
         """Exact match on the validation split; the test split is for ``tformer evaluate``."""
         split = self.splits.get("validation")
-        if split is None or not split.pairs:
-            return
+        if split is None or not split.pairs or not self.model_config.is_seq2seq:
+            return  # a language model has no output to compare: its loss says it
         self.report.message(f"measuring exact match on the validation split ({len(split.pairs)})")
         with averaged(self.ema):
             result.exact_match, result.samples = exact_match(self.model, split, self.tokenizers)

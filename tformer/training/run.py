@@ -23,6 +23,7 @@ from tformer.checkpoint.lock import RunLock
 from tformer.checkpoint.run_dir import create_output, prepare_output, resume_target
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.batching import BatchPlan
+from tformer.data.lm import objective_for
 from tformer.data.sources import data_name
 from tformer.device import resolve_device, seed_everything
 from tformer.errors import ConfigError
@@ -238,7 +239,9 @@ def _run_locked(
         # Rank 0 follows the single-process RNG stream; the others draw their own dropout
         # masks, from a stream that depends only on (seed, rank, step) so a resume repeats it.
         torch.manual_seed((cfg.seed * 1_000_003 + world.rank * 10_007 + pos.step) % 2**64)
-    plan = BatchPlan(setup.splits["train"].pairs, cfg.max_tokens, cfg.seed)
+    mc = setup.model_config
+    objective = objective_for(mc.arch, mc.src_vocab_size, cfg)
+    plan = BatchPlan(setup.splits["train"].pairs, cfg.max_tokens, cfg.seed, objective)
     total_steps = _total_steps(cfg, len(plan.epoch(0)) * world.world_size)
 
     # Every check has passed: only now is anything written.

@@ -14,17 +14,19 @@ from typing import Any
 import torch
 
 from tformer import checkpoint as ckpt
-from tformer.config import ModelConfig
+from tformer.config import MASK, ModelConfig
 from tformer.data.pairs import EncodedSplit
 from tformer.errors import ConfigError
 from tformer.fast.accelerate import accelerate
-from tformer.model import Transformer
+from tformer.model import Transformer, build_model
 from tformer.training.configs import architecture, check_architecture
 from tformer.training.distributed import World
 from tformer.training.init_from import load_start, provenance
 from tformer.training.inputs import (
+    check_mask_token,
     check_same_tokenizer,
     encode_splits,
+    lm_splits,
     load_data,
     prepared_splits,
     prepared_tokenizers,
@@ -73,7 +75,9 @@ def set_up(
         raise ConfigError("a model configuration is needed unless resuming or fine-tuning")
     wanted = base.model_config if base else model_config
     assert wanted is not None
-    data = load_data(cfg, options, job.tokenizer, base, wanted.max_len, report.tokenising)
+    data = load_data(
+        cfg, options, job.tokenizer, base, wanted.max_len, report.tokenising, wanted.arch
+    )
     data_note = None
     if resumed is not None:
         data_note = check_data(resumed.path, data.fingerprint, allow=options.allow_data_change)
@@ -86,10 +90,20 @@ def set_up(
         tokenizers = base.tokenizers
     else:
         assert data.texts is not None
-        tokenizers = run_tokenizers(job.tokenizer, options.tokenizer, world, device, data.texts)
+        specials = (MASK,) if wanted.arch == "encoder-only" else ()
+        tokenizers = run_tokenizers(
+            job.tokenizer, options.tokenizer, world, device, data.texts, specials
+        )
+    if wanted.arch == "encoder-only":
+        check_mask_token(tokenizers.source, options.tokenizer)
     model_config = base.model_config if base else sized_for(wanted, tokenizers)
     precision = resolve_precision(cfg.precision, device, model_config)
-    if data.prepared is not None:
+    if not model_config.is_seq2seq:
+        assert data.texts is not None
+        splits = lm_splits(
+            data.texts, tokenizers.source, model_config, pack=cfg.pack, data=cfg.data
+        )
+    elif data.prepared is not None:
         splits = prepared_splits(data.prepared, model_config.max_len, strict=options.strict)
     else:
         assert data.texts is not None
@@ -105,7 +119,7 @@ def set_up(
             progress=report.tokenising,
         )
     # The speed-ups change no parameter and no result (tformer.fast), so every run has them.
-    model = accelerate(base.model if base else Transformer(model_config))
+    model = accelerate(base.model if base else build_model(model_config))
     return Setup(
         model, model_config, tokenizers, splits, precision, resumed, data.fingerprint, data_note,
         init_from=provenance(start) if start else None,

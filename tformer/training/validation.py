@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 from tformer import checkpoint as ckpt
+from tformer.config import TrainConfig
 from tformer.data.batching import BatchPlan
+from tformer.data.lm import objective_for
 from tformer.data.pairs import EncodedSplit
 from tformer.decoding.api import decode_texts
 from tformer.decoding.settings import DecodingConfig
@@ -21,10 +23,15 @@ def evaluate_loss(
     split: EncodedSplit,
     device: torch.device,
     precision: Precision | None = None,
+    train: TrainConfig | None = None,
 ) -> float:
-    """Mean per-token cross-entropy (no label smoothing) over a split."""
+    """Mean per-token cross-entropy (no label smoothing) over a split (a masked LM's: over
+    the masked tokens, chosen as ``train``'s masking settings say)."""
     model.eval()
-    plan = BatchPlan(split.pairs, EVAL_BATCH_TOKENS, seed=0)
+    config = model.config
+    # A masked LM is validated on one fixed masking (seed 0), the same at every evaluation.
+    objective = objective_for(config.arch, config.src_vocab_size, train, seed=0)
+    plan = BatchPlan(split.pairs, EVAL_BATCH_TOKENS, seed=0, objective=objective)
     total, tokens = 0.0, 0
     for batch in plan.batches(0):
         batch = batch.to(device)

@@ -1,0 +1,163 @@
+"""Measuring and querying the two language-model families: perplexity and bits per character
+of a decoder-only model, masked-token accuracy of an encoder-only one, and fill-mask.
+
+Shape legend: B rows, L length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tformer.checkpoint.store import Checkpoint
+from tformer.config import MASK, MASK_ID, PAD_ID
+from tformer.data.batching import BatchPlan
+from tformer.data.lm import lm_examples, objective_for
+from tformer.data.tokenizer import Tokenizer
+from tformer.errors import ConfigError
+from tformer.metrics import EVAL_BATCH_TOKENS
+from tformer.training.loss import sequence_loss
+
+LN2 = math.log(2.0)
+
+
+@dataclass
+class LanguageEvaluation:
+    """A language model on one split: mean loss (nats a predicted token) and what follows."""
+
+    split: str
+    documents: int
+    tokens: int  # predicted tokens (decoder-only: all; encoder-only: the masked ones)
+    loss: float
+    perplexity: float
+    wall_time: float
+    metrics: dict[str, float] = field(default_factory=dict)  # bits_per_char | masked_accuracy
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "loss": self.loss,
+            "perplexity": self.perplexity,
+            "tokens": self.tokens,
+            **self.metrics,
+        }
+
+
+@torch.no_grad()
+def evaluate_language(ckpt: Checkpoint, docs: Sequence[str], *, split: str = "test") -> (
+    LanguageEvaluation
+):
+    """Teacher-forced loss of ``docs`` as the model was trained on them (packed blocks).
+
+    Decoder-only: every token of the joined text (each document's <eos> too) is predicted
+    once; bits per character = total loss / ln 2 / characters (a document's <eos> counts
+    as its newline). Encoder-only: a fixed masking (seed 0, the checkpoint's settings);
+    the loss and the accuracy of the top prediction are over the masked tokens only.
+    """
+    started = time.perf_counter()
+    model, config = ckpt.model, ckpt.model_config
+    model.eval()
+    device = next(model.parameters()).device
+    ids = ckpt.tokenizers.source.encode_batch(list(docs))
+    examples = lm_examples(ids, config.arch, config.max_len)
+    objective = objective_for(config.arch, config.src_vocab_size, ckpt.train_config, seed=0)
+    plan = BatchPlan(examples, EVAL_BATCH_TOKENS, seed=0, objective=objective)
+    total, tokens, correct = 0.0, 0, 0
+    for batch in plan.batches(0):
+        batch = batch.to(device)
+        logits = model(batch.src, batch.tgt_in).logits
+        total += float(sequence_loss(logits, batch.tgt_out))
+        tokens += batch.n_target_tokens
+        labelled = batch.tgt_out != PAD_ID
+        correct += int((logits.argmax(dim=-1) == batch.tgt_out)[labelled].sum())
+    loss = total / max(tokens, 1)
+    metrics: dict[str, float] = {}
+    if config.arch == "decoder-only":
+        characters = sum(len(doc) + 1 for doc in docs if doc)
+        metrics["bits_per_char"] = round(total / LN2 / max(characters, 1), 5)
+    else:
+        metrics["masked_accuracy"] = round(correct / max(tokens, 1), 5)
+    return LanguageEvaluation(
+        split=split,
+        documents=len(docs),
+        tokens=tokens,
+        loss=round(loss, 5),
+        perplexity=round(math.exp(min(loss, 50.0)), 4),
+        wall_time=round(time.perf_counter() - started, 2),
+        metrics=metrics,
+    )
+
+
+@dataclass(frozen=True)
+class Filler:
+    token: str  # as the vocabulary writes it ("▁March")
+    text: str  # as it reads ("March")
+    probability: float
+
+
+@dataclass(frozen=True)
+class FilledMask:
+    """The ``top_k`` fillers of one <mask> of the input, most probable first."""
+
+    position: int  # the mask's token position in the input
+    fillers: list[Filler]
+
+
+def encode_with_masks(ckpt: Checkpoint, text: str) -> list[int]:
+    """Token ids of ``text`` with each literal ``<mask>`` as the mask token."""
+    return encode_with_masks_of(ckpt.tokenizers.source, text)
+
+
+def encode_with_masks_of(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Token ids of ``text`` with each literal ``<mask>`` as the mask token.
+
+    The text around a mask is encoded piece by piece with its spaces trimmed, so the mask
+    stands for a whole word piece with its leading space, as the masked tokens in training.
+    """
+    ids: list[int] = []
+    pieces = text.split(MASK)
+    for i, piece in enumerate(pieces):
+        if piece.strip():
+            ids.extend(tokenizer.encode(piece.strip()))
+        if i < len(pieces) - 1:
+            ids.append(MASK_ID)
+    return ids
+
+
+@torch.no_grad()
+def fill_mask(ckpt: Checkpoint, text: str, *, top_k: int = 5) -> list[FilledMask]:
+    """The ``top_k`` most probable tokens at each ``<mask>`` of ``text``.
+
+    Raises:
+        ConfigError: no ``<mask>`` in ``text``, or the input is longer than the model reads.
+    """
+    if MASK not in text:
+        raise ConfigError(f"the input has no {MASK}: write {MASK} where a word is to be filled in")
+    config = ckpt.model_config
+    ids = encode_with_masks(ckpt, text)
+    if len(ids) > config.max_len:
+        raise ConfigError(
+            f"the input is {len(ids)} tokens, over the model's --max-len {config.max_len}; "
+            "shorten it"
+        )
+    model = ckpt.model.eval()
+    device = next(model.parameters()).device
+    logits = model(torch.tensor([ids], device=device), None).logits[0].float()  # (L, V)
+    tokenizer = ckpt.tokenizers.source
+    k = max(1, min(top_k, logits.size(-1)))
+    results = []
+    for position, token_id in enumerate(ids):
+        if token_id != MASK_ID:
+            continue
+        probs = logits[position].softmax(dim=-1)
+        top = probs.topk(k)
+        fillers = [
+            Filler(tokenizer.id_to_token(i), tokenizer.decode([i]), round(float(p), 6))
+            for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+        ]
+        results.append(FilledMask(position, fillers))
+    return results

@@ -1,0 +1,70 @@
+"""``tformer fill-mask``: the most probable tokens at each <mask> of a sentence (encoder-only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from tformer.analysis.language import fill_mask
+from tformer.checkpoint.store import load_checkpoint
+from tformer.cli.app import app
+from tformer.cli.console import console
+from tformer.cli.options import CHECKPOINT, DEVICE, require_family
+from tformer.device import resolve_device
+from tformer.errors import ConfigError
+
+MAX_TOP_K = 1000
+
+
+@app.command("fill-mask")
+def fill_mask_command(
+    checkpoint: Path = CHECKPOINT,
+    text: str = typer.Argument(
+        ..., help='A sentence with one or more <mask>, e.g. "6 <mask> 2025 = 2025-03-06".'
+    ),
+    top_k: int = typer.Option(5, "--top-k", "-k", help="Fillers shown per mask."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    device: str = DEVICE,
+) -> None:
+    """Fill in each <mask> of TEXT with an encoder-only (masked language) model.
+
+    Example: tformer fill-mask checkpoints/text "6 <mask> 2025 = 2025-03-06"
+    """
+    if not 1 <= top_k <= MAX_TOP_K:
+        raise ConfigError(f"--top-k {top_k} must be from 1 to {MAX_TOP_K}")
+    if "<mask>" not in text:
+        raise ConfigError('the input has no <mask>: write <mask> where a word is to be filled in')
+    require_family(checkpoint, "fill-mask", "encoder-only")
+    ckpt = load_checkpoint(checkpoint, resolve_device(device))
+    results = fill_mask(ckpt, text, top_k=top_k)
+    if as_json:
+        data = {
+            "input": text,
+            "masks": [
+                {
+                    "position": r.position,
+                    "fillers": [
+                        {"token": f.token, "text": f.text, "probability": f.probability}
+                        for f in r.fillers
+                    ],
+                }
+                for r in results
+            ],
+        }
+        print(json.dumps(data, ensure_ascii=False, indent=2))
+        return
+    for number, result in enumerate(results, start=1):
+        table = Table(
+            title=f"<mask> {number} (token {result.position})", title_justify="left"
+        )
+        table.add_column("#", justify="right")
+        table.add_column("filler")
+        table.add_column("probability", justify="right")
+        for rank, filler in enumerate(result.fillers, start=1):
+            shown = escape(filler.text or filler.token)
+            table.add_row(str(rank), shown, f"{filler.probability:.4f}")
+        console.print(table)

@@ -1,0 +1,190 @@
+"""The other two Transformer families, built from the same blocks as the encoder-decoder.
+
+- Decoder-only (GPT, Radford et al. 2018): the decoder stack without its cross-attention,
+  trained to predict each next token (causal language modelling).
+- Encoder-only (BERT, Devlin et al. 2019): the encoder stack with an output projection over
+  the vocabulary, trained to recover masked tokens (masked language modelling).
+
+Both subclass :class:`Transformer` so that everything written for a model (checkpoints,
+attention maps, head masks, decoding steppers) takes them; each keeps the parts its family
+has (``decoder`` or ``encoder``) and says which it is in ``config.arch``.
+
+Shape legend: B batch, L length, D d_model, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tformer.config import PAD_ID, ModelConfig
+from tformer.model.attention import padding_mask
+from tformer.model.cache import DecoderCache
+from tformer.model.layers import TokenEmbedding
+from tformer.model.transformer import (
+    AttentionMaps,
+    Decoder,
+    DecoderOutput,
+    Encoder,
+    EncoderOutput,
+    Seq2SeqOutput,
+    Transformer,
+)
+
+
+def _count(module: nn.Module, seen: set[int], *, skip: str | None = None) -> int:
+    total = 0
+    for name, p in module.named_parameters():
+        if id(p) in seen or (skip is not None and skip in name):
+            continue
+        seen.add(id(p))
+        total += p.numel()
+    return total
+
+
+def _split_layers(layers: nn.ModuleList) -> tuple[int, int]:
+    attention = ff = 0
+    for layer in layers:
+        for name, p in layer.named_parameters():
+            if "attn" in name:
+                attention += p.numel()
+            elif "feed_forward" in name:
+                ff += p.numel()
+    return attention, ff
+
+
+class DecoderOnlyTransformer(Transformer):
+    """A causal language model: embeddings, N blocks of causal self-attention and feed-forward,
+    and the output projection (tied to the embedding unless ``tie_embeddings`` is off).
+
+    ``forward(src, tgt_in)`` ignores ``src`` (the batch of a language model has none), so the
+    training loop treats it as a translation model with an empty source.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        nn.Module.__init__(self)
+        self.config = config
+        embedding = TokenEmbedding(config.tgt_vocab_size, config.d_model)
+        self.decoder = Decoder(config, embedding, cross_attention=False)
+        self.output_projection = (
+            None
+            if config.tie_embeddings
+            else nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
+        )
+        self._init_linear_weights()
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
+        """No encoder: an empty memory, so decoding code written for the encoder-decoder runs."""
+        b = src.size(0)
+        memory = self.decoder.embedding.weight.new_zeros(b, 0, self.config.d_model)
+        mask = torch.ones(b, 1, 1, 0, dtype=torch.bool, device=src.device)
+        return EncoderOutput(memory, mask, [] if need_weights else None)
+
+    def forward(self, src: Tensor, tgt_in: Tensor, need_weights: bool = False) -> Seq2SeqOutput:
+        """Teacher-forced pass over (B, L) inputs: (B, L, V) next-token logits."""
+        decoded = self.decode(tgt_in, self.encode(tgt_in), need_weights=need_weights)
+        if not need_weights:
+            return Seq2SeqOutput(decoded.logits)
+        return Seq2SeqOutput(decoded.logits, AttentionMaps(decoder=decoded.self_attentions or []))
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        encoded: EncoderOutput | None = None,
+        *,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> DecoderOutput:
+        # The layers have no cross-attention, so they never read the memory given here.
+        no_memory = tgt_in.new_empty(0)
+        hidden, self_maps, _ = self.decoder(
+            tgt_in, no_memory, None, cache=cache, need_weights=need_weights
+        )
+        logits = self.project(hidden)
+        return DecoderOutput(logits, self_maps if need_weights else None)
+
+    @torch.no_grad()
+    def parameter_counts(self) -> dict[str, int]:
+        seen: set[int] = set()
+        embeddings = _count(self.decoder.embedding, seen)
+        if self.output_projection is not None:
+            embeddings += _count(self.output_projection, seen)
+        decoder = _count(self.decoder, seen, skip="embedding")
+        attention, ff = _split_layers(self.decoder.layers)
+        return {
+            "embeddings": embeddings,
+            "decoder": decoder,
+            "attention": attention,
+            "feed_forward": ff,
+            "total": embeddings + decoder,
+        }
+
+
+class EncoderOnlyTransformer(Transformer):
+    """A masked language model: embeddings, N blocks of bidirectional self-attention and
+    feed-forward, and an output projection over the vocabulary at every position (tied to the
+    embedding unless ``tie_embeddings`` is off).
+
+    ``forward(src, tgt_in)`` ignores ``tgt_in``: the logits are for the positions of ``src``.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        nn.Module.__init__(self)
+        self.config = config
+        embedding = TokenEmbedding(config.src_vocab_size, config.d_model)
+        self.encoder = Encoder(config, embedding)
+        self.output_projection = (
+            None
+            if config.tie_embeddings
+            else nn.Linear(config.d_model, config.src_vocab_size, bias=False)
+        )
+        self._init_linear_weights()
+
+    def forward(
+        self, src: Tensor, tgt_in: Tensor | None = None, need_weights: bool = False
+    ) -> Seq2SeqOutput:
+        """(B, L) ids (some of them ``<mask>``) -> (B, L, V) logits for every position."""
+        encoded = self.encode(src, need_weights)
+        logits = self.project(encoded.memory)
+        if not need_weights:
+            return Seq2SeqOutput(logits)
+        return Seq2SeqOutput(logits, AttentionMaps(encoder=encoded.attentions or []))
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
+        mask = padding_mask(src, PAD_ID)
+        memory, maps = self.encoder(src, mask, need_weights)
+        return EncoderOutput(memory, mask, maps if need_weights else None)
+
+    def output_weight(self) -> Tensor:
+        if self.output_projection is None:
+            return self.encoder.embedding.weight
+        return self.output_projection.weight
+
+    def project(self, hidden: Tensor) -> Tensor:
+        return F.linear(hidden, self.output_weight())
+
+    @torch.no_grad()
+    def parameter_counts(self) -> dict[str, int]:
+        seen: set[int] = set()
+        embeddings = _count(self.encoder.embedding, seen)
+        if self.output_projection is not None:
+            embeddings += _count(self.output_projection, seen)
+        encoder = _count(self.encoder, seen, skip="embedding")
+        attention, ff = _split_layers(self.encoder.layers)
+        return {
+            "embeddings": embeddings,
+            "encoder": encoder,
+            "attention": attention,
+            "feed_forward": ff,
+            "total": embeddings + encoder,
+        }
+
+
+def build_model(config: ModelConfig) -> Transformer:
+    """The model of ``config.arch``: the paper's encoder-decoder, decoder-only or encoder-only."""
+    if config.arch == "decoder-only":
+        return DecoderOnlyTransformer(config)
+    if config.arch == "encoder-only":
+        return EncoderOnlyTransformer(config)
+    return Transformer(config)
