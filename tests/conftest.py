@@ -209,3 +209,26 @@ def _signals_left_as_found() -> Iterator[None]:
     assert {sig: signal.getsignal(sig) for sig in watched} == handlers, "signal handler changed"
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     assert not blocked & set(watched), f"signals left blocked: {blocked}"
+
+
+# The language-model families on the bundled demo text (data/text): the `dates-text` recipe's
+# architecture, a fixed number of steps. Tests read them, none writes to them.
+FAMILY_STEPS = {"decoder-only": 400, "encoder-only": 400}
+
+
+def family_run(arch: str, out: Path) -> TrainResult:
+    recipe = RECIPES["dates-text"]
+    config = TrainConfig(**{**recipe["train"], "time_budget": None,
+                            "max_steps": FAMILY_STEPS[arch], "eval_every": 200,
+                            "save_every": 200})
+    return train(ModelConfig(**{**recipe["model"], "arch": arch}), config, out=out)
+
+
+@pytest.fixture(scope="session")
+def gpt_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
+    return family_run("decoder-only", tmp_path_factory.mktemp("gpt") / "run")
+
+
+@pytest.fixture(scope="session")
+def bert_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
+    return family_run("encoder-only", tmp_path_factory.mktemp("bert") / "run")

@@ -315,6 +315,9 @@ class TrainConfig:
         "Language models: join the documents with <eos> and cut them into blocks of "
         "--max-len tokens (--no-pack: one document a row, padded, longer ones cut).",
     )
+    block_size: int | None = _field(
+        None, "Language models: tokens per packed block (default and at most --max-len)."
+    )
     # BERT's masking (Devlin et al. 2019, section 3.1): of the tokens chosen, 80% become
     # <mask>, 10% a random token and 10% stay, so the model cannot rely on seeing <mask>.
     mlm_probability: float = _field(
@@ -404,6 +407,10 @@ class TrainConfig:
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"{flag(name)} {value} must be in [0, 1)")
         _require(self.eps > 0, f"--eps {self.eps} must be > 0")
+        _require(
+            self.block_size is None or self.block_size >= 2,
+            f"--block-size {self.block_size} must be >= 2",
+        )
         _require(
             0.0 < self.mlm_probability < 1.0,
             f"--mlm-probability {self.mlm_probability} must be in (0, 1)",

@@ -57,6 +57,7 @@ TRAIN_OPTIONS = (
     "target_field",
     "text_field",
     "pack",
+    "block_size",
     "mlm_probability",
     "mlm_mask",
     "mlm_random",

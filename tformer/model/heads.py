@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tformer.config import article
 from tformer.errors import ConfigError
 from tformer.model.attention import MultiHeadAttention
 from tformer.model.layers import DecoderLayer, EncoderLayer
@@ -24,6 +25,11 @@ PARTS: dict[str, str] = {
     "enc": "encoder self-attention",
     "dec": "decoder self-attention",
     "cross": "cross-attention",
+}
+FAMILY_PARTS: dict[str, tuple[str, ...]] = {
+    "encoder-decoder": ("enc", "dec", "cross"),
+    "decoder-only": ("dec",),
+    "encoder-only": ("enc",),
 }
 
 
@@ -40,15 +46,22 @@ class HeadName:
 
 
 def attention_layers(model: Transformer) -> dict[str, list[MultiHeadAttention]]:
-    """The model's attention sub-layers by part, in layer order."""
-    parts: dict[str, list[MultiHeadAttention]] = {part: [] for part in PARTS}
-    for layer in model.encoder.layers:
-        assert isinstance(layer, EncoderLayer)
-        parts["enc"].append(layer.self_attn)
-    for layer in model.decoder.layers:
-        assert isinstance(layer, DecoderLayer)
-        parts["dec"].append(layer.self_attn)
-        parts["cross"].append(layer.cross_attn)
+    """The model's attention sub-layers by part, in layer order (only the parts its family
+    has: a decoder-only model ``dec``, an encoder-only one ``enc``)."""
+    arch = model.config.arch
+    parts: dict[str, list[MultiHeadAttention]] = {
+        part: [] for part in PARTS if part in FAMILY_PARTS[arch]
+    }
+    if arch != "decoder-only":
+        for layer in model.encoder.layers:
+            assert isinstance(layer, EncoderLayer)
+            parts["enc"].append(layer.self_attn)
+    if arch != "encoder-only":
+        for layer in model.decoder.layers:
+            assert isinstance(layer, DecoderLayer)
+            parts["dec"].append(layer.self_attn)
+            if layer.has_cross:
+                parts["cross"].append(layer.cross_attn)
     return parts
 
 
@@ -81,6 +94,12 @@ def parse_heads(text: str, model: Transformer, option: str = "--mask-heads") -> 
             raise ConfigError(
                 f"{option} {item!r}: write heads as PART.LAYER.HEAD with PART one of "
                 f"{', '.join(PARTS)} (e.g. enc.0.1, cross.1.*)"
+            )
+        if fields[0] not in layers:
+            arch = model.config.arch
+            raise ConfigError(
+                f"{option} {item!r}: {article(arch)} {arch} model has no {PARTS[fields[0]]}; "
+                f"its heads are {', '.join(f'{p}.LAYER.HEAD' for p in layers)}"
             )
         part, layer_text, head_text = fields
         layer = _index(layer_text, len(layers[part]), f"{option} {item!r}: layer", part)
@@ -119,7 +138,7 @@ def mask_heads(model: Transformer, heads: Iterable[HeadName]) -> None:
     saved with it.
     """
     wanted = set(heads)
-    device = model.decoder.embedding.weight.device  # float even in an int8 model
+    device = model.output_weight().device  # float even in an int8 model
     for part, layers in attention_layers(model).items():
         for i, attention in enumerate(layers):
             silenced = [h for h in range(attention.n_heads) if HeadName(part, i, h) in wanted]

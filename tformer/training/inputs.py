@@ -78,7 +78,12 @@ def load_data(
     trained on its first pairs as ``spec`` says); anything else is loaded. A language model
     (``arch`` decoder-only or encoder-only) reads documents, kept as (text, "") pairs."""
     if arch != "encoder-decoder":
-        return _load_documents(cfg, arch)
+        return _load_documents(cfg, arch, max_len)
+    if cfg.block_size is not None:
+        raise ConfigError(
+            "--block-size cuts a language model's text into blocks; a translation model reads "
+            "pairs: leave it out (or train --arch decoder-only / encoder-only)"
+        )
     if is_prepared(cfg.data):
         assert cfg.data is not None
         prepared = open_prepared(cfg.data)
@@ -103,7 +108,12 @@ def load_data(
     return RunData(texts, None, fingerprint(cfg.data, texts, **fields))
 
 
-def _load_documents(cfg: TrainConfig, arch: str) -> RunData:
+def _load_documents(cfg: TrainConfig, arch: str, max_len: int) -> RunData:
+    if cfg.block_size is not None and cfg.block_size > max_len:
+        raise ConfigError(
+            f"--block-size {cfg.block_size} is larger than --max-len {max_len}: the model has "
+            "no positions past --max-len; lower --block-size or raise --max-len"
+        )
     if cfg.streaming or is_prepared(cfg.data):
         what = "--streaming" if cfg.streaming else f"--data {cfg.data} (a prepared folder)"
         raise ConfigError(
@@ -128,13 +138,15 @@ def lm_splits(
     *,
     pack: bool,
     data: str | None,
+    block_size: int | None = None,
 ) -> dict[str, EncodedSplit]:
     """A language model's splits: each document tokenised, then made into examples of
-    ``config.arch`` (packed into blocks of ``max_len``, or one a row)."""
+    ``config.arch`` (packed into blocks of ``block_size`` or ``max_len``, or one a row)."""
     splits: dict[str, EncodedSplit] = {}
+    block = block_size or config.max_len
     for name, rows in texts.items():
         docs = tokenizer.encode_batch([doc for doc, _ in rows])
-        examples = lm_examples(docs, config.arch, config.max_len, pack=pack)
+        examples = lm_examples(docs, config.arch, block, pack=pack)
         splits[name] = EncodedSplit(as_store(examples), [], 0)
     if not splits["train"].pairs:
         where = f"--data {data}" if data else "the bundled text"

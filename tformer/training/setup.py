@@ -101,7 +101,12 @@ def set_up(
     if not model_config.is_seq2seq:
         assert data.texts is not None
         splits = lm_splits(
-            data.texts, tokenizers.source, model_config, pack=cfg.pack, data=cfg.data
+            data.texts,
+            tokenizers.source,
+            model_config,
+            pack=cfg.pack,
+            data=cfg.data,
+            block_size=cfg.block_size,
         )
     elif data.prepared is not None:
         splits = prepared_splits(data.prepared, model_config.max_len, strict=options.strict)

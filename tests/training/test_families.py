@@ -1,0 +1,240 @@
+"""Training, checkpoints and commands of the decoder-only and encoder-only families on the
+bundled demo text: they learn, resume exactly, round-trip, and refuse what is not theirs."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tformer.analysis.language import LN2, evaluate_language, fill_mask
+from tformer.checkpoint import load_checkpoint
+from tformer.cli.commands import app
+from tformer.config import PAD_ID, ModelConfig, TrainConfig
+from tformer.data.lm import MaskedObjective, bundled_text_dir, lm_examples, load_texts
+from tformer.decoding.settings import DecodingConfig
+from tformer.decoding.text import translate
+from tformer.errors import ConfigError
+from tformer.model import DecoderOnlyTransformer, EncoderOnlyTransformer
+from tformer.training.run import TrainResult, train
+
+runner = CliRunner()
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def test_a_decoder_only_model_learns_to_complete_date_lines(gpt_run: TrainResult) -> None:
+    ckpt = load_checkpoint(gpt_run.run_dir)
+    assert isinstance(ckpt.model, DecoderOnlyTransformer)
+    lines = load_texts(None)["test"][:100]
+    prompts = [line.split(" = ")[0] + " =" for line in lines]
+    outputs = [g[0].text.strip() for g in translate(ckpt.model, ckpt.tokenizers, prompts)]
+    wanted = [line.split(" = ")[1] for line in lines]
+    months = sum(o[5:7] == w[5:7] for o, w in zip(outputs, wanted, strict=True)) / len(lines)
+    assert months >= 0.85, outputs[:5]  # measured 0.96 after 400 steps
+    result = evaluate_language(ckpt, lines)
+    # bits per character: the summed loss in bits over the characters (each <eos> a newline)
+    characters = sum(len(line) + 1 for line in lines)
+    total_bits = result.loss * result.tokens / LN2
+    assert result.metrics["bits_per_char"] == pytest.approx(total_bits / characters, rel=1e-4)
+    assert result.metrics["bits_per_char"] < 1.1  # measured 0.92
+    assert result.perplexity == pytest.approx(math.exp(result.loss), rel=1e-4)
+
+
+def test_an_encoder_only_model_learns_the_masked_tokens(bert_run: TrainResult) -> None:
+    ckpt = load_checkpoint(bert_run.run_dir)
+    assert isinstance(ckpt.model, EncoderOnlyTransformer)
+    lines = load_texts(None)["test"]
+    result = evaluate_language(ckpt, lines)
+    # What always guessing the most frequent masked token would score on the same masking.
+    ids = ckpt.tokenizers.source.encode_batch(lines)
+    objective = MaskedObjective(ckpt.model_config.src_vocab_size, seed=0)
+    labels = [
+        label
+        for i, (src, _) in enumerate(lm_examples(ids, "encoder-only", ckpt.model_config.max_len))
+        for label in objective.draw(src, i)[1]
+        if label != PAD_ID
+    ]
+    baseline = Counter(labels).most_common(1)[0][1] / len(labels)
+    assert result.tokens == len(labels)
+    assert result.metrics["masked_accuracy"] >= baseline + 0.15, (result, baseline)
+
+
+def test_checkpoints_of_each_family_round_trip(
+    gpt_run: TrainResult, bert_run: TrainResult, tmp_path: Path
+) -> None:
+    for run in (gpt_run, bert_run):
+        ckpt = load_checkpoint(run.run_dir)
+        assert run.model is not None
+        ids = torch.tensor([[5, 6, 7, 8]])
+        torch.testing.assert_close(ckpt.model.eval()(ids, ids).logits,
+                                   run.model.eval()(ids, ids).logits)
+        code, out = invoke("verify", run.run_dir)
+        assert code == 0, out
+        code, out = invoke("info", run.run_dir)
+        assert code == 0 and ckpt.model_config.arch in out and "parameters" in out
+        assert ("n_encoder_layers" in out) == (ckpt.model_config.arch == "encoder-only")
+        steps = sorted(run.run_dir.glob("step-*"))
+        averaged_dir = tmp_path / ckpt.model_config.arch
+        code, out = invoke("average", *steps[-2:], "-o", averaged_dir)
+        assert code == 0, out
+        averaged = load_checkpoint(averaged_dir)
+        assert averaged.model_config == ckpt.model_config
+
+
+@pytest.mark.parametrize("arch", ["decoder-only", "encoder-only"])
+def test_resume_follows_the_uninterrupted_run(arch: str, tmp_path: Path) -> None:
+    text = bundled_text_dir()
+    model = ModelConfig(arch=arch, d_model=32, n_heads=2, n_encoder_layers=1,
+                        n_decoder_layers=1, d_ff=64, max_len=32)
+
+    def config(steps: int) -> TrainConfig:
+        return TrainConfig(data=str(text / "validation.txt"), max_tokens=256, lr=2e-3,
+                           warmup_steps=5, max_steps=steps, save_every=4, eval_every=100,
+                           log_every=2, seed=3)
+
+    straight = train(model, config(8), out=tmp_path / "straight", vocab_size=60)
+    train(model, config(4), out=tmp_path / "split", vocab_size=60)
+    resumed = train(None, config(8), out=tmp_path / "split", resume=True)
+    a = load_checkpoint(straight.run_dir).model.state_dict()
+    b = load_checkpoint(resumed.run_dir).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_generate_continues_a_prompt_with_every_strategy(gpt_run: TrainResult) -> None:
+    run = gpt_run.run_dir
+    code, out = invoke("generate", run, "6 March 2025 =")
+    assert code == 0 and "-03-" in out, out  # the month, which it has learnt
+    code, streamed = invoke("generate", run, "6 March 2025 =", "--stream")
+    assert code == 0 and streamed.strip() == out.strip()
+    code, out = invoke("generate", run, "6 March", "-t", "0.8", "--num-samples", "3",
+                       "--seed", "1", "--json")
+    assert code == 0, out
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["sample"] for r in records] == [0, 1, 2]
+    assert all(r["output"].startswith("2") and r["finished"] for r in records)
+    code, out = invoke("generate", run, "6 March 2025 =", "--beam-size", "3", "--n-best", "2")
+    assert code == 0 and len(out.strip().splitlines()) == 2
+    code, out = invoke("generate", run, "6 March 2025 =", "--explain")
+    # the attention column reads the prompt's own tokens (the table wraps its title)
+    assert code == 0 and "prompt" in out and "▁March" in out, out
+
+
+def test_fill_mask_prints_the_top_fillers(bert_run: TrainResult) -> None:
+    code, out = invoke("fill-mask", bert_run.run_dir, "6 March 2025 = <mask>025-03-06",
+                       "--top-k", "3", "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    (mask,) = data["masks"]
+    probabilities = [f["probability"] for f in mask["fillers"]]
+    assert len(probabilities) == 3 and probabilities == sorted(probabilities, reverse=True)
+    ckpt = load_checkpoint(bert_run.run_dir)
+    # The printed probabilities are the softmax of the model's logits at the mask.
+    (filled,) = fill_mask(ckpt, "6 March 2025 = <mask>025-03-06", top_k=3)
+    assert [f.probability for f in filled.fillers] == probabilities
+    code, out = invoke("fill-mask", bert_run.run_dir, "6 <mask> 2025 = <mask>025-03-06")
+    assert code == 0 and out.count("<mask>") == 2
+
+
+def test_inspect_attention_shows_each_familys_own_maps(
+    gpt_run: TrainResult, bert_run: TrainResult, tmp_path: Path
+) -> None:
+    code, out = invoke("inspect-attention", gpt_run.run_dir, "6 March 2025 =", "--stats")
+    assert code == 0 and "decoder attention" in out and "continuation" in out
+    code, out = invoke("inspect-attention", bert_run.run_dir, "6 <mask> 2025",
+                       "--save", tmp_path / "maps.json", "--layer", "all", "--head", "all")
+    assert code == 0 and "encoder attention" in out
+    saved = json.loads((tmp_path / "maps.json").read_text())
+    assert saved["kind"] == "encoder" and "<mask>" in saved["rows"]
+    for run, kind, have in ((gpt_run, "cross", "decoder"), (gpt_run, "encoder", "decoder"),
+                            (bert_run, "decoder", "encoder")):
+        code, out = invoke("inspect-attention", run.run_dir, "6 March", "--kind", kind)
+        assert code == 2 and f"has no {kind} attention; use --kind {have}" in out
+
+
+def test_evaluate_writes_a_language_models_card(gpt_run: TrainResult, tmp_path: Path) -> None:
+    code, out = invoke("evaluate", gpt_run.run_dir, "--split", "validation", "--limit", "50",
+                       "-o", tmp_path / "eval")
+    assert code == 0, out
+    card = json.loads((tmp_path / "eval" / "result.json").read_text())
+    assert card["arch"] == "decoder-only" and card["documents"] == 50
+    assert set(card["metrics"]) == {"loss", "perplexity", "tokens", "bits_per_char"}
+
+
+@pytest.mark.parametrize(
+    ("command", "family", "wanted"),
+    [
+        (("fill-mask", "{gpt}", "a <mask>"), "decoder-only", "encoder-only"),
+        (("generate", "{bert}", "a"), "encoder-only", "encoder-decoder or decoder-only"),
+        (("score", "{gpt}", "a", "b"), "decoder-only", "encoder-decoder"),
+        (("align", "{bert}", "--source", "{file}", "--target", "{file}"), "encoder-only",
+         "encoder-decoder"),
+        (("ablate", "{gpt}"), "decoder-only", "encoder-decoder"),
+        (("serve", "{bert}"), "encoder-only", "encoder-decoder"),
+    ],
+)
+def test_a_command_for_another_family_is_refused_in_one_line(
+    command: tuple[str, ...], family: str, wanted: str, gpt_run: TrainResult,
+    bert_run: TrainResult, tmp_path: Path,
+) -> None:
+    (tmp_path / "t.txt").write_text("a\n")
+    args = [a.format(gpt=gpt_run.run_dir, bert=bert_run.run_dir, file=tmp_path / "t.txt")
+            for a in command]
+    code, out = invoke(*args)
+    assert code == 2 and "Traceback" not in out
+    assert f"works on {wanted} models" in out, out
+    assert f"is an {family} model" in out or f"is a {family} model" in out, out
+
+
+def test_export_and_int8_refuse_the_language_model_families(gpt_run: TrainResult,
+                                                            tmp_path: Path) -> None:
+    code, out = invoke("export", gpt_run.run_dir, tmp_path / "x", "--to", "ctranslate2")
+    assert code == 2 and "exports an encoder-decoder" in out and not (tmp_path / "x").exists()
+    code, out = invoke("generate", gpt_run.run_dir, "6 March", "--quantize", "int8")
+    assert code == 2 and "--quantize int8 decodes encoder-decoder models" in out
+
+
+def test_bad_input_is_one_line_and_writes_nothing(bert_run: TrainResult, tmp_path: Path) -> None:
+    (tmp_path / "empty.txt").write_text("")
+    out_dir = tmp_path / "run"
+    for args, message in (
+        (("--data", tmp_path / "empty.txt"), "the file is empty"),
+        (("--block-size", "128"), "--block-size 128 is larger than --max-len 64"),
+        (("--data", tmp_path / "missing.txt"), "no such file"),
+    ):
+        code, out = invoke("train", "--arch", "decoder-only", *args, "--out", out_dir)
+        assert code != 0 and message in out and "Traceback" not in out, out
+        assert not out_dir.exists()
+    code, out = invoke("fill-mask", bert_run.run_dir, "no mask here")
+    assert code == 2 and "has no <mask>" in out
+    with pytest.raises(ConfigError, match="has no <mask>"):
+        fill_mask(load_checkpoint(bert_run.run_dir), "no mask here")
+
+
+def test_the_variant_options_train_in_each_family(tmp_path: Path) -> None:
+    text = bundled_text_dir() / "validation.txt"
+    for arch, variant in (("decoder-only", {"positions": "rope", "kv_heads": 1}),
+                          ("encoder-only", {"activation": "swiglu", "normalization": "rmsnorm",
+                                            "norm": "pre", "positions": "learned"})):
+        model = ModelConfig(arch=arch, d_model=32, n_heads=2, n_encoder_layers=1,
+                            n_decoder_layers=1, d_ff=64, max_len=32, **variant)
+        result = train(model, TrainConfig(data=str(text), max_tokens=256, max_steps=3,
+                                          eval_every=100), out=tmp_path / arch, vocab_size=60)
+        ckpt = load_checkpoint(result.run_dir)
+        assert result.model is not None and ckpt.model_config == result.model.config
+        ids = torch.tensor([[5, 6, 7]])
+        torch.testing.assert_close(ckpt.model.eval()(ids, ids).logits,
+                                   result.model.eval()(ids, ids).logits)
+    ckpt = load_checkpoint(tmp_path / "decoder-only")
+    cached = translate(ckpt.model, ckpt.tokenizers, ["6 March"], DecodingConfig(max_new_tokens=8))
+    plain = translate(ckpt.model, ckpt.tokenizers, ["6 March"],
+                      DecodingConfig(max_new_tokens=8, use_cache=False))
+    assert cached[0][0].hypothesis.ids == plain[0][0].hypothesis.ids
