@@ -88,6 +88,14 @@ _EXPORTS: dict[str, str] = {
     "train_tokenizer": "tformer.data.tokenizer",
     "translate": "tformer.decoding.text",
     "verify_checkpoint": "tformer.checkpoint",
+    "DecoderOnlyTransformer": "tformer.model",
+    "EncoderOnlyTransformer": "tformer.model",
+    "FilledMask": "tformer.analysis.language",
+    "LanguageEvaluation": "tformer.analysis.language",
+    "build_model": "tformer.model",
+    "evaluate_language": "tformer.analysis.language",
+    "fill_mask": "tformer.analysis.language",
+    "load_texts": "tformer.data.lm",
 }
 
 if TYPE_CHECKING:
@@ -99,6 +107,12 @@ if TYPE_CHECKING:
     from tformer.analysis.evaluate import Evaluation, evaluate
     from tformer.analysis.explain import StepExplanation, explain
     from tformer.analysis.head_stats import HeadStats, head_statistics
+    from tformer.analysis.language import (
+        FilledMask,
+        LanguageEvaluation,
+        evaluate_language,
+        fill_mask,
+    )
     from tformer.analysis.runs import Comparison, RunSummary, compare_runs
     from tformer.analysis.score import PairScore, score_pair, score_pairs
     from tformer.checkpoint import (
@@ -110,6 +124,7 @@ if TYPE_CHECKING:
         verify_checkpoint,
     )
     from tformer.config import PRESETS, RECIPES, ModelConfig, TrainConfig, preset
+    from tformer.data.lm import load_texts
     from tformer.data.tokenizer import Tokenizer, train_tokenizer
     from tformer.decoding.api import decode_texts, stream_tokens
     from tformer.decoding.settings import DecodingConfig, Hypothesis
@@ -120,7 +135,13 @@ if TYPE_CHECKING:
     from tformer.fast.int8 import quantize_int8
     from tformer.fast.process import configure_process
     from tformer.metrics import corpus_scores
-    from tformer.model import AttentionMaps, Transformer
+    from tformer.model import (
+        AttentionMaps,
+        DecoderOnlyTransformer,
+        EncoderOnlyTransformer,
+        Transformer,
+        build_model,
+    )
     from tformer.model.heads import HeadName, heads_masked, mask_heads, parse_heads
     from tformer.training.configs import Settings
     from tformer.training.dryrun import DryRunReport, measure_batch_limits
@@ -153,17 +174,21 @@ __all__ = [
     "Comparison",
     "ConfigError",
     "DataError",
+    "DecoderOnlyTransformer",
     "DecodingConfig",
     "DeviceError",
     "DryRunReport",
+    "EncoderOnlyTransformer",
     "Evaluation",
+    "FilledMask",
     "Generation",
     "HeadName",
     "HeadStats",
     "Hypothesis",
+    "LanguageEvaluation",
     "ModelConfig",
-    "PairScore",
     "PRESETS",
+    "PairScore",
     "RECIPES",
     "RunSummary",
     "Settings",
@@ -179,19 +204,23 @@ __all__ = [
     "accelerate",
     "align",
     "average_checkpoints",
+    "build_model",
     "compare_runs",
     "configure_process",
     "corpus_scores",
     "decode_texts",
     "evaluate",
+    "evaluate_language",
     "explain",
     "export_checkpoint",
+    "fill_mask",
     "generate",
     "head_statistics",
     "heads_masked",
     "inspect_attention",
     "load_attention",
     "load_checkpoint",
+    "load_texts",
     "mask_heads",
     "measure_batch_limits",
     "parse_heads",
@@ -201,9 +230,9 @@ __all__ = [
     "read_pharaoh",
     "save_attention",
     "save_checkpoint",
+    "score_alignments",
     "score_pair",
     "score_pairs",
-    "score_alignments",
     "stream_tokens",
     "train",
     "train_tokenizer",
