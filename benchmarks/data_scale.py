@@ -45,7 +45,7 @@ def vocabulary(size: int, seed: int) -> list[str]:
     return sorted(words)
 
 
-def write_corpus(folder: Path, pairs: int, seed: int = 0) -> None:
+def write_corpus(folder: Path, pairs: int, seed: int = 0, validation: int = 500) -> None:
     """``pairs`` sentence pairs of 8-30 words: source words from a Zipf-like draw, the target a
     fixed word-for-word mapping with the order of each half reversed. Drawn with NumPy a block
     at a time, so five million pairs take about a minute."""
@@ -55,7 +55,7 @@ def write_corpus(folder: Path, pairs: int, seed: int = 0) -> None:
     weights = 1.0 / (np.arange(len(src_words)) + 10)
     weights /= weights.sum()
     rng = np.random.default_rng(seed)
-    for split, count in (("train", pairs), ("validation", 500)):
+    for split, count in (("train", pairs), ("validation", validation)):
         with open(folder / f"{split}.en", "w") as src, open(folder / f"{split}.de", "w") as tgt:
             for start in range(0, count, 100_000):
                 rows = min(100_000, count - start)
@@ -143,7 +143,8 @@ def main() -> None:
     parser.add_argument("--text-runs", default="100000,1000000",
                         help="sizes at which train on the text is measured too")  # fmt: skip
     parser.add_argument("--scratch", type=Path, default=None)
-    parser.add_argument("--smoke", action="store_true", help="2,000 pairs, 2 steps")
+    parser.add_argument("--smoke", action="store_true",
+                        help="2,000 pairs, 20 validation pairs, 2 steps (CI)")
     args = parser.parse_args()
     sizes = [2000] if args.smoke else [int(s) for s in args.sizes.split(",")]
     text_runs = {2000} if args.smoke else {int(s) for s in args.text_runs.split(",") if s}
@@ -152,7 +153,8 @@ def main() -> None:
     for size in sizes:
         with tempfile.TemporaryDirectory(dir=args.scratch) as scratch:
             corpus = Path(scratch) / f"corpus-{size}"
-            write_corpus(corpus, size)
+            # Training ends by translating all of the validation split: 20 pairs in smoke.
+            write_corpus(corpus, size, validation=20 if args.smoke else 500)
             tokenizer = Path(scratch) / f"tokenizer-{size}.json"
             train_tokenizer(corpus, tokenizer, ROOT)
             for result in measure(corpus, tokenizer, ROOT, steps, Path(scratch),
