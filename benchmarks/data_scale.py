@@ -143,8 +143,9 @@ def main() -> None:
     parser.add_argument("--text-runs", default="100000,1000000",
                         help="sizes at which train on the text is measured too")  # fmt: skip
     parser.add_argument("--scratch", type=Path, default=None)
-    parser.add_argument("--smoke", action="store_true",
-                        help="2,000 pairs, 20 validation pairs, 2 steps (CI)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="2,000 pairs, 20 validation pairs, 2 steps (CI)"
+    )
     args = parser.parse_args()
     sizes = [2000] if args.smoke else [int(s) for s in args.sizes.split(",")]
     text_runs = {2000} if args.smoke else {int(s) for s in args.text_runs.split(",") if s}

@@ -59,8 +59,9 @@ def environment(policy: str) -> dict[str, str]:
     return env
 
 
-def train_loop(run: Path, seconds: float, env: dict[str, str], data: list[str],
-               log_every: int = 5) -> float:
+def train_loop(
+    run: Path, seconds: float, env: dict[str, str], data: list[str], log_every: int = 5
+) -> float:
     """Median tokens/s of a tiny training run that lasts ``seconds``."""
     subprocess.run(
         [*TFORMER, "train", *data, "--preset", "tiny", "--out", str(run), "--overwrite",
@@ -77,9 +78,14 @@ def train_loop(run: Path, seconds: float, env: dict[str, str], data: list[str],
 
 
 def generate_loop(
-    checkpoint: Path, inputs: Path, stop: threading.Event | float, env: dict[str, str]
+    checkpoint: Path,
+    inputs: Path,
+    stop: threading.Event | float,
+    env: dict[str, str],
+    limit: list[str],
 ) -> float:
-    """Sentences/s of repeated ``tformer generate`` runs until ``stop`` (an event or seconds)."""
+    """Sentences/s of repeated ``tformer generate`` runs until ``stop`` (an event or seconds);
+    ``limit``: extra flags (the smoke's cap on new tokens)."""
     count = len(inputs.read_text().splitlines())
     deadline = time.monotonic() + stop if isinstance(stop, float) else None
     done, spent = 0, 0.0
@@ -90,7 +96,7 @@ def generate_loop(
             break
         start = time.monotonic()
         subprocess.run(
-            [*TFORMER, "generate", str(checkpoint), "--input-file", str(inputs)],
+            [*TFORMER, "generate", str(checkpoint), "--input-file", str(inputs), *limit],
             env=env, check=True, capture_output=True,
         )  # fmt: skip
         if isinstance(stop, threading.Event) and stop.is_set():
@@ -99,15 +105,24 @@ def generate_loop(
     return done / spent if spent else float("nan")
 
 
-def measure(policy: str, folder: Path, checkpoint: Path, inputs: Path, seconds: float,
-            data: list[str], log_every: int = 5) -> dict:
+def measure(
+    policy: str,
+    folder: Path,
+    checkpoint: Path,
+    inputs: Path,
+    seconds: float,
+    data: list[str],
+    log_every: int = 5,
+) -> dict:
     env = environment(policy)
+    # Smoke: an untrained checkpoint translates up to --max-new-tokens, 128 by default.
+    limit = ["--max-new-tokens", "8"] if data else []
     train_alone = train_loop(folder / f"{policy}-alone", seconds, env, data, log_every)
-    generate_alone = generate_loop(checkpoint, inputs, seconds, env)
+    generate_alone = generate_loop(checkpoint, inputs, seconds, env, limit)
     stop = threading.Event()
     shared: dict[str, float] = {}
     generator = threading.Thread(
-        target=lambda: shared.update(generate=generate_loop(checkpoint, inputs, stop, env))
+        target=lambda: shared.update(generate=generate_loop(checkpoint, inputs, stop, env, limit))
     )
     generator.start()
     try:
@@ -156,8 +171,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--smoke", action="store_true",
-                        help="2 s on a slice of the bundled data, tformer's policy only (CI)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="2 s on a slice of the bundled data, tformer's policy only (CI)",
+    )
     args = parser.parse_args()
     if args.smoke:
         args.seconds, args.policies = 2.0, "tformer"
