@@ -45,7 +45,7 @@ def vocabulary(size: int, seed: int) -> list[str]:
     return sorted(words)
 
 
-def write_corpus(folder: Path, pairs: int, seed: int = 0) -> None:
+def write_corpus(folder: Path, pairs: int, seed: int = 0, validation: int = 500) -> None:
     """``pairs`` sentence pairs of 8-30 words: source words from a Zipf-like draw, the target a
     fixed word-for-word mapping with the order of each half reversed. Drawn with NumPy a block
     at a time, so five million pairs take about a minute."""
@@ -55,7 +55,7 @@ def write_corpus(folder: Path, pairs: int, seed: int = 0) -> None:
     weights = 1.0 / (np.arange(len(src_words)) + 10)
     weights /= weights.sum()
     rng = np.random.default_rng(seed)
-    for split, count in (("train", pairs), ("validation", 500)):
+    for split, count in (("train", pairs), ("validation", validation)):
         with open(folder / f"{split}.en", "w") as src, open(folder / f"{split}.de", "w") as tgt:
             for start in range(0, count, 100_000):
                 rows = min(100_000, count - start)
@@ -71,14 +71,14 @@ def write_corpus(folder: Path, pairs: int, seed: int = 0) -> None:
                 tgt.write("\n".join(tgt_lines) + "\n")
 
 
-def train_tokenizer(corpus: Path, out: Path, checkout: Path) -> None:
+def train_tokenizer(corpus: Path, out: Path, checkout: Path, vocab_size: int = 8000) -> None:
     code = (
         "import sys; from itertools import islice; "
         "from tformer.data.tokenizer import train_tokenizer; "
         "lines = [l for f in sys.argv[1:3] for l in islice(open(f), 100000)]; "
-        "train_tokenizer(lines, vocab_size=8000).save(sys.argv[3])"
+        "train_tokenizer(lines, vocab_size=int(sys.argv[4])).save(sys.argv[3])"
     )
-    args = [str(corpus / "train.en"), str(corpus / "train.de"), str(out)]
+    args = [str(corpus / "train.en"), str(corpus / "train.de"), str(out), str(vocab_size)]
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     subprocess.run([sys.executable, "-c", code, *args], check=True, env=env, cwd=checkout)
 
@@ -112,10 +112,16 @@ TRAIN = ["--preset", "tiny", "--log-every", "1"]
 
 
 def measure(
-    corpus: Path, tokenizer: Path, checkout: Path, steps: int, scratch: Path, text_run: bool
+    corpus: Path,
+    tokenizer: Path,
+    checkout: Path,
+    steps: int,
+    scratch: Path,
+    text_run: bool,
+    batch: tuple[str, ...] = (),
 ) -> list[dict[str, object]]:
     """``prepare`` (one process, and with --streaming), ``train`` on the prepared folder, and
-    (``text_run``) ``train`` on the text through the id cache."""
+    (``text_run``) ``train`` on the text through the id cache; ``batch``: extra train flags."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "TFORMER_CACHE": str(scratch / "cache"),
            "HF_DATASETS_CACHE": str(scratch / "hf")}  # fmt: skip
     data = ["--data", str(corpus), "--src-lang", "en", "--tgt-lang", "de"]
@@ -125,7 +131,7 @@ def measure(
         result = run(["prepare", *data, "--tokenizer", str(tokenizer), "--out", str(out), *extra],
                      checkout, env)  # fmt: skip
         rows.append({"stage": stage, **result})
-    stop = ["--max-steps", str(steps), "--eval-every", str(steps * 10)]
+    stop = ["--max-steps", str(steps), "--eval-every", str(steps * 10), *batch]
     result = run(["train", "--data", str(scratch / "prepare"), *TRAIN, *stop,
                   "--out", str(scratch / "run-prepared")], checkout, env)  # fmt: skip
     rows.append({"stage": "train on the prepared folder", **result})
@@ -143,7 +149,9 @@ def main() -> None:
     parser.add_argument("--text-runs", default="100000,1000000",
                         help="sizes at which train on the text is measured too")  # fmt: skip
     parser.add_argument("--scratch", type=Path, default=None)
-    parser.add_argument("--smoke", action="store_true", help="2,000 pairs, 2 steps")
+    parser.add_argument(
+        "--smoke", action="store_true", help="2,000 pairs, 20 validation pairs, 2 small steps (CI)"
+    )
     args = parser.parse_args()
     sizes = [2000] if args.smoke else [int(s) for s in args.sizes.split(",")]
     text_runs = {2000} if args.smoke else {int(s) for s in args.text_runs.split(",") if s}
@@ -152,11 +160,14 @@ def main() -> None:
     for size in sizes:
         with tempfile.TemporaryDirectory(dir=args.scratch) as scratch:
             corpus = Path(scratch) / f"corpus-{size}"
-            write_corpus(corpus, size)
+            # Training ends by translating all of the validation split: 20 pairs in smoke.
+            write_corpus(corpus, size, validation=20 if args.smoke else 500)
             tokenizer = Path(scratch) / f"tokenizer-{size}.json"
-            train_tokenizer(corpus, tokenizer, ROOT)
+            # Smoke: a smaller vocabulary and batch, so its two steps cost little.
+            train_tokenizer(corpus, tokenizer, ROOT, 1000 if args.smoke else 8000)
+            batch = ("--max-tokens", "512") if args.smoke else ()
             for result in measure(corpus, tokenizer, ROOT, steps, Path(scratch),
-                                  size in text_runs):  # fmt: skip
+                                  size in text_runs, batch):  # fmt: skip
                 row = {"pairs": size, "steps": steps, **result,
                        "pairs_per_s": size / float(result["total_s"]),  # type: ignore[arg-type]
                        "cpu": platform.processor() or platform.machine(),

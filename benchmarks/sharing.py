@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from itertools import islice
 from pathlib import Path
 
 from tformer.device import cpuinfo
@@ -58,12 +59,14 @@ def environment(policy: str) -> dict[str, str]:
     return env
 
 
-def train_loop(run: Path, seconds: float, env: dict[str, str]) -> float:
+def train_loop(
+    run: Path, seconds: float, env: dict[str, str], data: list[str], log_every: int = 5
+) -> float:
     """Median tokens/s of a tiny training run that lasts ``seconds``."""
     subprocess.run(
-        [*TFORMER, "train", "--preset", "tiny", "--out", str(run), "--overwrite",
-         "--time-budget", f"{int(seconds)}s", "--max-steps", "1000000", "--log-every", "5",
-         "--eval-every", "1000000", "--save-every", "1000000", "--seed", "0"],
+        [*TFORMER, "train", *data, "--preset", "tiny", "--out", str(run), "--overwrite",
+         "--time-budget", f"{int(seconds)}s", "--max-steps", "1000000", "--log-every",
+         str(log_every), "--eval-every", "1000000", "--save-every", "1000000", "--seed", "0"],
         env=env, check=True, capture_output=True,
     )  # fmt: skip
     rates = [
@@ -75,9 +78,14 @@ def train_loop(run: Path, seconds: float, env: dict[str, str]) -> float:
 
 
 def generate_loop(
-    checkpoint: Path, inputs: Path, stop: threading.Event | float, env: dict[str, str]
+    checkpoint: Path,
+    inputs: Path,
+    stop: threading.Event | float,
+    env: dict[str, str],
+    limit: list[str],
 ) -> float:
-    """Sentences/s of repeated ``tformer generate`` runs until ``stop`` (an event or seconds)."""
+    """Sentences/s of repeated ``tformer generate`` runs until ``stop`` (an event or seconds);
+    ``limit``: extra flags (the smoke's cap on new tokens)."""
     count = len(inputs.read_text().splitlines())
     deadline = time.monotonic() + stop if isinstance(stop, float) else None
     done, spent = 0, 0.0
@@ -88,7 +96,7 @@ def generate_loop(
             break
         start = time.monotonic()
         subprocess.run(
-            [*TFORMER, "generate", str(checkpoint), "--input-file", str(inputs)],
+            [*TFORMER, "generate", str(checkpoint), "--input-file", str(inputs), *limit],
             env=env, check=True, capture_output=True,
         )  # fmt: skip
         if isinstance(stop, threading.Event) and stop.is_set():
@@ -97,18 +105,28 @@ def generate_loop(
     return done / spent if spent else float("nan")
 
 
-def measure(policy: str, folder: Path, checkpoint: Path, inputs: Path, seconds: float) -> dict:
+def measure(
+    policy: str,
+    folder: Path,
+    checkpoint: Path,
+    inputs: Path,
+    seconds: float,
+    data: list[str],
+    log_every: int = 5,
+) -> dict:
     env = environment(policy)
-    train_alone = train_loop(folder / f"{policy}-alone", seconds, env)
-    generate_alone = generate_loop(checkpoint, inputs, seconds, env)
+    # Smoke: an untrained checkpoint translates up to --max-new-tokens, 128 by default.
+    limit = ["--max-new-tokens", "8"] if data else []
+    train_alone = train_loop(folder / f"{policy}-alone", seconds, env, data, log_every)
+    generate_alone = generate_loop(checkpoint, inputs, seconds, env, limit)
     stop = threading.Event()
     shared: dict[str, float] = {}
     generator = threading.Thread(
-        target=lambda: shared.update(generate=generate_loop(checkpoint, inputs, stop, env))
+        target=lambda: shared.update(generate=generate_loop(checkpoint, inputs, stop, env, limit))
     )
     generator.start()
     try:
-        shared["train"] = train_loop(folder / f"{policy}-shared", seconds, env)
+        shared["train"] = train_loop(folder / f"{policy}-shared", seconds, env, data, log_every)
     finally:
         stop.set()
         generator.join()
@@ -123,35 +141,56 @@ def measure(policy: str, folder: Path, checkpoint: Path, inputs: Path, seconds: 
     }
 
 
-def prepare(folder: Path) -> tuple[Path, Path]:
-    """A tiny trained checkpoint and the bundled test sources as an input file."""
+def prepare(folder: Path, data: Path | None = None, steps: int = 100) -> tuple[Path, Path]:
+    """A tiny checkpoint trained on ``data`` (default: the bundled data) and its test sources
+    as an input file."""
     checkpoint = folder / "checkpoint"
+    flags = ["--data", str(data)] if data else []
     subprocess.run(
-        [*TFORMER, "train", "--preset", "tiny", "--max-steps", "100", "--out", str(checkpoint)],
+        [*TFORMER, "train", *flags, "--preset", "tiny", "--max-steps", str(steps),
+         "--out", str(checkpoint)],
         env=environment("tformer"), check=True, capture_output=True,
     )  # fmt: skip
     inputs = folder / "inputs.txt"
-    lines = (ROOT / "data" / "test.jsonl").read_text().splitlines()
+    lines = ((data or ROOT / "data") / "test.jsonl").read_text().splitlines()
     inputs.write_text("".join(json.loads(line)["source"] + "\n" for line in lines))
     return checkpoint, inputs
+
+
+def smoke_data(folder: Path) -> Path:
+    """The first lines of each bundled split: the same commands on 20 validation and test pairs
+    instead of 1,000 (training ends by translating all of its validation split)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, lines in (("train", 1000), ("validation", 20), ("test", 20)):
+        with open(ROOT / "data" / f"{split}.jsonl") as source:
+            (folder / f"{split}.jsonl").write_text("".join(islice(source, lines)))
+    return folder
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--smoke", action="store_true", help="3 s, tformer's policy only (CI)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="2 s on a slice of the bundled data, tformer's policy only (CI)",
+    )
     args = parser.parse_args()
     if args.smoke:
-        args.seconds, args.policies = 3.0, "tformer"
+        args.seconds, args.policies = 2.0, "tformer"
     machine = cpuinfo().get("model name") or platform.processor() or platform.machine()
     print(json.dumps({"machine": machine, "cores": os.cpu_count(),
                       "date": time.strftime("%Y-%m-%d")}))  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint, inputs = prepare(Path(tmp))
+        # Smoke: a checkpoint of 2 steps, and a log line every step, so 2 s give a median.
+        data = smoke_data(Path(tmp) / "data") if args.smoke else None
+        checkpoint, inputs = prepare(Path(tmp), data, steps=2 if args.smoke else 100)
+        flags = ["--data", str(data)] if data else []
         for policy in args.policies.split(","):
-            row = measure(policy, Path(tmp), checkpoint, inputs, args.seconds)
+            row = measure(policy, Path(tmp), checkpoint, inputs, args.seconds, flags,
+                          log_every=1 if args.smoke else 5)  # fmt: skip
             print(json.dumps(row), flush=True)
             rows.append(row)
     print()

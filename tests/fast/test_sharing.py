@@ -113,11 +113,23 @@ def test_an_explicit_choice_keeps_the_process_out(
     assert list(tmp_path.iterdir()) == []
 
 
+# The command line as a shell starts it: Ctrl-C neither ignored nor blocked, whatever state the
+# test process had when it started this one (a trainer that inherited an ignored SIGINT ran its
+# whole time budget before the test could go on).
+INTERRUPTIBLE_CLI = """
+import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+from tformer.cli import main
+main()
+"""
+
+
 def test_the_command_line_registers_while_it_trains(tmp_path: Path, toy_data: Path) -> None:
     """A real `tformer train` marks itself busy in the user's folder (TMPDIR moves it here)."""
     env = {k: v for k, v in os.environ.items() if k not in {"OMP_NUM_THREADS"}}
     env.update(TMPDIR=str(tmp_path), TFORMER_CPU_SHARING="1")
-    command = [sys.executable, "-c", "from tformer.cli import main; main()", "train",
+    command = [sys.executable, "-c", INTERRUPTIBLE_CLI, "train",
                "--data", str(toy_data), "--preset", "tiny", "--max-steps", "100000",
                "--time-budget", "20s", "--eval-every", "100000", "--save-every", "100000",
                "--out", str(tmp_path / "run")]  # fmt: skip
@@ -135,7 +147,7 @@ def test_the_command_line_registers_while_it_trains(tmp_path: Path, toy_data: Pa
         else:
             pytest.fail(f"the trainer never registered in {folder}")
     finally:
-        trainer.send_signal(signal.SIGINT)  # stops after its step, with a checkpoint
+        trainer.send_signal(signal.SIGINT)  # registered at start-up: it may not train yet
         trainer.communicate(timeout=120)
     assert watcher is not None
     assert watcher.busy_others() == 0  # its registration ended with it
