@@ -51,7 +51,7 @@ class TableModel(nn.Module):
     def __init__(self, table: dict[int, dict[int, float]] = TABLE) -> None:
         super().__init__()
         self.anchor = nn.Parameter(torch.zeros(1))  # gives the model a device
-        self.config = SimpleNamespace(max_len=16)
+        self.config = SimpleNamespace(max_len=16, arch="encoder-decoder")
         self.register_buffer("table", log_table(table))
         self.register_buffer("quiet", log_table({t: {EOS_ID: 1.0} for t in range(V)}))
         self.batch_sizes: list[int] = []

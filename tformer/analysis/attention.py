@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from tformer.analysis.language import encode_with_masks_of
 from tformer.checkpoint.store import Tokenizers
 from tformer.config import BOS_ID, EOS_ID, article
 from tformer.decoding.settings import DecodingConfig
@@ -219,8 +220,6 @@ def _stack(maps: list[Tensor]) -> Tensor:
 
 def _inspect_encoder(model: Transformer, tokenizers: Tokenizers, text: str) -> AttentionResult:
     """An encoder-only model's self-attention over ``text`` (whose ``<mask>`` are masks)."""
-    from tformer.analysis.language import encode_with_masks_of
-
     device = next(model.parameters()).device
     ids = encode_with_masks_of(tokenizers.source, text)[: model.config.max_len] or [EOS_ID]
     out = model(torch.tensor([ids], device=device), None, need_weights=True)

@@ -212,8 +212,11 @@ def kv_cache_bytes_per_token(
     when the configuration has ``kv_heads`` (grouped-query attention: the heads of a group
     share one key and one value). float32, the format of the weights, is 4 bytes. The
     cross-attention keys and values are computed once per source token, not per generated
-    token, and are not counted. None when the sizes are not positive whole numbers.
+    token, and are not counted. None when the sizes are not positive whole numbers, and for an
+    encoder-only model.
     """
+    if architecture.get("arch") == "encoder-only":
+        return None  # no decoder, nothing cached: it reads its input in one pass
     sizes = {
         name: architecture_value(architecture, name)
         for name in ("d_model", "n_heads", "n_decoder_layers")
@@ -280,7 +283,7 @@ def _read_card(run: Path, path: Path) -> dict[str, Any] | None:
         "pairs": card.get("pairs") if _is_number(card.get("pairs")) else None,
         "card": str(path),
         **{k: metrics.get(k) if _is_number(metrics.get(k)) else None
-           for k in ("bleu", "chrf", "loss")},
+           for k in ("bleu", "chrf", "loss", "perplexity", "bits_per_char", "masked_accuracy")},
     }
 
 

@@ -95,6 +95,9 @@ def _figure_rows(runs: list[RunSummary]) -> list[tuple[str, list[str | None]]]:
             (f"{split} BLEU", [_fmt(c.get("bleu"), ".2f") for c in cards]),
             (f"{split} chrF", [_fmt(c.get("chrf"), ".2f") for c in cards]),
             (f"{split} loss", [_fmt(c.get("loss"), ".4f") for c in cards]),
+            (f"{split} perplexity", [_fmt(c.get("perplexity"), ".3f") for c in cards]),
+            (f"{split} bits/char", [_fmt(c.get("bits_per_char"), ".4f") for c in cards]),
+            (f"{split} masked acc.", [_fmt(c.get("masked_accuracy"), ".1%") for c in cards]),
             (f"{split} card step", [_fmt(c.get("step"), ",d") for c in cards]),
         ]
     kv = [_fmt(r.kv_cache_bytes_per_token, ",d") for r in runs]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
+from tformer import checkpoint as ckpt
 from tformer.cli.console import err_console
 from tformer.config import TrainConfig, article, flag
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, TOKENIZER_KINDS
@@ -384,8 +385,6 @@ _FAMILY_TOOLS = {
 def require_family(checkpoint: Path, command: str, *allowed: str) -> str:
     """The architecture of ``checkpoint`` (read from its verified config.json, before any
     weights), refused in one line unless it is one ``command`` works on."""
-    from tformer import checkpoint as ckpt
-
     config = ckpt.read_verified_config(ckpt.resolve(checkpoint))
     model = config.get("model") or {}
     arch = str(model.get("arch", "encoder-decoder")) if isinstance(model, dict) else ""
