@@ -38,14 +38,15 @@ def test_a_decoder_only_model_learns_to_complete_date_lines(gpt_run: TrainResult
     prompts = [line.split(" = ")[0] + " =" for line in lines]
     outputs = [g[0].text.strip() for g in translate(ckpt.model, ckpt.tokenizers, prompts)]
     wanted = [line.split(" = ")[1] for line in lines]
+    exact = sum(o == w for o, w in zip(outputs, wanted, strict=True)) / len(lines)
     months = sum(o[5:7] == w[5:7] for o, w in zip(outputs, wanted, strict=True)) / len(lines)
-    assert months >= 0.85, outputs[:5]  # measured 0.96 after 400 steps
+    assert exact >= 0.8 and months >= 0.9, outputs[:5]  # measured after 200 steps: 0.91, 0.93
     result = evaluate_language(ckpt, lines)
     # bits per character: the summed loss in bits over the characters (each <eos> a newline)
     characters = sum(len(line) + 1 for line in lines)
     total_bits = result.loss * result.tokens / LN2
     assert result.metrics["bits_per_char"] == pytest.approx(total_bits / characters, rel=1e-4)
-    assert result.metrics["bits_per_char"] < 1.1  # measured 0.92
+    assert result.metrics["bits_per_char"] < 0.8  # measured 0.65 after 200 steps
     assert result.perplexity == pytest.approx(math.exp(result.loss), rel=1e-4)
 
 
@@ -57,15 +58,25 @@ def test_an_encoder_only_model_learns_the_masked_tokens(bert_run: TrainResult) -
     # What always guessing the most frequent masked token would score on the same masking.
     ids = ckpt.tokenizers.source.encode_batch(lines)
     objective = MaskedObjective(ckpt.model_config.src_vocab_size, seed=0)
+    examples = lm_examples(ids, "encoder-only", ckpt.model_config.max_len, pack=False)
     labels = [
         label
-        for i, (src, _) in enumerate(lm_examples(ids, "encoder-only", ckpt.model_config.max_len))
+        for i, (src, _) in enumerate(examples)
         for label in objective.draw(src, i)[1]
         if label != PAD_ID
     ]
     baseline = Counter(labels).most_common(1)[0][1] / len(labels)
     assert result.tokens == len(labels)
-    assert result.metrics["masked_accuracy"] >= baseline + 0.15, (result, baseline)
+    # measured after 400 steps: 0.93, where always the most frequent token scores 0.15
+    assert result.metrics["masked_accuracy"] >= max(0.8, baseline + 0.5), (result, baseline)
+    # The month name is given only by the ISO half's digits (measured: 0.83 after 400 steps).
+    months = 0
+    for line in lines[:100]:
+        words = line.split(" ")
+        month, words[1] = words[1], "<mask>"
+        (filled,) = fill_mask(ckpt, " ".join(words), top_k=1)
+        months += filled.fillers[0].text.strip() == month
+    assert months >= 60
 
 
 def test_checkpoints_of_each_family_round_trip(
@@ -238,3 +249,20 @@ def test_the_variant_options_train_in_each_family(tmp_path: Path) -> None:
     plain = translate(ckpt.model, ckpt.tokenizers, ["6 March"],
                       DecodingConfig(max_new_tokens=8, use_cache=False))
     assert cached[0][0].hypothesis.ids == plain[0][0].hypothesis.ids
+
+
+def test_compare_runs_puts_the_families_side_by_side(
+    gpt_run: TrainResult, bert_run: TrainResult
+) -> None:
+    code, out = invoke("compare-runs", gpt_run.run_dir, bert_run.run_dir, "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    runs = {r["architecture"]["arch"]: r for r in data["runs"]}
+    assert set(runs) == {"decoder-only", "encoder-only"} and "arch" in data["differing_fields"]
+    assert runs["encoder-only"]["kv_cache_bytes_per_token"] is None  # nothing is cached
+    assert runs["decoder-only"]["kv_cache_bytes_per_token"] == 2 * 2 * 128 * 4
+
+
+def test_a_dry_run_measures_a_language_models_batch() -> None:
+    code, out = invoke("train", "--arch", "encoder-only", "--dry-run")
+    assert code == 0 and "dry run" in out and "32 x 64" in out, out

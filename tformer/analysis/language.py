@@ -51,7 +51,8 @@ class LanguageEvaluation:
 def evaluate_language(ckpt: Checkpoint, docs: Sequence[str], *, split: str = "test") -> (
     LanguageEvaluation
 ):
-    """Teacher-forced loss of ``docs`` as the model was trained on them (packed blocks).
+    """Teacher-forced loss of ``docs`` as the model was trained on them (packed into blocks of
+    its ``--block-size``, or one document a row with ``--no-pack``).
 
     Decoder-only: every token of the joined text (each document's <eos> too) is predicted
     once; bits per character = total loss / ln 2 / characters (a document's <eos> counts
@@ -63,7 +64,9 @@ def evaluate_language(ckpt: Checkpoint, docs: Sequence[str], *, split: str = "te
     model.eval()
     device = next(model.parameters()).device
     ids = ckpt.tokenizers.source.encode_batch(list(docs))
-    examples = lm_examples(ids, config.arch, config.max_len)
+    train = ckpt.train_config
+    block = train.block_size or config.max_len
+    examples = lm_examples(ids, config.arch, block, pack=train.pack)
     objective = objective_for(config.arch, config.src_vocab_size, ckpt.train_config, seed=0)
     plan = BatchPlan(examples, EVAL_BATCH_TOKENS, seed=0, objective=objective)
     total, tokens, correct = 0.0, 0, 0

@@ -18,6 +18,7 @@ translation pipeline's):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +72,11 @@ def load_texts(spec: str | None, text_field: str = "text") -> dict[str, list[str
             f"{where}: no train.txt; name the files train.txt, validation.txt and test.txt"
         )
     else:
-        pairs = load_text_pairs(spec, source_field=text_field, target_field=text_field)
+        try:
+            pairs = load_text_pairs(spec, source_field=text_field, target_field=text_field)
+        except DataError as error:  # the column is named by a language model's own flag
+            message = re.sub(r"--(source|target)-field", "--text-field", str(error))
+            raise DataError(message) from error
         splits = {name: [source for source, _ in rows] for name, rows in pairs.items()}
     for name, docs in splits.items():
         if not any(doc.strip() for doc in docs):

@@ -262,7 +262,7 @@ def _read_json_lines(path: Path, source_field: str, target_field: str) -> Any:
         raise DataError(f"{path}: {where}invalid JSON Lines ({message})") from error
     if table.num_rows == 0:
         raise DataError(f"{path}: no records (only blank lines); expected one JSON object a line")
-    for name in (source_field, target_field):
+    for name in dict.fromkeys((source_field, target_field)):  # once each (a text column: one)
         # A field no record has (e.g. "en" in {"translation": {...}} records) is not a column.
         if table.column(name).null_count == table.num_rows:
             table = table.drop_columns([name])
