@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tformer.analysis.language import LN2, evaluate_language, fill_mask
+from tformer.analysis.language import LN2, encode_with_masks, evaluate_language, fill_mask
 from tformer.checkpoint import load_checkpoint
 from tformer.cli.commands import app
 from tformer.config import PAD_ID, ModelConfig, TrainConfig
@@ -266,3 +266,18 @@ def test_compare_runs_puts_the_families_side_by_side(
 def test_a_dry_run_measures_a_language_models_batch() -> None:
     code, out = invoke("train", "--arch", "encoder-only", "--dry-run")
     assert code == 0 and "dry run" in out and "32 x 64" in out, out
+
+
+def test_a_mask_stands_for_the_token_it_hides(bert_run: TrainResult) -> None:
+    """The masked input is the sentence's own tokens with one of them replaced by <mask>: a
+    whole word (with its word-boundary piece) or one digit inside a number."""
+    ckpt = load_checkpoint(bert_run.run_dir)
+    tokenizer = ckpt.tokenizers.source
+    line = "6 March 2025 = 2025-03-06"
+    tokens = tokenizer.tokens(tokenizer.encode(line))
+    for masked, hidden in (("6 <mask> 2025 = 2025-03-06", "▁March"),
+                           ("6 March 20<mask>5 = 2025-03-06", "2"),
+                           ("6 March 2025 = 2025-<mask>3-06", "0")):
+        got = tokenizer.tokens(encode_with_masks(ckpt, masked))
+        (position,) = [i for i, token in enumerate(got) if token == "<mask>"]
+        assert got[:position] + [hidden] + got[position + 1:] == tokens, (masked, got)

@@ -118,17 +118,39 @@ def encode_with_masks(ckpt: Checkpoint, text: str) -> list[int]:
 def encode_with_masks_of(tokenizer: Tokenizer, text: str) -> list[int]:
     """Token ids of ``text`` with each literal ``<mask>`` as the mask token.
 
-    The text around a mask is encoded piece by piece with its spaces trimmed, so the mask
-    stands for a whole word piece with its leading space, as the masked tokens in training.
+    The text is tokenised whole, with a character no vocabulary holds in each mask's place, so
+    the tokens around a mask are those of the full sentence ("20<mask>5" masks one digit of a
+    year). That character's token becomes <mask>; a mask that starts a word and is not followed
+    by a digit also takes the word-boundary piece "▁" before it, so it stands for a whole word
+    with its leading space, as a masked word did in training.
     """
+    if _HOLE in text:
+        raise ConfigError("the input holds U+E000, which fill-mask reserves; remove it")
+    joined = text.replace(MASK, _HOLE)
+    holes = [i for i, ch in enumerate(joined) if ch == _HOLE]
+    encoding = tokenizer.inner.encode(joined, add_special_tokens=False)
+    boundary = tokenizer.inner.token_to_id(_WORD_START)
     ids: list[int] = []
-    pieces = text.split(MASK)
-    for i, piece in enumerate(pieces):
-        if piece.strip():
-            ids.extend(tokenizer.encode(piece.strip()))
-        if i < len(pieces) - 1:
-            ids.append(MASK_ID)
+    filled: set[int] = set()
+    for token, (start, end) in zip(encoding.ids, encoding.offsets, strict=True):
+        hole = next((h for h in holes if start <= h < end), None)
+        if hole is None:
+            ids.append(token)
+            continue
+        if hole in filled:
+            continue  # one hole split into several pieces: one mask
+        filled.add(hole)
+        word_start = hole == 0 or joined[hole - 1].isspace()
+        before_digit = hole + 1 < len(joined) and joined[hole + 1].isdigit()
+        if ids and ids[-1] == boundary and word_start and not before_digit:
+            ids.pop()
+        ids.append(MASK_ID)
     return ids
+
+
+# A private-use character: in no training text, so each tokenizer makes it a token of its own.
+_HOLE = "\ue000"
+_WORD_START = "\u2581"  # "▁", the Metaspace word boundary of tformer's tokenizers
 
 
 @torch.no_grad()
