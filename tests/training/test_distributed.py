@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from tests.conftest import digit_pairs, write_jsonl
 from tests.training.ddp_worker import model_config, train_config
 from tformer.checkpoint import load_checkpoint, resolve
+from tformer.data.lm import bundled_text_dir
 from tformer.training.run import train
 
 pytestmark = [
@@ -255,12 +256,19 @@ def test_each_cuda_process_needs_its_own_gpu(monkeypatch: pytest.MonkeyPatch) ->
         check_gpus_per_process(torch.device("cuda"), 3, option="torchrun --nproc-per-node")
 
 
+@pytest.mark.parametrize(
+    "variant",
+    [["--positions", "rope", "--kv-heads", "1", "--activation", "swiglu", "--normalization",
+      "rmsnorm", "--norm", "pre"],
+     ["--arch", "encoder-only"]],  # its masks are keyed by example: the same on any rank
+    ids=["variants", "encoder-only"],
+)  # fmt: skip
 def test_an_architecture_variant_trains_under_ddp_as_in_one_process(
-    data: Path, tmp_path: Path
+    variant: list[str], data: Path, tmp_path: Path
 ) -> None:
-    variant = ["--positions", "rope", "--kv-heads", "1", "--activation", "swiglu",
-               "--normalization", "rmsnorm", "--norm", "pre"]  # fmt: skip
-    common = [*CLI_ARGS, *variant, "--data", str(data), "--max-steps", str(STEPS)]
+    text = bundled_text_dir() / "validation.txt"
+    source = str(text) if "--arch" in variant else str(data)
+    common = [*CLI_ARGS, *variant, "--data", source, "--max-steps", str(STEPS)]
     ddp = tformer("train", "--nproc", "2", "--out", str(tmp_path / "ddp"), *common)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     one = tformer("train", "--accumulate", "2", "--out", str(tmp_path / "one"), *common)
@@ -269,4 +277,7 @@ def test_an_architecture_variant_trains_under_ddp_as_in_one_process(
     assert len(a) == len(b) == STEPS
     for x, y in zip(a, b, strict=True):
         assert x == pytest.approx(y, rel=1e-5, abs=1e-6), (a, b)
-    assert load_checkpoint(tmp_path / "ddp").model_config.positions == "rope"
+    config = load_checkpoint(tmp_path / "ddp").model_config
+    assert (config.positions, config.arch) == (
+        ("rope", "encoder-decoder") if "--arch" not in variant else ("sinusoidal", "encoder-only")
+    )
