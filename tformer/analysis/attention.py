@@ -249,11 +249,7 @@ def _inspect_decoder(
     given ``target``, or the model's own)."""
     device = next(model.parameters()).device
     generated = target is None
-    if target is None:
-        output = translate(model, tokenizers, [prompt], decoding)[0][0]
-        tgt_ids, target = output.hypothesis.ids, output.text
-    else:
-        tgt_ids = tokenizers.target.encode(target)
+    tgt_ids, target = _target(model, tokenizers, prompt, target, decoding)
     sequence = [BOS_ID, *tokenizers.source.encode(prompt), *tgt_ids][: model.config.max_len]
     ids = torch.tensor([sequence], device=device)
     out = model(ids, ids, need_weights=True)
@@ -272,6 +268,20 @@ def _inspect_decoder(
     )
 
 
+def _target(
+    model: Transformer,
+    tokenizers: Tokenizers,
+    text: str,
+    target: str | None,
+    decoding: DecodingConfig | None,
+) -> tuple[list[int], str]:
+    """The ids and text of ``target``, or of the model's own output for ``text``."""
+    if target is not None:
+        return tokenizers.target.encode(target), target
+    output = translate(model, tokenizers, [text], decoding)[0][0]
+    return output.hypothesis.ids, output.text
+
+
 def _inspect(
     model: Transformer,
     tokenizers: Tokenizers,
@@ -282,11 +292,7 @@ def _inspect(
     device = next(model.parameters()).device
     src_ids = tokenizers.source.encode(source) or [EOS_ID]
     generated = target is None
-    if target is None:
-        output = translate(model, tokenizers, [source], decoding)[0][0]
-        tgt_ids, target = output.hypothesis.ids, output.text
-    else:
-        tgt_ids = tokenizers.target.encode(target)
+    tgt_ids, target = _target(model, tokenizers, source, target, decoding)
     limit = model.config.max_len
     src_ids, tgt_ids = src_ids[:limit], tgt_ids[: limit - 1]
     tgt_in = [BOS_ID, *tgt_ids]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -119,13 +120,7 @@ def evaluate_command(
     result.decoding["mask_heads"] = masked  # ... and which heads were silenced
     card = result_card(ckpt, result, data=data, pairs=pairs)
     folder = out or ckpt.path / f"eval-{split}"
-    try:
-        paths = write_results(folder, card, result.hypotheses)
-    except OSError as error:
-        raise CheckpointError(
-            f"--out {folder}: the results cannot be written ({error.strerror or error}); "
-            "give a writable --out folder"
-        ) from error
+    paths = _written(folder, lambda: write_results(folder, card, result.hypotheses))
 
     table = Table(
         title=f"{escape(data or 'bundled dates')} [{split}], {len(pairs):,} pairs",
@@ -171,13 +166,7 @@ def _evaluate_language(
     err_console.print(f"measuring {len(docs):,} documents of {split} …")
     result = evaluate_language(ckpt, docs, split=split)
     card = language_card(ckpt, result, data=data, docs=docs, mask_heads=masked)
-    try:
-        paths = write_language_results(folder, card)
-    except OSError as error:
-        raise CheckpointError(
-            f"--out {folder}: the results cannot be written ({error.strerror or error}); "
-            "give a writable --out folder"
-        ) from error
+    paths = _written(folder, lambda: write_language_results(folder, card))
     table = Table(
         title=escape(
             f"{data or 'bundled text'} [{split}], {len(docs):,} documents, "
@@ -194,3 +183,14 @@ def _evaluate_language(
         table.add_row(name.replace("_", " "), shown)
     console.print(table)
     console.print(f"wrote {escape(str(paths['json']))}, {escape(str(paths['markdown']))}")
+
+
+def _written(folder: Path, write: Callable[[], dict[str, Path]]) -> dict[str, Path]:
+    """The files ``write`` wrote into ``folder``, or one line saying it cannot be written."""
+    try:
+        return write()
+    except OSError as error:
+        raise CheckpointError(
+            f"--out {folder}: the results cannot be written ({error.strerror or error}); "
+            "give a writable --out folder"
+        ) from error

@@ -30,28 +30,29 @@ from tformer.model.transformer import (
     EncoderOutput,
     Seq2SeqOutput,
     Transformer,
+    attention_and_feed_forward,
+    count_parameters,
 )
 
 
-def _count(module: nn.Module, seen: set[int], *, skip: str | None = None) -> int:
-    total = 0
-    for name, p in module.named_parameters():
-        if id(p) in seen or (skip is not None and skip in name):
-            continue
-        seen.add(id(p))
-        total += p.numel()
-    return total
-
-
-def _split_layers(layers: nn.ModuleList) -> tuple[int, int]:
-    attention = ff = 0
-    for layer in layers:
-        for name, p in layer.named_parameters():
-            if "attn" in name:
-                attention += p.numel()
-            elif "feed_forward" in name:
-                ff += p.numel()
-    return attention, ff
+def _one_stack_counts(
+    model: Transformer, stack: Encoder | Decoder, part: str
+) -> dict[str, int]:
+    """Parameter counts of a one-stack model: embeddings (the tied projection once), its
+    ``part`` (encoder or decoder), and their attention and feed-forward shares."""
+    seen: set[int] = set()
+    embeddings = count_parameters(stack.embedding, seen)
+    if model.output_projection is not None:
+        embeddings += count_parameters(model.output_projection, seen)
+    layers = count_parameters(stack, seen, skip="embedding")
+    attention, ff = attention_and_feed_forward(stack.layers)
+    return {
+        "embeddings": embeddings,
+        part: layers,
+        "attention": attention,
+        "feed_forward": ff,
+        "total": embeddings + layers,
+    }
 
 
 class DecoderOnlyTransformer(Transformer):
@@ -106,19 +107,7 @@ class DecoderOnlyTransformer(Transformer):
 
     @torch.no_grad()
     def parameter_counts(self) -> dict[str, int]:
-        seen: set[int] = set()
-        embeddings = _count(self.decoder.embedding, seen)
-        if self.output_projection is not None:
-            embeddings += _count(self.output_projection, seen)
-        decoder = _count(self.decoder, seen, skip="embedding")
-        attention, ff = _split_layers(self.decoder.layers)
-        return {
-            "embeddings": embeddings,
-            "decoder": decoder,
-            "attention": attention,
-            "feed_forward": ff,
-            "total": embeddings + decoder,
-        }
+        return _one_stack_counts(self, self.decoder, "decoder")
 
 
 class EncoderOnlyTransformer(Transformer):
@@ -166,19 +155,7 @@ class EncoderOnlyTransformer(Transformer):
 
     @torch.no_grad()
     def parameter_counts(self) -> dict[str, int]:
-        seen: set[int] = set()
-        embeddings = _count(self.encoder.embedding, seen)
-        if self.output_projection is not None:
-            embeddings += _count(self.output_projection, seen)
-        encoder = _count(self.encoder, seen, skip="embedding")
-        attention, ff = _split_layers(self.encoder.layers)
-        return {
-            "embeddings": embeddings,
-            "encoder": encoder,
-            "attention": attention,
-            "feed_forward": ff,
-            "total": embeddings + encoder,
-        }
+        return _one_stack_counts(self, self.encoder, "encoder")
 
 
 def build_model(config: ModelConfig) -> Transformer:

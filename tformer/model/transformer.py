@@ -213,35 +213,14 @@ class Transformer(nn.Module):
     def parameter_counts(self) -> dict[str, int]:
         """Unique parameter counts per part (a tied matrix is counted once, under embeddings)."""
         seen: set[int] = set()
-
-        def count(module: nn.Module, *, skip_embeddings: bool = False) -> int:
-            total = 0
-            for name, p in module.named_parameters():
-                if id(p) in seen or (skip_embeddings and "embedding" in name):
-                    continue
-                seen.add(id(p))
-                total += p.numel()
-            return total
-
-        def count_attention_and_ff(layers: nn.ModuleList) -> tuple[int, int, int]:
-            attention = ff = norm = 0
-            for layer in layers:
-                for name, p in layer.named_parameters():
-                    if "attn" in name:
-                        attention += p.numel()
-                    elif "feed_forward" in name:
-                        ff += p.numel()
-                    else:
-                        norm += p.numel()
-            return attention, ff, norm
-
-        embeddings = count(self.encoder.embedding) + count(self.decoder.embedding)
+        embeddings = count_parameters(self.encoder.embedding, seen)
+        embeddings += count_parameters(self.decoder.embedding, seen)
         if self.output_projection is not None:
-            embeddings += count(self.output_projection)
-        encoder = count(self.encoder, skip_embeddings=True)
-        decoder = count(self.decoder, skip_embeddings=True)
-        enc_att, enc_ff, _ = count_attention_and_ff(self.encoder.layers)
-        dec_att, dec_ff, _ = count_attention_and_ff(self.decoder.layers)
+            embeddings += count_parameters(self.output_projection, seen)
+        encoder = count_parameters(self.encoder, seen, skip="embedding")
+        decoder = count_parameters(self.decoder, seen, skip="embedding")
+        enc_att, enc_ff = attention_and_feed_forward(self.encoder.layers)
+        dec_att, dec_ff = attention_and_feed_forward(self.decoder.layers)
         return {
             "embeddings": embeddings,
             "encoder": encoder,
@@ -250,3 +229,27 @@ class Transformer(nn.Module):
             "feed_forward": enc_ff + dec_ff,
             "total": embeddings + encoder + decoder,
         }
+
+
+def count_parameters(module: nn.Module, seen: set[int], *, skip: str | None = None) -> int:
+    """Parameters of ``module`` not in ``seen`` (then added to it), leaving out those whose
+    name holds ``skip``."""
+    total = 0
+    for name, p in module.named_parameters():
+        if id(p) in seen or (skip is not None and skip in name):
+            continue
+        seen.add(id(p))
+        total += p.numel()
+    return total
+
+
+def attention_and_feed_forward(layers: nn.ModuleList) -> tuple[int, int]:
+    """Parameters of the layers' attention and feed-forward sub-layers."""
+    attention = ff = 0
+    for layer in layers:
+        for name, p in layer.named_parameters():
+            if "attn" in name:
+                attention += p.numel()
+            elif "feed_forward" in name:
+                ff += p.numel()
+    return attention, ff
