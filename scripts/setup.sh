@@ -27,8 +27,15 @@ else
 fi
 
 extras="${1:-}"
+# The install is editable, so only a changed pyproject.toml (or other extras) needs pip again.
+stamp="$VENV/.tformer-installed"
+wanted="$("$PY" -c 'import hashlib,sys; print(hashlib.sha256(open("pyproject.toml","rb").read()).hexdigest())') [$extras]"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && "$PY" -c "import tformer" 2>/dev/null; then
+  exit 0
+fi
 if [ -n "$extras" ]; then
   "$PY" -m pip install -q -e ".[$extras]"
 else
   "$PY" -m pip install -q -e .
 fi
+echo "$wanted" > "$stamp"

@@ -83,7 +83,7 @@ def check_int(option: str, value: int, *, seed: bool = False) -> None:
         )
 
 
-def _one_of(option: str, value: object, choices: Any) -> None:
+def one_of(option: str, value: object, choices: Any) -> None:
     """Refuse ``value`` unless it is one of the ``Literal`` type ``choices``."""
     allowed = get_args(choices)
     _require(value in allowed, f"{option} {value!r} must be one of {', '.join(allowed)}")
@@ -163,10 +163,10 @@ class ModelConfig:
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"{flag(name)} {value} must be in [0, 1)")
         _require(self.norm in ("post", "pre"), f"--norm {self.norm!r} must be 'post' or 'pre'")
-        _one_of("--activation", self.activation, Activation)
-        _one_of("--normalization", self.normalization, Normalization)
-        _one_of("--positions", self.positions, Positions)
-        _one_of("--arch", self.arch, Arch)
+        one_of("--activation", self.activation, Activation)
+        one_of("--normalization", self.normalization, Normalization)
+        one_of("--positions", self.positions, Positions)
+        one_of("--arch", self.arch, Arch)
         self._check_variants()
         _require(
             not self.share_embeddings or self.src_vocab_size == self.tgt_vocab_size,
@@ -402,7 +402,7 @@ class TrainConfig:
         _require(self.keep_last >= 1, f"--keep-last {self.keep_last} must be >= 1")
         _require(self.lr is None or self.lr > 0, f"--lr {self.lr} must be > 0")
         _require(self.min_lr >= 0, f"--min-lr {self.min_lr} must be >= 0")
-        _one_of("--schedule", self.schedule, Schedule)
+        one_of("--schedule", self.schedule, Schedule)
         for name in ("beta1", "beta2", "label_smoothing"):
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"{flag(name)} {value} must be in [0, 1)")
@@ -434,9 +434,9 @@ class TrainConfig:
             self.time_budget is None or self.time_budget > 0,
             f"--time-budget {self.time_budget} must be > 0",
         )
-        _one_of("--precision", self.precision, PrecisionName)
+        one_of("--precision", self.precision, PrecisionName)
         _require(self.val_bleu >= 0, f"--val-bleu {self.val_bleu} must be >= 0 (0 = off)")
-        _one_of("--best-metric", self.best_metric, BestMetric)
+        one_of("--best-metric", self.best_metric, BestMetric)
         _require(
             self.best_metric == "val_loss" or self.val_bleu > 0,
             f"--best-metric {self.best_metric} needs --val-bleu N (validation pairs to translate)",

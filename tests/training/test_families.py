@@ -281,3 +281,23 @@ def test_a_mask_stands_for_the_token_it_hides(bert_run: TrainResult) -> None:
         got = tokenizer.tokens(encode_with_masks(ckpt, masked))
         (position,) = [i for i, token in enumerate(got) if token == "<mask>"]
         assert got[:position] + [hidden] + got[position + 1:] == tokens, (masked, got)
+
+
+def test_a_masked_language_models_tokenizer_holds_mask_at_id_4(tmp_path: Path) -> None:
+    text = bundled_text_dir() / "validation.txt"
+    code, out = invoke("train-tokenizer", "--arch", "encoder-only", "--data", text,
+                       "--vocab-size", "60", "-o", tmp_path / "mlm.json")
+    assert code == 0, out
+    code, out = invoke("train-tokenizer", "--data", text, "--arch", "decoder-only",
+                       "--vocab-size", "60", "-o", tmp_path / "plain.json")
+    assert code == 0, out
+    tiny = ["--arch", "encoder-only", "--data", text, "--d-model", "32", "--n-heads", "2",
+            "--n-layers", "1", "--d-ff", "64", "--max-steps", "2"]
+    code, out = invoke("train", *tiny, "--tokenizer", tmp_path / "plain.json",
+                       "--out", tmp_path / "refused")
+    assert code == 2 and "has no <mask> token at id 4" in out
+    assert not (tmp_path / "refused").exists()
+    code, out = invoke("train", *tiny, "--tokenizer", tmp_path / "mlm.json",
+                       "--out", tmp_path / "run")
+    assert code == 0, out
+    assert load_checkpoint(tmp_path / "run").tokenizers.source.id_to_token(4) == "<mask>"

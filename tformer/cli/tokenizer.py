@@ -10,11 +10,13 @@ from rich.markup import escape
 
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
-from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD, file_option
+from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD, TEXT_FIELD, file_option
+from tformer.config import MASK, Arch, one_of
+from tformer.data.lm import load_texts
 from tformer.data.prepared import is_prepared
 from tformer.data.sources import load_text_pairs
 from tformer.data.tokenizer import TOKENIZER_KINDS, check_tokenizer_options, train_tokenizer
-from tformer.errors import DataError
+from tformer.errors import ConfigError, DataError
 from tformer.paths import check_output_file
 
 
@@ -37,6 +39,13 @@ def train_tokenizer_command(
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an existing --out file (a regular file only)."
     ),
+    arch: str = typer.Option(
+        "encoder-decoder",
+        "--arch",
+        help="decoder-only | encoder-only: train on a language model's plain text (--text-field); "
+        "encoder-only adds the <mask> token (id 4) its training needs.",
+    ),
+    text_field: str = TEXT_FIELD,
 ) -> None:
     """Train a BPE (default), unigram or WordPiece tokenizer on the training split.
 
@@ -55,6 +64,28 @@ def train_tokenizer_command(
             f"--data {data}: a prepared folder keeps token ids, not the training text; train "
             "the tokenizer on the text it was prepared from"
         )
+    one_of("--arch", arch, Arch)
+    if arch != "encoder-decoder":
+        if separate:
+            raise ConfigError(f"--separate-vocab needs two sides; a --arch {arch} model has one")
+        docs = load_texts(data, text_field)["train"]
+        specials = (MASK,) if arch == "encoder-only" else ()
+        tok = train_tokenizer(
+            docs,
+            kind=kind,
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            show_progress=err_console.is_terminal,
+            where=f"--data {data or 'bundled text'}, the train split",
+            specials=specials,
+        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tok.save(out)
+        console.print(
+            f"wrote {escape(str(out))}: {tok.kind}, {tok.vocab_size:,} tokens "
+            f"(trained on {len(docs):,} texts)"
+        )
+        return
     pairs = load_text_pairs(data, source_field=source_field, target_field=target_field)["train"]
     # Texts alternate source, target: text 2k+1 is pair k+1's source (k+1's target with
     # --separate-vocab's second tokenizer).
