@@ -65,35 +65,26 @@ def train_tokenizer_command(
             "the tokenizer on the text it was prepared from"
         )
     one_of("--arch", arch, Arch)
+    sides: dict[str, Iterable[str]]
     if arch != "encoder-decoder":
         if separate:
             raise ConfigError(f"--separate-vocab needs two sides; a --arch {arch} model has one")
         docs = load_texts(data, text_field)["train"]
-        specials = (MASK,) if arch == "encoder-only" else ()
-        tok = train_tokenizer(
-            docs,
-            kind=kind,
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            show_progress=err_console.is_terminal,
-            where=f"--data {data or 'bundled text'}, the train split",
-            specials=specials,
-        )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tok.save(out)
-        console.print(
-            f"wrote {escape(str(out))}: {tok.kind}, {tok.vocab_size:,} tokens "
-            f"(trained on {len(docs):,} texts)"
-        )
-        return
-    pairs = load_text_pairs(data, source_field=source_field, target_field=target_field)["train"]
-    # Texts alternate source, target: text 2k+1 is pair k+1's source (k+1's target with
-    # --separate-vocab's second tokenizer).
-    sides: dict[str, Iterable[str]] = {"": (t for pair in pairs for t in pair)}
-    where = {"": "the train split (texts alternate source, target)"}
-    if separate:
-        sides = {".source": (s for s, _ in pairs), ".target": (t for _, t in pairs)}
-        where = {".source": "the train split's sources", ".target": "the train split's targets"}
+        sides, count = {"": docs}, len(docs)
+        where = {"": f"--data {data or 'bundled text'}, the train split"}
+    else:
+        pairs = load_text_pairs(data, source_field=source_field, target_field=target_field)
+        train = pairs["train"]
+        # Texts alternate source, target: text 2k+1 is pair k+1's source (k+1's target with
+        # --separate-vocab's second tokenizer).
+        sides, count = {"": (t for pair in train for t in pair)}, 2 * len(train)
+        where = {"": "the train split (texts alternate source, target)"}
+        if separate:
+            sides = {".source": (s for s, _ in train), ".target": (t for _, t in train)}
+            where = {".source": "the train split's sources", ".target": "the train split's targets"}
+            count = len(train)
+        where = {k: f"--data {data or 'bundled dates'}, {v}" for k, v in where.items()}
+    specials = (MASK,) if arch == "encoder-only" else ()
     out.parent.mkdir(parents=True, exist_ok=True)
     for suffix, texts in sides.items():
         tok = train_tokenizer(
@@ -102,11 +93,12 @@ def train_tokenizer_command(
             vocab_size=vocab_size,
             min_frequency=min_frequency,
             show_progress=err_console.is_terminal,
-            where=f"--data {data or 'bundled dates'}, {where[suffix]}",
+            where=where[suffix],
+            specials=specials,
         )
         path = paths[suffix]
         tok.save(path)
         console.print(
             f"wrote {escape(str(path))}: {tok.kind}, {tok.vocab_size:,} tokens "
-            f"(trained on {len(pairs) * (1 if separate else 2):,} texts)"
+            f"(trained on {count:,} texts)"
         )
