@@ -28,6 +28,7 @@ from tformer.cli.options import (
     DEVICE,
     LIMIT,
     SOURCE_FIELD,
+    SPLIT,
     TARGET_FIELD,
     check_limit,
     existing_file,
@@ -85,7 +86,7 @@ def align_command(
     data: str | None = DATA,
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,
-    split: str = typer.Option("test", "--split", help="train, validation or test."),
+    split: str = SPLIT,
     limit: int | None = LIMIT,
     source: Path | None = typer.Option(
         None, "--source", help="Source sentences, one a line (instead of --data).",

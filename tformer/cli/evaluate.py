@@ -36,6 +36,7 @@ from tformer.cli.options import (
     REPETITION_PENALTY,
     SEED,
     SOURCE_FIELD,
+    SPLIT,
     TARGET_FIELD,
     TEMPERATURE,
     TEXT_FIELD,
@@ -63,7 +64,7 @@ def evaluate_command(
     data: str | None = DATA,
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,
-    split: str = typer.Option("test", "--split", help="train, validation or test."),
+    split: str = SPLIT,
     limit: int | None = LIMIT,
     out: Path | None = typer.Option(
         None,

@@ -399,6 +399,7 @@ def require_family(checkpoint: Path, command: str, *allowed: str) -> str:
     return arch
 
 
+SPLIT = typer.Option("test", "--split", help="train, validation or test.")
 TEXT_FIELD = typer.Option(
     default(TrainConfig, "text_field"), "--text-field", help=field_help(TrainConfig, "text_field")
 )
