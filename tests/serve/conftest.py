@@ -17,6 +17,7 @@ from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.training.run import TrainResult
 
 MAX_BODY = 4096
+MAX_QUEUE = 64  # above the 32 concurrent requests of the batching test
 
 
 def free_port() -> int:
@@ -101,6 +102,7 @@ def served(trained: TrainResult) -> Iterator[Running]:
         max_new_tokens=40,
         max_rows=16,
         max_body_bytes=MAX_BODY,
+        max_queue=MAX_QUEUE,
     )
     app = create_app(loaded, settings)
     server = uvicorn.Server(

@@ -9,7 +9,7 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 from tformer.checkpoint.store import Checkpoint, load_checkpoint  # noqa: E402
 from tformer.decoding.api import decode_texts  # noqa: E402
 from tformer.decoding.settings import DecodingConfig  # noqa: E402
-from tformer.serve.batcher import Batcher  # noqa: E402
+from tformer.serve.batcher import Batcher, Busy  # noqa: E402
 from tformer.training.run import TrainResult  # noqa: E402
 
 GREEDY = DecodingConfig(max_new_tokens=10)
@@ -23,7 +23,7 @@ def loaded(trained: TrainResult) -> Checkpoint:
 
 def run(loaded: Checkpoint, budget: int, configs: list[DecodingConfig]) -> tuple[int, list]:
     """Queue one job per config before the worker starts; the batches it took, the results."""
-    batcher = Batcher(loaded.model, window_s=0.05, max_batch_tokens=budget)
+    batcher = Batcher(loaded.model, window_s=0.05, max_batch_tokens=budget, max_waiting=64)
     src = loaded.tokenizers.source.encode_batch([f"{n} {n + 1}" for n in range(len(configs))])
     futures = [batcher.submit([ids], config) for ids, config in zip(src, configs, strict=True)]
     batcher.start()
@@ -51,10 +51,23 @@ def test_different_settings_decode_apart(loaded: Checkpoint) -> None:
 
 
 def test_a_failing_call_reaches_its_caller_and_the_worker_goes_on(loaded: Checkpoint) -> None:
-    batcher = Batcher(loaded.model, window_s=0.0, max_batch_tokens=100)
+    batcher = Batcher(loaded.model, window_s=0.0, max_batch_tokens=100, max_waiting=8)
     batcher.start()
     failed = batcher.call(lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         failed.result(timeout=10)
     assert batcher.call(lambda: 42).result(timeout=10) == 42
+    batcher.stop()
+
+
+def test_a_full_queue_refuses_at_once_and_serves_what_waits(loaded: Checkpoint) -> None:
+    batcher = Batcher(loaded.model, window_s=0.0, max_batch_tokens=100, max_waiting=2)
+    waiting = [batcher.submit([[5, 6]], GREEDY), batcher.call(lambda: 42)]
+    with pytest.raises(Busy, match="2 requests are already waiting"):
+        batcher.submit([[5, 6]], GREEDY)
+    with pytest.raises(Busy):
+        batcher.call(lambda: 43)
+    batcher.start()
+    assert len(waiting[0].result(timeout=60)) == 1 and waiting[1].result(timeout=60) == 42
+    assert batcher.call(lambda: 44).result(timeout=60) == 44
     batcher.stop()

@@ -42,6 +42,7 @@ def test_without_the_extra_one_line_says_what_to_install(
     [
         (["--port", "70000"], "--port 70000 must be in 0..65535"),
         (["--max-inputs", "0"], "--max-inputs 0 must be >= 1"),
+        (["--max-queue", "0"], "--max-queue 0 must be >= 1"),
         (["--max-rows", "5000"], "--max-rows 5000 is over 4096"),
         (["--batch-window-ms", "-1"], "--batch-window-ms -1 must be in 0..10000"),
         (["--quantize", "int4"], "--quantize"),

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import http.client
+import threading
 from typing import Any
 
 import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
 
-from .conftest import MAX_BODY, Client, Running  # noqa: E402
+from .conftest import MAX_BODY, MAX_QUEUE, Client, Running  # noqa: E402
 
 T = "/v1/translate"
 A = "/v1/attention"
@@ -112,3 +113,36 @@ def test_an_unforeseen_error_is_one_line_and_the_server_goes_on(
     monkeypatch.undo()
     assert client.post(E, {"source": "1"}).status == 200
     assert client.get("/health").status == 200
+
+
+def test_a_full_queue_is_refused_at_once_and_the_server_goes_on(
+    client: Client, served: Running
+) -> None:
+    """With the worker held and --max-queue requests waiting, one more of any kind gets a 503
+    with Retry-After at once; the waiting ones are then all served."""
+    batcher = served.app.state.service.batcher
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> bool:
+        started.set()
+        return release.wait(60)
+
+    held = batcher.call(hold)
+    try:
+        assert started.wait(60)  # the worker is busy with it, so the queue is empty
+        waiting = [batcher.call(lambda: "served") for _ in range(MAX_QUEUE)]
+        for path, body in ((T, {"inputs": "1"}), (T, {"inputs": "1", "stream": True}),
+                           (A, {"source": "1"}), (E, {"source": "1"})):  # fmt: skip
+            reply = client.post(path, body, timeout=10)
+            assert reply.status == 503, (path, reply.text)
+            assert reply.headers["retry-after"] == "1"
+            assert reply.json()["error"] == (
+                f"the server is busy: {MAX_QUEUE} requests are already waiting (--max-queue); "
+                "retry shortly"
+            )
+        assert client.get("/health").status == 200  # answered without the worker
+    finally:
+        release.set()
+    assert held.result(timeout=60) is True
+    assert [future.result(timeout=60) for future in waiting] == ["served"] * len(waiting)
+    assert client.post(T, {"inputs": "1"}).status == 200

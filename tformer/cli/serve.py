@@ -33,6 +33,7 @@ _SETTINGS = [
     "max_new_tokens",
     "max_rows",
     "max_body_bytes",
+    "max_queue",
 ]
 
 

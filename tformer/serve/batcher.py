@@ -9,6 +9,9 @@ keyed by (seed, the input's token ids, the sample index) (``tformer.decoding.sam
 
 Anything else that needs the model (streams, attention maps, explanations) is a ``Call``,
 run by the same worker between batches: torch modules are not shared between threads.
+
+At most ``max_waiting`` jobs and calls wait for the worker; one more is refused with ``Busy``
+at once, so a flood of requests costs a refusal each, not memory and ever-growing latency.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 from tformer.decoding.api import decode_texts
 from tformer.decoding.settings import MAX_ROWS, DecodingConfig, Hypothesis
+from tformer.errors import TformerError
 from tformer.model import Transformer
 
 
@@ -57,15 +61,22 @@ class Call:
 _STOP = object()
 
 
+class Busy(TformerError):
+    """Too many requests are waiting for the worker; the client should retry later (503)."""
+
+
 class Batcher:
     """The worker thread and its queue."""
 
-    def __init__(self, model: Transformer, *, window_s: float, max_batch_tokens: int) -> None:
+    def __init__(
+        self, model: Transformer, *, window_s: float, max_batch_tokens: int, max_waiting: int
+    ) -> None:
         self.model = model
         self.window_s = window_s
         self.max_batch_tokens = max_batch_tokens
+        self.max_waiting = max_waiting
         self.batches = 0  # decode_texts calls made (a test reads it to see batching happen)
-        self._queue: queue.Queue[object] = queue.Queue()
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_waiting)
         self._thread = threading.Thread(target=self._loop, name="tformer-decoder", daemon=True)
 
     def start(self) -> None:
@@ -73,18 +84,27 @@ class Batcher:
 
     def stop(self) -> None:
         """Finish everything queued, then end the worker."""
-        self._queue.put(_STOP)
+        self._queue.put(_STOP)  # waits for room: the worker is draining the queue
         self._thread.join()
 
     def submit(self, src: Sequence[Sequence[int]], config: DecodingConfig) -> Future[Any]:
         job = Job([list(ids) for ids in src], config)
-        self._queue.put(job)
+        self._enqueue(job)
         return job.future
 
     def call(self, function: Callable[[], Any]) -> Future[Any]:
         item = Call(function)
-        self._queue.put(item)
+        self._enqueue(item)
         return item.future
+
+    def _enqueue(self, item: Job | Call) -> None:
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            raise Busy(
+                f"the server is busy: {self.max_waiting} requests are already waiting "
+                "(--max-queue); retry shortly"
+            ) from None
 
     def _loop(self) -> None:
         stopping = False

@@ -2,7 +2,8 @@
 
 ``BodyLimit`` refuses a body over ``--max-body-bytes`` before anything reads it (413);
 ``install_handlers`` turns malformed JSON (400), wrong types and unknown fields (422),
-impossible settings (``ConfigError``, 422) and HTTP errors (404, 405 ...) into one line.
+impossible settings (``ConfigError``, 422), a full queue (503 with ``Retry-After``) and HTTP
+errors (404, 405 ...) into one line.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tformer.errors import DataError, OutOfMemoryError, TformerError
 from tformer.paths import excerpt, first_line
+from tformer.serve.batcher import Busy
 
 # What FastAPI says of a body it cannot decode (bytes that are not UTF-8, for one).
 FASTAPI_UNREADABLE = "There was an error parsing the body"
 
 
-def error(status: int, message: str) -> JSONResponse:
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """The one shape of every refusal."""
-    return JSONResponse({"error": " ".join(message.split())}, status_code=status)
+    return JSONResponse({"error": " ".join(message.split())}, status_code=status, headers=headers)
 
 
 class BodyLimit:
@@ -115,6 +117,8 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(TformerError)
     async def _tformer(request: Request, exc: TformerError) -> JSONResponse:
+        if isinstance(exc, Busy):  # the queue is full: come back in a second
+            return error(503, str(exc), {"Retry-After": "1"})
         return error(status_of(exc), str(exc))
 
     @app.exception_handler(Exception)

@@ -41,6 +41,7 @@ class Service:
             loaded.model,
             window_s=settings.batch_window_ms / 1000,
             max_batch_tokens=settings.max_batch_tokens,
+            max_waiting=settings.max_queue,
         )
 
     # -- checks ---------------------------------------------------------------------------

@@ -49,6 +49,11 @@ class ServeSettings:
     max_body_bytes: int = _field(
         1 << 20, "Request bodies over this many bytes are refused (413) before being read."
     )
+    max_queue: int = _field(
+        256,
+        "The most requests waiting for the model; one more is refused at once (503, "
+        "Retry-After) until the queue shrinks.",
+    )
 
     def __post_init__(self) -> None:
         check_numbers(self)
@@ -58,7 +63,7 @@ class ServeSettings:
             raise ConfigError(
                 f"--batch-window-ms {self.batch_window_ms:g} must be in 0..10000 (0: no wait)"
             )
-        for name in ("max_batch_tokens", "max_inputs", "max_new_tokens", "max_rows"):
+        for name in ("max_batch_tokens", "max_inputs", "max_new_tokens", "max_rows", "max_queue"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 1")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
