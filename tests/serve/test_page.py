@@ -136,8 +136,9 @@ class SeleniumBrowser:
         self.driver.get(url)
 
     def fill(self, selector: str, text: str) -> None:
-        self.find(selector).clear()
-        self.find(selector).send_keys(text)
+        field = self.find(selector)
+        field.clear()
+        field.send_keys(text)
 
     def click(self, selector: str) -> None:
         self.find(selector).click()

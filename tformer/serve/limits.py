@@ -117,9 +117,8 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(TformerError)
     async def _tformer(request: Request, exc: TformerError) -> JSONResponse:
-        if isinstance(exc, Busy):  # the queue is full: come back in a second
-            return error(503, str(exc), {"Retry-After": "1"})
-        return error(status_of(exc), str(exc))
+        retry = {"Retry-After": "1"} if isinstance(exc, Busy) else None  # the queue drains fast
+        return error(status_of(exc), str(exc), retry)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -136,8 +135,9 @@ def unexpected(exc: BaseException) -> tuple[int, str]:
 
 
 def status_of(exc: TformerError) -> int:
-    """A bad setting or input is the client's (422); running out of memory is ours (503)."""
-    if isinstance(exc, OutOfMemoryError):
+    """A bad setting or input is the client's (422); running out of memory or room in the
+    queue is ours (503)."""
+    if isinstance(exc, (OutOfMemoryError, Busy)):
         return 503
     if isinstance(exc, DataError):
         return 422
