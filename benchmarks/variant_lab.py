@@ -81,8 +81,8 @@ def main() -> None:
                 "--beam-size", str(args.beam_size), *limit)  # fmt: skip
         runs.append(str(run))
     args.results.mkdir(parents=True, exist_ok=True)
-    report = json.loads(tformer("compare-runs", *runs, "--json", capture=True))
-    tformer("compare-runs", *runs, "--plot", str(args.results / f"{name}.png"))
+    plot = str(args.results / f"{name}.png")
+    report = json.loads(tformer("compare-runs", *runs, "--json", "--plot", plot, capture=True))
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     report["lab"] = {"steps": steps, "seed": args.seed, "beam_size": args.beam_size,
                      "warmup_steps": None if args.smoke else args.warmup_steps,
