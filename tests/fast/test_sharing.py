@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +23,15 @@ import sys
 from pathlib import Path
 from tformer.fast.sharing import CoreShare
 share = CoreShare(Path(sys.argv[1]), 2)
-print(share.path, flush=True)
-sys.stdin.read()
+if "train" in sys.argv:
+    share.hold()
+if "turn" in sys.argv:
+    with share.turn():
+        print(share.path, flush=True)
+        sys.stdin.read()
+else:
+    print(share.path, flush=True)
+    sys.stdin.read()
 share.close()
 """
 
@@ -41,9 +49,11 @@ def now(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sharing, "CHECK_SECONDS", 0.0)
 
 
-def other_process(folder: Path) -> tuple[subprocess.Popen[str], Path]:
+def other_process(folder: Path, *roles: str) -> tuple[subprocess.Popen[str], Path]:
+    """A process registered in ``folder``: decoding, or with "train" training and with "turn"
+    in the middle of a training step, until its stdin closes."""
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(folder)],
+        [sys.executable, "-c", CHILD, str(folder), *roles],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -99,6 +109,41 @@ def test_at_least_one_thread_and_at_most_once_a_second(tmp_path: Path) -> None:
     child.communicate("")
     mine.cores = 2
     assert mine.rebalance() == 1  # within the second: the last choice, not a new count
+    mine.close()
+
+
+def test_a_training_keeps_its_threads_beside_others_and_makes_them_room(
+    tmp_path: Path, now: None
+) -> None:
+    mine = CoreShare(tmp_path, cores=4)
+    child, _ = other_process(tmp_path)
+    assert mine.rebalance() == 2  # lowered while it decoded ...
+    assert mine.hold() == 4 and torch.get_num_threads() == 4  # ... its own count once it trains
+    assert mine.rebalance() == 4 and torch.get_num_threads() == 4  # whatever the other does
+    assert mine.busy_others(training=True) == 0  # the other decodes
+    child.communicate("")
+    mine.close()
+
+
+def test_trainings_take_turns_a_step_at_a_time(tmp_path: Path) -> None:
+    mine = CoreShare(tmp_path, cores=2)
+    mine.hold()
+    child, _ = other_process(tmp_path, "train", "turn")  # stops in the middle of a step
+    assert mine.busy_others(training=True) == 1
+    stepped = threading.Event()
+
+    def step() -> None:
+        with mine.turn():
+            stepped.set()
+
+    waiting = threading.Thread(target=step)
+    waiting.start()
+    assert not stepped.wait(0.5)  # its step waits for the other's to end
+    child.communicate("")
+    assert stepped.wait(30)
+    waiting.join()
+    with mine.turn():  # free again at once
+        pass
     mine.close()
 
 

@@ -1,4 +1,5 @@
-"""Exact resume after real kills: SIGKILL at a random step and during a save, SIGINT, SIGTERM.
+"""Exact resume after real kills: SIGKILL at a random step (with another training beside the
+run) and during a save, SIGINT, SIGTERM.
 
 Each test stops a real ``python -m tformer train`` process, resumes the run, and compares every
 logged loss, learning rate and validation loss, and the final weights, with one uninterrupted
@@ -7,6 +8,7 @@ run of the same command: they must be identical, bit for bit, on a CPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -14,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from tformer.checkpoint.run_dir import LATEST
 from tformer.checkpoint.store import SLOW_SAVE_ENV, load_checkpoint
 from tformer.checkpoint.verify import verify_checkpoint
 from tformer.cli.commands import app
+from tformer.fast.sharing import CoreShare
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -134,17 +137,52 @@ def assert_same_run(run: Path, reference: Path) -> None:
     assert (run / "best" / LATEST).read_text() == (reference / "best" / LATEST).read_text()
 
 
+@contextlib.contextmanager
+def another_training(data: Path, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Another tformer training busy on the same cores for the length of the block: registered
+    in the same folder (``TMPDIR``, in the environment yielded), as two runs of one user are."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    env = {"TMPDIR": str(folder), "TFORMER_CPU_SHARING": "1"}
+    args = ["train", "--data", str(data), "--out", str(tmp_path / "other"), *RUN_ARGS,
+            "--max-steps", "100000", "--time-budget", "300s", "--eval-every", "100000",
+            "--save-every", "100000"]  # fmt: skip
+    other = start(args, tmp_path / "other-output", **env)
+    cores = folder / f"tformer-{os.getuid()}-cores"
+    watcher: list[CoreShare] = []
+
+    def busy() -> bool:
+        if not watcher and cores.is_dir():
+            watcher.append(CoreShare(cores, cores=2))
+        return bool(watcher) and watcher[0].busy_others() == 1
+
+    try:
+        wait_for(busy, other, tmp_path / "other-output", "the other training")
+        yield env
+        assert busy(), "the other training was busy all along"
+    finally:
+        other.send_signal(signal.SIGINT)
+        other.wait(timeout=120)
+        for share in watcher:
+            share.close()
+
+
 def test_sigkill_at_a_random_step_and_during_a_save_then_resume_exactly(
     small_data: Path, reference: Path, tmp_path: Path
 ) -> None:
+    """The first part runs with another training beside it, which then goes: a run that
+    followed the other's threads would train with fewer, and its sums would differ."""
     run = tmp_path / "run"
     kill_at = random.Random(2024).randint(5, 30)  # seeded: the same "random" step every time
-    proc = start(train_args(small_data, run), tmp_path / "first")
-    wait_for(lambda: logged_step(run) >= kill_at, proc, tmp_path / "first", f"step {kill_at}")
-    proc.kill()
-    proc.wait(timeout=60)
+    with another_training(small_data, tmp_path) as env:
+        proc = start(train_args(small_data, run), tmp_path / "first", **env)
+        wait_for(lambda: logged_step(run) >= kill_at, proc, tmp_path / "first", f"step {kill_at}")
+        proc.kill()
+        proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     killed_at = logged_step(run)
+    stderr = " ".join((tmp_path / "first" / "stderr").read_text().split())  # lines wrapped
+    assert "another tformer training is busy on these cores" in stderr
 
     # Resume, and kill again while the next checkpoint is being written.
     before = (run / LATEST).read_text()
@@ -201,3 +239,4 @@ def test_a_second_ctrl_c_stops_at_once_and_leaves_nothing_half_written(
     assert not list(run.glob(".step-*")) and not list(run.glob("step-*"))
     assert not (run / LATEST).exists()
     assert "Traceback" not in (tmp_path / "proc" / "stderr").read_text()
+

@@ -14,6 +14,13 @@ counts the processes busy in the last few seconds; it then uses ``cores // busy`
 least one. A process that idles (an interactive prompt) stops counting after a few seconds;
 one that died unlocks its file, and the next count removes it.
 
+Training never adapts (:func:`hold`): fewer threads change the order of floating-point sums,
+and a run's weights must not depend on what else ran beside it. A training process keeps the
+threads it started with (one per physical core, or ``--threads``) for the whole run and still
+marks itself busy, so the decoding processes beside it make room. Trainings on the same cores
+take turns instead (:func:`turn`): each step runs under a lock they share, so a step has all
+the threads and the cores to itself, and none waits on threads that another has descheduled.
+
 It stays out of the way of explicit choices: ``--threads N`` or ``OMP_NUM_THREADS`` fix the
 thread count, and ``TFORMER_CPU_SHARING=0`` turns this off. Python callers of the library are
 not registered unless they call :func:`join` themselves.
@@ -28,11 +35,14 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 CPU_SHARING = "TFORMER_CPU_SHARING"
 CHECK_SECONDS = 1.0  # how often a busy loop looks at the others (a listing and a few locks)
 BUSY_SECONDS = 5.0  # a process that has not marked itself busy for this long is left out
+HOLDING = b"train"  # a held process's file says so, for the trainings that start beside it
+TURNS = "turns.lock"  # the lock that trainings on the same cores take a step at a time
 
 
 def default_folder() -> Path:
@@ -51,15 +61,46 @@ class CoreShare:
         fcntl.flock(self._fd, fcntl.LOCK_EX)  # held until the process ends
         self._checked = -CHECK_SECONDS
         self.threads: int | None = None  # what rebalance last chose
+        self.held = False  # training: the thread count never follows the others
+        self._turns: int | None = None  # the folder's TURNS file, opened at the first turn
 
-    def busy_others(self) -> int:
-        """Other processes alive and busy within ``BUSY_SECONDS``; the dead are removed."""
+    def hold(self) -> int:
+        """Keep this process's own thread count from now on (restored if it was lowered) and
+        tell the others it trains; still marked busy by :meth:`rebalance`."""
+        import torch
+
+        if self.cores is None:
+            self.cores = torch.get_num_threads()
+        if self.threads is not None and self.threads != self.cores:
+            torch.set_num_threads(self.cores)
+        self.held, self.threads = True, self.cores
+        with contextlib.suppress(OSError):
+            os.pwrite(self._fd, HOLDING, 0)
+            os.utime(self.path)
+        return self.cores
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """One step of a held process, while no other held process of the folder runs one."""
+        if self._turns is None:
+            self._turns = os.open(self.folder / TURNS, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._turns, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._turns, fcntl.LOCK_UN)
+
+    def busy_others(self, *, training: bool = False) -> int:
+        """Other processes alive and busy within ``BUSY_SECONDS`` (only those that train, when
+        ``training``); the dead are removed."""
         now, count = time.time(), 0
         for path in self.folder.glob("*.busy"):
             if path == self.path:
                 continue
             try:
                 fresh = now - path.stat().st_mtime < BUSY_SECONDS
+                if training and fresh:
+                    fresh = path.read_bytes()[: len(HOLDING)] == HOLDING
                 if _alive(path):
                     count += fresh
             except OSError:  # it ended while we looked
@@ -74,6 +115,8 @@ class CoreShare:
         self._checked = now
         with contextlib.suppress(OSError):
             os.utime(self.path)
+        if self.held:
+            return self.threads
         import torch
 
         if self.cores is None:  # torch's own choice when alone: one thread per physical core
@@ -88,6 +131,9 @@ class CoreShare:
         with contextlib.suppress(OSError):
             self.path.unlink()
             os.close(self._fd)
+        if self._turns is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._turns)
 
 
 def _alive(path: Path) -> bool:
@@ -126,8 +172,28 @@ def join(folder: Path | None = None, cores: int | None = None) -> CoreShare | No
     return _share
 
 
+def hold() -> str | None:
+    """Called when training starts: keep this process's thread count for the whole run (when
+    joined). Returns a note when another tformer training is busy on the same cores."""
+    if _share is None or "OMP_NUM_THREADS" in os.environ:
+        return None
+    threads = _share.hold()
+    if not _share.busy_others(training=True):
+        return None
+    return (
+        f"another tformer training is busy on these cores: the two take turns a step at a "
+        f"time, each with its {threads} threads, so that neither's weights depend on the other"
+    )
+
+
+def turn() -> contextlib.AbstractContextManager[None]:
+    """Around a training step of a held process: one step at a time among the trainings."""
+    if _share is None or not _share.held:
+        return contextlib.nullcontext()
+    return _share.turn()
+
+
 def rebalance() -> None:
     """Called from busy loops: adjust this process's threads to the others (when joined)."""
     if _share is not None and "OMP_NUM_THREADS" not in os.environ:
         _share.rebalance()
-

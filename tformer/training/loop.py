@@ -44,6 +44,7 @@ from tformer.training.reporting import LossWindow, Reporter, TrainResult
 from tformer.training.saving import RunSaver
 from tformer.training.signals import StopOnSignal, exit_code
 from tformer.training.state import Position, batch_stream
+from tformer.training.threads import threads_state
 from tformer.training.validation import exact_match
 
 Micro = tuple[int, int, np.ndarray]  # (epoch, batch index, example indices)
@@ -160,8 +161,10 @@ class TrainingLoop:
             # rank r computes every world-th of them, so the step equals a single process
             # accumulating them all.
             micro = [next(stream) for _ in range(cfg.accumulate * world.world_size)]
-            sharing.rebalance()  # fewer threads while other tformer processes are busy
-            loss_sum, n_tokens = self._step(plan, micro, pos.step + 1, total_steps)
+            sharing.rebalance()  # marks the run busy; its own threads stay (training.threads)
+            # Ranks of one run step together; separate runs take turns (fast.sharing).
+            with sharing.turn() if world.world_size == 1 else contextlib.nullcontext():
+                loss_sum, n_tokens = self._step(plan, micro, pos.step + 1, total_steps)
             pos.step += 1
             last_epoch, last_index, _ = micro[-1]
             pos.epoch, pos.batch = last_epoch, last_index + 1
@@ -345,6 +348,7 @@ class TrainingLoop:
             "last_train": self.last_train,
             "skipped": self.guard.skipped,
             "best": self.keeper.state(),
+            **threads_state(self.device),
         }
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()

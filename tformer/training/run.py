@@ -51,6 +51,7 @@ from tformer.training.reporting import Reporter, TrainResult
 from tformer.training.resuming import restore_training_state
 from tformer.training.setup import Setup, set_up
 from tformer.training.state import Position
+from tformer.training.threads import keep_threads
 from tformer.training.validation import EVAL_BATCH_TOKENS
 
 DEFAULT_EPOCHS = 10.0
@@ -244,6 +245,7 @@ def _run_locked(
     plan = BatchPlan(setup.splits["train"].pairs, cfg.max_tokens, cfg.seed, objective)
     total_steps = _total_steps(cfg, len(plan.epoch(0)) * world.world_size)
 
+    thread_notes = keep_threads(state, device, job.resume_from)
     # Every check has passed: only now is anything written.
     if world.is_main:
         create_output(
@@ -254,6 +256,8 @@ def _run_locked(
         )
     report.start(_summary(job, setup, world, device, plan, total_steps, pos))
     _report_changes(report, setup, cfg)
+    for note in thread_notes:
+        report.message(note)
     params = {"model": setup.model_config.to_dict(), "train": cfg.to_dict()}
     loggers = open_loggers(options.log_to, out, params, step=pos.step) if world.is_main else []
     loop = TrainingLoop(
