@@ -85,12 +85,14 @@ def test_recipes_build_valid_configs() -> None:
 
 
 @pytest.mark.parametrize(("text", "seconds"),
-                         [("90", 90), ("90s", 90), ("3m", 180), ("1.5h", 5400), ("2 min", 120)])
+                         [("90", 90), ("90s", 90), ("3m", 180), ("1.5h", 5400), ("2 min", 120),
+                          ("4m30s", 270), ("1h 30m", 5400), ("1d2h", 93600), ("2m 0.5s", 120.5)])
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["soon", "0", "-3m", "3 weeks"])
+@pytest.mark.parametrize("text", ["soon", "0", "-3m", "3 weeks", "4m30", "3m3m", "1h x", "0m0s",
+                                  "m30s", "4ms"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ConfigError, match="--time-budget"):
         parse_duration(text)

@@ -481,17 +481,24 @@ def _from_dict(cls: type, data: dict[str, Any], source: str) -> Any:
     return cls(**data)
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr|d)?\s*$", re.IGNORECASE)
+_NUMBER = r"\d+(?:\.\d+)?"
+_UNITS = r"d|hr|h|min|m|sec|s"
+_DURATION_PART = re.compile(rf"({_NUMBER})\s*({_UNITS})(?![a-z])", re.IGNORECASE)
+_DURATION = re.compile(
+    rf"\s*(?:{_NUMBER}|(?:{_NUMBER}\s*(?:{_UNITS})(?![a-z])\s*)+)\s*", re.IGNORECASE
+)
 _UNIT_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
 
 
 def parse_duration(text: str, *, option: str = "--time-budget") -> float:
-    """``"90"``, ``"90s"``, ``"3m"``, ``"1.5h"`` -> seconds."""
-    match = _DURATION.match(text)
-    if not match:
-        raise ConfigError(f"{option} {text!r} is not a duration; write e.g. 90s, 3m or 1h")
-    unit = (match.group(2) or "s").lower()
-    seconds = float(match.group(1)) * _UNIT_SECONDS[unit]
+    """``"90"``, ``"90s"``, ``"3m"``, ``"1.5h"``, ``"4m30s"``, ``"1h 30m"`` -> seconds."""
+    if not _DURATION.fullmatch(text):
+        raise ConfigError(f"{option} {text!r} is not a duration; write e.g. 90s, 4m30s or 1h")
+    parts = _DURATION_PART.findall(text) or [(text.strip(), "s")]
+    units = [_UNIT_SECONDS[unit.lower()] for _, unit in parts]
+    if len(set(units)) != len(units):
+        raise ConfigError(f"{option} {text!r} gives one unit twice; write e.g. 4m30s")
+    seconds = sum(float(number) * unit for (number, _), unit in zip(parts, units, strict=True))
     if seconds <= 0:
         raise ConfigError(f"{option} {text!r} must be longer than zero")
     return seconds
