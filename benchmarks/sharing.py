@@ -9,7 +9,8 @@ For each thread and wait policy (environment settings given to BOTH processes):
 - generate alone: ``tformer generate CKPT --input-file`` (1,000 test sources) again and again
   for ``--seconds``; its speed is sentences per second over the runs that finished, start-up
   included, as a user sees it;
-- both at once: the two loops above side by side for the same time.
+- both at once: the two loops above side by side for the same time;
+- two trainings at once: two copies of the training run side by side (their mean tokens/s).
 A policy passes when each process keeps at least a third of its solo speed.
 
 Prints one JSON line per measurement, then a Markdown table.
@@ -130,6 +131,14 @@ def measure(
     finally:
         stop.set()
         generator.join()
+    pair: list[float] = []
+    other = threading.Thread(
+        target=lambda: pair.append(train_loop(folder / f"{policy}-pair-b", seconds, env, data,
+                                              log_every))
+    )  # fmt: skip
+    other.start()
+    pair.append(train_loop(folder / f"{policy}-pair-a", seconds, env, data, log_every))
+    other.join()
     return {
         "policy": policy,
         "train_alone_tokens_per_s": round(train_alone),
@@ -138,6 +147,8 @@ def measure(
         "generate_alone_sentences_per_s": round(generate_alone, 1),
         "generate_shared_sentences_per_s": round(shared["generate"], 1),
         "generate_kept": round(shared["generate"] / generate_alone, 3),
+        "two_trainings_tokens_per_s": round(statistics.mean(pair)),
+        "two_trainings_kept": round(statistics.mean(pair) / train_alone, 3),
     }
 
 
@@ -195,13 +206,15 @@ def main() -> None:
             rows.append(row)
     print()
     print("| policy | train alone tok/s | train shared tok/s | kept | "
-          "generate alone sent/s | generate shared sent/s | kept |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "generate alone sent/s | generate shared sent/s | kept | two trainings tok/s each | "
+          "kept |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['policy']} | {r['train_alone_tokens_per_s']:,} | "
               f"{r['train_shared_tokens_per_s']:,} | {r['train_kept']:.0%} | "
               f"{r['generate_alone_sentences_per_s']} | {r['generate_shared_sentences_per_s']} | "
-              f"{r['generate_kept']:.0%} |")  # fmt: skip
+              f"{r['generate_kept']:.0%} | {r['two_trainings_tokens_per_s']:,} | "
+              f"{r['two_trainings_kept']:.0%} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ def test_sharing_smoke() -> None:
     assert row["policy"] == "tformer"
     assert row["train_alone_tokens_per_s"] > 0 and row["train_shared_tokens_per_s"] > 0
     assert row["generate_alone_sentences_per_s"] > 0
+    assert row["two_trainings_tokens_per_s"] > 0
 
 
 def test_data_scale_smoke() -> None:
