@@ -235,29 +235,38 @@ def marian_folder(
         return transformers.MarianTokenizer.from_pretrained(str(out / "saved"))
 
 
-def import_folder(folder: Path, marian: Any) -> MarianTokenizers:
-    start = marian.pad_token_id  # OPUS-MT decodes from <pad>
-    return marian_tokenizers(
-        folder, pad_id=marian.pad_token_id, eos_id=marian.eos_token_id, decoder_start_id=start
-    )
+def import_folder(folder: Path) -> MarianTokenizers:
+    """tformer's tokenizers of ``folder``, with the ids a model config would give: those of the
+    target vocabulary's <pad> (OPUS-MT's decoder start too) and </s>."""
+    target = folder / ("target_vocab.json" if (folder / "target_vocab.json").exists() else "")
+    vocab = json.loads((target if target.is_file() else folder / "vocab.json").read_text())
+    pad = vocab["<pad>"]
+    return marian_tokenizers(folder, pad_id=pad, eos_id=vocab["</s>"], decoder_start_id=pad)
 
 
 def assert_same_ids(
-    marian: Any, ours: MarianTokenizers, source_texts: list[str], target_texts: list[str]
+    marian: Any,
+    ours: MarianTokenizers,
+    source_texts: list[str],
+    target_texts: list[str],
+    own_text: frozenset[int] = frozenset(),
 ) -> None:
     """tformer's ids, mapped through the orders, are MarianTokenizer's without the </s> it
-    appends; decoding gives MarianTokenizer's text."""
+    appends; decoding gives MarianTokenizer's text (whose decode reads the target vocabulary,
+    so a separate source vocabulary is not decoded), except where ``own_text`` ids, which
+    tformer decodes to their piece where Marian has <unk>, stand."""
     sides = [
         (source_texts, ours.source, ours.source_order, lambda t: marian(t).input_ids),
         (target_texts, ours.target, ours.target_order, lambda t: marian(text_target=t).input_ids),
     ]
-    for texts, tok, order, theirs in sides:
+    for side, (texts, tok, order, theirs) in enumerate(sides):
         for text, ids in zip(texts, tok.encode_batch(texts), strict=True):
             want = theirs(text)
             assert want[-1] == marian.eos_token_id
             assert [order[i] for i in ids] == want[:-1], text
-            decoded = marian.decode(want, skip_special_tokens=True)
-            assert tok.decode(ids) == decoded, text
+            if (ours.joint or side == 1) and not own_text & set(ids):
+                decoded = marian.decode(want, skip_special_tokens=True)
+                assert tok.decode(ids) == decoded, text
 
 
 @pytest.fixture(scope="session")
@@ -273,7 +282,7 @@ def joint_marian(
 @needs_multi30k
 def test_marian_joint_vocabulary_ids_equal_marians(joint_marian: tuple[Path, Any]) -> None:
     folder, marian = joint_marian
-    ours = import_folder(folder, marian)
+    ours = import_folder(folder)
     lines = test_lines()
     assert ours.joint and ours.source_order is ours.target_order
     assert ours.source.to_str() != ours.target.to_str()  # each side cuts with its own model
@@ -289,6 +298,59 @@ def test_marian_joint_vocabulary_ids_equal_marians(joint_marian: tuple[Path, Any
     assert_same_ids(marian, ours, lines["en"], lines["de"])
     # Each side's text through the other side's model too: most of it is foreign pieces.
     assert_same_ids(marian, ours, lines["de"], lines["en"])
+
+
+@needs_multi30k
+def test_marian_separate_vocabularies(spm_models: dict[str, Path], tmp_path: Path) -> None:
+    en, de = spm_models["unigram.en"], spm_models["unigram.de"]
+    source_vocab, target_vocab = marian_vocab(en), marian_vocab(de)
+    marian = marian_folder(tmp_path / "separate", en, de, source_vocab, target_vocab)
+    ours = import_folder(tmp_path / "separate" / "saved")
+    assert not ours.joint
+    assert ours.source.vocab_size == len(source_vocab) + 1
+    assert ours.target.vocab_size == len(target_vocab) + 1
+    assert ours.source_order[:4] == [None, source_vocab["<pad>"], 0, 1]
+    assert ours.target_order[:4] == [None, target_vocab["<pad>"], 0, 1]
+    lines = test_lines()
+    assert_same_ids(marian, ours, lines["en"], lines["de"])
+
+
+@needs_multi30k
+def test_marian_multilingual_language_tokens(spm_models: dict[str, Path], tmp_path: Path) -> None:
+    en, de = spm_models["unigram.en"], spm_models["unigram.de"]
+    vocab = marian_vocab(en, de, codes=(">>de<<", ">>fr<<", ">>pt_BR<<"))
+    marian = marian_folder(tmp_path / "multi", en, de, vocab)
+    ours = import_folder(tmp_path / "multi" / "saved")
+    lines = read_lines("test2016.en")[:300]
+    codes = [">>de<<", ">>fr<<", ">>pt_BR<<"]
+    sources = [f"{codes[i % 3]} {text}" for i, text in enumerate(lines)]
+    assert {ours.source.tokens(ids)[0] for ids in ours.source.encode_batch(sources)} == set(codes)
+    sources += [">>fr<<" + text for text in lines[:50]] + [">>de<<", ">>de<< "]
+    assert_same_ids(marian, ours, sources, read_lines("test2016.de")[:300])
+
+
+@needs_multi30k
+def test_marian_pieces_missing_from_the_vocabulary_stand_for_unk(
+    spm_models: dict[str, Path], tmp_path: Path
+) -> None:
+    en, de = spm_models["unigram.en"], spm_models["unigram.de"]
+    # The most frequent pieces of each model that the other lacks: Marian maps them to <unk>.
+    only_en = [p for p in pieces_of(en)[3:] if p not in set(pieces_of(de))][:15]
+    only_de = [p for p in pieces_of(de)[3:] if p not in set(pieces_of(en))][:15]
+    drop = frozenset(only_en + only_de)
+    vocab = marian_vocab(en, de, drop=drop)
+    marian = marian_folder(tmp_path / "missing", en, de, vocab)
+    ours = import_folder(tmp_path / "missing" / "saved")
+    order = ours.source_order
+    assert len(order) == len(vocab) + 1 + len(drop)
+    assert order[-len(drop) :] == [vocab["<unk>"]] * len(drop)
+    assert set(ours.source.tokens(range(len(vocab) + 1, len(order)))) == drop
+    lines = test_lines()
+    texts = lines["en"]
+    extra = frozenset(range(len(vocab) + 1, len(order)))
+    assert sum(bool(extra & set(ids)) for ids in ours.source.encode_batch(texts)) > 100
+    assert sum(bool(extra & set(ids)) for ids in ours.target.encode_batch(lines["de"])) > 100
+    assert_same_ids(marian, ours, lines["en"], lines["de"], own_text=extra)
 
 
 @pytest.fixture(autouse=True)
