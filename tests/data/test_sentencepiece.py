@@ -335,8 +335,9 @@ def test_marian_pieces_missing_from_the_vocabulary_stand_for_unk(
 ) -> None:
     en, de = spm_models["unigram.en"], spm_models["unigram.de"]
     # The most frequent pieces of each model that the other lacks: Marian maps them to <unk>.
-    only_en = [p for p in pieces_of(en)[3:] if p not in set(pieces_of(de))][:15]
-    only_de = [p for p in pieces_of(de)[3:] if p not in set(pieces_of(en))][:15]
+    en_pieces, de_pieces = pieces_of(en), pieces_of(de)
+    only_en = [p for p in en_pieces[3:] if p not in set(de_pieces)][:15]
+    only_de = [p for p in de_pieces[3:] if p not in set(en_pieces)][:15]
     drop = frozenset(only_en + only_de)
     vocab = marian_vocab(en, de, drop=drop)
     marian = marian_folder(tmp_path / "missing", en, de, vocab)
