@@ -305,17 +305,16 @@ class _MarianSide:
         for piece, i in self.vocab.items():
             pieces[i] = piece
         names = _tformer_names(order[: len(order) - len(extra)], pieces, where) + list(extra)
-        alphabet = {piece for piece in self.own if len(piece) == 1}
-        alphabet |= {char for piece in self.own for char in piece}
+        alphabet = {char for piece in self.own for char in piece}
         longest = max((len(p) for p in names), default=1)
         lowest = min([*self.own.values(), -1.0])
         never = (longest + 1) * lowest - 1.0  # below any path of own pieces over a piece's span
         vocab = [(name, self.own.get(name, never)) for name in names]
         for i, name in enumerate(SPECIAL_TOKENS):
             vocab[i] = (name, never)
-        inner = _library_tokenizer(self.proto, [(p.piece, p.score) for p in self.proto.pieces])
+        inner = _library_tokenizer(self.proto, [p.piece for p in self.proto.pieces])
         built = tokenizers.Tokenizer(models.Unigram(vocab, SPECIAL_TOKENS.index(UNK), False))
-        outside = [name for name in names if name and not set(name) & alphabet]
+        outside = [name for name in names if not set(name) & alphabet]
         built.normalizer = normalizers.Sequence(
             [n for n in (inner.normalizer, _unknown_runs(alphabet, outside, names)) if n]
         )
@@ -440,16 +439,15 @@ def _renamed(pieces: Sequence[str], order: Sequence[int | None], names: Sequence
     return renamed
 
 
-def _library_tokenizer(proto: Any, vocab: Any) -> tokenizers.Tokenizer:
+def _library_tokenizer(proto: Any, pieces: Sequence[str]) -> tokenizers.Tokenizer:
     """``transformers``' SentencePiece converter: normaliser, pre-tokeniser, model and decoder
-    as sentencepiece encodes (``vocab``: the pieces, or (piece, score) pairs, in model order)."""
-    converter = _converter()
+    that encode as sentencepiece does (``pieces``: the model's, in its order, maybe renamed)."""
+    vocab: Any
     if proto.trainer_spec.model_type == _BPE:
-        pieces = [p if isinstance(p, str) else p[0] for p in vocab]
         vocab = {piece: i for i, piece in enumerate(pieces)}
-    elif vocab and isinstance(vocab[0], str):
-        vocab = [(piece, p.score) for piece, p in zip(vocab, proto.pieces, strict=True)]
-    return converter.build_tokenizer_from_spm_proto(proto, vocab, legacy=True)
+    else:
+        vocab = [(piece, p.score) for piece, p in zip(pieces, proto.pieces, strict=True)]
+    return _converter().build_tokenizer_from_spm_proto(proto, vocab, legacy=True)
 
 
 def _finish(inner: tokenizers.Tokenizer, where: str) -> Tokenizer:
