@@ -21,8 +21,8 @@ from tformer.cli.options import (
 from tformer.config import MASK, Arch, one_of
 from tformer.data.lm import load_texts
 from tformer.data.prepared import is_prepared
-from tformer.data.sentencepiece import spm_tokenizer
 from tformer.data.sources import load_text_pairs
+from tformer.data.spm import spm_tokenizer
 from tformer.data.tokenizer import TOKENIZER_KINDS, check_tokenizer_options, train_tokenizer
 from tformer.errors import ConfigError, DataError
 from tformer.paths import check_output_file

@@ -33,8 +33,8 @@ from tformer.data.prepared import (
     tokenizer_files,
     write_split,
 )
-from tformer.data.sentencepiece import load_tokenizer
 from tformer.data.sources import SPLITS, TextPair, bundled_data_dir, load_text_pairs
+from tformer.data.spm import load_tokenizer
 from tformer.data.streaming import stream_splits
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, Tokenizer, train_tokenizer
 from tformer.errors import CheckpointError, ConfigError, DataError

@@ -20,7 +20,7 @@ import torch
 
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.prepared import is_prepared, open_prepared
-from tformer.data.sentencepiece import load_tokenizer
+from tformer.data.spm import load_tokenizer
 from tformer.device import resolve_device, seed_everything
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer, build_model

@@ -23,8 +23,8 @@ from tformer.data.prepare import (
     tokenizers_for,
 )
 from tformer.data.prepared import Prepared, PrepareOptions, Progress, is_prepared, open_prepared
-from tformer.data.sentencepiece import load_tokenizer
 from tformer.data.sources import bundled_data_dir, load_text_pairs
+from tformer.data.spm import load_tokenizer
 from tformer.data.store import as_store
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, Tokenizer
 from tformer.errors import CheckpointError, ConfigError, DataError

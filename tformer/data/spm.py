@@ -1,5 +1,7 @@
 """SentencePiece models as tformer tokenizers: plain model files and Marian (OPUS-MT) folders.
 
+(Named ``spm``, as SentencePiece's tools and files are, so as not to shadow the package.)
+
 The model's own normaliser (its precompiled character map and whitespace rules), pieces and
 scores are turned into a Hugging Face ``tokenizers`` model by ``transformers``' SentencePiece
 converter, so a text is cut into the pieces ``sentencepiece`` itself would choose. Only the ids
@@ -77,10 +79,12 @@ def is_sentencepiece(path: Path) -> bool:
         return False
     try:
         with path.open("rb") as file:
-            head = file.read(1)
+            head = file.read(64)
     except OSError:
         return False
-    return head == b"\x0a"  # the tag of ModelProto's first field (pieces); JSON starts "{"
+    # A model starts with the tag of ModelProto's first field (pieces), a newline byte; a JSON
+    # file may start with a newline too, but then with "{".
+    return head[:1] == b"\x0a" and not head.lstrip().startswith(b"{")
 
 
 def load_tokenizer(path: Path) -> Tokenizer:

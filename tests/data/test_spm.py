@@ -1,4 +1,4 @@
-"""Tests for tformer.data.sentencepiece: SentencePiece models and Marian folders as tformer
+"""Tests for tformer.data.spm: SentencePiece models and Marian folders as tformer
 tokenizers, against the sentencepiece library and transformers' MarianTokenizer.
 
 The models are real ones, trained once per session with the sentencepiece package on Multi30k;
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tformer.config import SPECIAL_TOKENS
-from tformer.data.sentencepiece import (
+from tformer.data.spm import (
     MarianTokenizers,
     is_sentencepiece,
     load_tokenizer,
@@ -375,6 +375,10 @@ def test_sentencepiece_files_are_told_from_tokenizer_json(
     tok.save(tmp_path / "tok.json")
     assert is_sentencepiece(model) and is_sentencepiece(renamed)
     assert not is_sentencepiece(tmp_path / "tok.json")
+    (tmp_path / "tok.txt").write_text("\n" + (tmp_path / "tok.json").read_text())
+    assert not is_sentencepiece(tmp_path / "tok.txt")
+    text = "Ein Mann mit einem orangefarbenen Hut."
+    assert load_tokenizer(tmp_path / "tok.txt").encode(text) == tok.encode(text)
     assert load_tokenizer(renamed).sha256() == tok.sha256()
     assert load_tokenizer(tmp_path / "tok.json").sha256() == tok.sha256()
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import SHARED, write_jsonl
 from tformer.cli.commands import app
-from tformer.data.sentencepiece import spm_tokenizer
+from tformer.data.spm import spm_tokenizer
 from tformer.data.tokenizer import Tokenizer
 
 spm = pytest.importorskip("sentencepiece")
