@@ -9,6 +9,9 @@ one side's model lacks and the other's has, characters neither has, language tok
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +30,7 @@ from tformer.data.spm import (
     spm_tokenizer,
 )
 from tformer.data.tokenizer import Tokenizer
-from tformer.errors import CheckpointError
+from tformer.errors import CheckpointError, ConfigError
 
 spm = pytest.importorskip("sentencepiece")
 transformers = pytest.importorskip("transformers")
@@ -50,6 +53,14 @@ EDGES = [
     "ein Mann: „Hallo“ … 3½",
     "",
 ]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_marian() -> Iterator[None]:
+    """MarianTokenizer warns that sacremoses is not installed (it does not use it here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def read_lines(name: str) -> list[str]:
@@ -86,7 +97,7 @@ def spm_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def test_lines() -> dict[str, list[str]]:
+def held_out_lines() -> dict[str, list[str]]:
     return {lang: read_lines(f"test2016.{lang}") + EDGES for lang in ("en", "de")}
 
 
@@ -148,7 +159,7 @@ def test_spm_pieces_and_ids_equal_sentencepieces(spm_models: dict[str, Path], na
     assert tok.kind == name.split(".")[0]
     assert tok.vocab_size == processor.get_piece_size() + 1  # tformer's <pad> is new
     assert tok.tokens(range(4)) == list(SPECIAL_TOKENS)
-    lines = test_lines()
+    lines = held_out_lines()
     texts = lines["en"] + lines["de"]
     got_batch = tok.encode_batch(texts)
     for text, got in zip(texts, got_batch, strict=True):
@@ -167,7 +178,7 @@ def test_spm_in_tformers_layout_keeps_its_ids(spm_models: dict[str, Path]) -> No
     processor = spm.SentencePieceProcessor(model_file=str(path))
     tok = spm_tokenizer(path)
     assert tok.vocab_size == processor.get_piece_size()
-    for text in test_lines()["de"]:
+    for text in held_out_lines()["de"]:
         assert tok.encode(text) == processor.encode(text), text
 
 
@@ -191,7 +202,7 @@ def test_spm_tokenizer_round_trips_through_its_json(
     tok.save(tmp_path / "tokenizer.json")
     again = Tokenizer.load(tmp_path / "tokenizer.json")
     assert again.sha256() == tok.sha256() == spm_tokenizer(spm_models["unigram.de"]).sha256()
-    texts = test_lines()["de"]
+    texts = held_out_lines()["de"]
     assert again.encode_batch(texts) == tok.encode_batch(texts)
 
 
@@ -283,7 +294,7 @@ def joint_marian(
 def test_marian_joint_vocabulary_ids_equal_marians(joint_marian: tuple[Path, Any]) -> None:
     folder, marian = joint_marian
     ours = import_folder(folder)
-    lines = test_lines()
+    lines = held_out_lines()
     assert ours.joint and ours.source_order is ours.target_order
     assert ours.source.to_str() != ours.target.to_str()  # each side cuts with its own model
     vocab = marian.get_vocab()
@@ -311,7 +322,7 @@ def test_marian_separate_vocabularies(spm_models: dict[str, Path], tmp_path: Pat
     assert ours.target.vocab_size == len(target_vocab) + 1
     assert ours.source_order[:4] == [None, source_vocab["<pad>"], 0, 1]
     assert ours.target_order[:4] == [None, target_vocab["<pad>"], 0, 1]
-    lines = test_lines()
+    lines = held_out_lines()
     assert_same_ids(marian, ours, lines["en"], lines["de"])
 
 
@@ -346,19 +357,12 @@ def test_marian_pieces_missing_from_the_vocabulary_stand_for_unk(
     assert len(order) == len(vocab) + 1 + len(drop)
     assert order[-len(drop) :] == [vocab["<unk>"]] * len(drop)
     assert set(ours.source.tokens(range(len(vocab) + 1, len(order)))) == drop
-    lines = test_lines()
+    lines = held_out_lines()
     texts = lines["en"]
     extra = frozenset(range(len(vocab) + 1, len(order)))
     assert sum(bool(extra & set(ids)) for ids in ours.source.encode_batch(texts)) > 100
     assert sum(bool(extra & set(ids)) for ids in ours.target.encode_batch(lines["de"])) > 100
     assert_same_ids(marian, ours, lines["en"], lines["de"], own_text=extra)
-
-
-@pytest.fixture(autouse=True)
-def _quiet_marian() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 # -- files and loading -------------------------------------------------------------------------
@@ -396,3 +400,36 @@ def test_a_corrupt_model_is_refused_naming_the_file(tmp_path: Path, content: byt
 def test_a_missing_model_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="missing.model: SentencePiece model not found"):
         load_tokenizer(tmp_path / "missing.model")
+
+
+@pytest.mark.parametrize("module", ["transformers.convert_slow_tokenizer", "sentencepiece"])
+def test_missing_packages_name_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str
+) -> None:
+    path = tmp_path / "any.model"
+    path.write_bytes(b"\x0a")
+    monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
+    with pytest.raises(ConfigError, match=re.escape('pip install "tformer[import]"')):
+        spm_tokenizer(path)
+
+
+@needs_multi30k
+def test_marian_folder_problems_are_named(joint_marian: tuple[Path, Any], tmp_path: Path) -> None:
+    folder, marian = joint_marian
+    pad, eos = marian.pad_token_id, marian.eos_token_id
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    with pytest.raises(CheckpointError, match="</s> has id 0 in the vocabulary but the model's"):
+        marian_tokenizers(broken, pad_id=pad, eos_id=5, decoder_start_id=pad)
+    with pytest.raises(CheckpointError, match="decoder_start_token_id 99999 lies outside"):
+        marian_tokenizers(broken, pad_id=pad, eos_id=eos, decoder_start_id=99999)
+    (broken / "target.spm").unlink()
+    with pytest.raises(CheckpointError, match="target.spm: SentencePiece model not found"):
+        marian_tokenizers(broken, pad_id=pad, eos_id=eos, decoder_start_id=pad)
+    shutil.copy(folder / "target.spm", broken / "target.spm")
+    (broken / "vocab.json").write_text('{"</s>": 0, "<pad>": 1}', encoding="utf-8")
+    with pytest.raises(CheckpointError, match="vocab.json: the special token <unk> is not in"):
+        marian_tokenizers(broken, pad_id=1, eos_id=0, decoder_start_id=1)
+    (broken / "vocab.json").write_text('{"</s>": 0, "<unk>": 1, "<pad>": 3}', encoding="utf-8")
+    with pytest.raises(CheckpointError, match="vocab.json: the ids must be the integers 0..2"):
+        marian_tokenizers(broken, pad_id=3, eos_id=0, decoder_start_id=3)

@@ -113,6 +113,7 @@ def spm_tokenizer(path: Path) -> Tokenizer:
             other than unigram / BPE.
         ConfigError: the optional packages are not installed.
     """
+    _converter()  # the optional packages, before any work
     proto = read_model(path)
     spec = proto.trainer_spec
     order = special_first_order(
@@ -221,6 +222,7 @@ def marian_tokenizers(
             token or disagrees with the ids given.
         ConfigError: the optional packages are not installed.
     """
+    _converter()  # the optional packages, before any work
     settings = _read_json(folder / TOKENIZER_CONFIG)
     names = {
         key: _token_name(settings.get(f"{key}_token"), default)
