@@ -28,6 +28,7 @@ from tformer.data.spm import (
     read_model,
     special_first_order,
     spm_tokenizer,
+    unk_stand_ins,
 )
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
@@ -312,6 +313,7 @@ def test_marian_joint_vocabulary_ids_equal_marians(joint_marian: tuple[Path, Any
     by_id = {i: token for token, i in vocab.items()}
     order = ours.source_order
     assert ours.source.tokens(range(4)) == list(SPECIAL_TOKENS)
+    assert unk_stand_ins(order) == []
     assert order[:4] == [None, marian.pad_token_id, marian.eos_token_id, marian.unk_token_id]
     for tok in (ours.source, ours.target):
         assert tok.tokens(range(4, tok.vocab_size)) == [by_id[i] for i in order[4:]]
@@ -365,6 +367,7 @@ def test_marian_pieces_missing_from_the_vocabulary_stand_for_unk(
     order = ours.source_order
     assert len(order) == len(vocab) + 1 + len(drop)
     assert order[-len(drop) :] == [vocab["<unk>"]] * len(drop)
+    assert unk_stand_ins(order) == list(range(len(vocab) + 1, len(order)))
     assert set(ours.source.tokens(range(len(vocab) + 1, len(order)))) == drop
     lines = held_out_lines()
     texts = lines["en"]

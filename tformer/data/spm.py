@@ -1,7 +1,5 @@
 """SentencePiece models as tformer tokenizers: plain model files and Marian (OPUS-MT) folders.
 
-(Named ``spm``, as SentencePiece's tools and files are, so as not to shadow the package.)
-
 The model's own normaliser (its precompiled character map and whitespace rules), pieces and
 scores are turned into a Hugging Face ``tokenizers`` model by ``transformers``' SentencePiece
 converter, so a text is cut into the pieces ``sentencepiece`` itself would choose. Only the ids
@@ -11,7 +9,8 @@ keeps every other piece in its order. A model imported with such a tokenizer has
 rows permuted the same way, so it computes the same function.
 
 ``transformers``, ``sentencepiece`` and ``protobuf`` are optional (``pip install
-"tformer[import]"``) and imported only by the functions that read a model.
+"tformer[import]"``) and imported only by the functions that read a model. (The module is
+named ``spm``, as SentencePiece's tools and files are, so as not to shadow the package.)
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
 VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG = "vocab.json", "target_vocab.json", "tokenizer_config.json"
 
 # sentencepiece_model.proto: ModelProto.SentencePiece.Type and TrainerSpec.ModelType.
-_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4
+_NORMAL, _UNKNOWN, _USER_DEFINED = 1, 2, 4
 _UNIGRAM, _BPE = 1, 2
 _MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
 _SPACE = "\u2581"  # sentencepiece's word-boundary marker
@@ -170,7 +169,10 @@ def read_model(path: Path) -> Any:
             ".model / .spm file that spm_train wrote, or a tokenizer.json"
         )
     if proto.pieces[unk].type != _UNKNOWN:
-        raise CheckpointError(f"{path}: piece {unk} is not the unknown piece its trainer names")
+        raise CheckpointError(
+            f"{path}: a damaged SentencePiece model (piece {unk}, its unknown piece, is not "
+            "one); pass the .model / .spm file that spm_train wrote"
+        )
     if spec.model_type not in (_UNIGRAM, _BPE):
         raise CheckpointError(
             f"{path}: a SentencePiece {kind or 'unknown-type'} model; only unigram and BPE "
@@ -192,7 +194,8 @@ class MarianTokenizers:
     side's SentencePiece model). An id may appear twice: a piece that a side's SentencePiece
     model produces but the vocabulary lacks is a row of its own after the vocabulary, standing
     for Marian's ``<unk>`` (``MarianTokenizer`` maps it to ``<unk>``), so its order entry is the
-    ``<unk>`` id; give such a target row a -inf logit bias to keep the model's function.
+    ``<unk>`` id (:func:`unk_stand_ins` lists them); give such a target row a -inf logit bias
+    to keep the model's function.
     """
 
     source: Tokenizer
@@ -272,6 +275,12 @@ def marian_tokenizers(
         target_order,
         joint=False,
     )
+
+
+def unk_stand_ins(order: Sequence[int | None]) -> list[int]:
+    """The ids after tformer's specials that stand for the foreign ``<unk>`` (``order[3]``):
+    pieces a Marian vocabulary lacks (see :class:`MarianTokenizers`)."""
+    return [i for i in range(len(SPECIAL_TOKENS), len(order)) if order[i] == order[3]]
 
 
 class _MarianSide:
@@ -494,4 +503,5 @@ __all__ = [
     "read_model",
     "special_first_order",
     "spm_tokenizer",
+    "unk_stand_ins",
 ]
