@@ -97,6 +97,22 @@ def spm_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "bytes.de": train_spm(
             out, "bytes.de", "de", "unigram", byte_fallback=True, user_defined_symbols=SYMBOLS
         ),
+        # Another pipeline's choices: no normalisation, no dummy prefix, spaces kept, <pad> at
+        # 3 and a control symbol of its own.
+        "odd.de": train_spm(
+            out,
+            "odd.de",
+            "de",
+            "bpe",
+            normalization_rule_name="identity",
+            add_dummy_prefix=False,
+            remove_extra_whitespaces=False,
+            control_symbols=["<ctl>"],
+            unk_id=0,
+            bos_id=1,
+            eos_id=2,
+            pad_id=3,
+        ),
         # tformer's own layout, as a pipeline that knows it would train one.
         "tformer.de": train_spm(
             out, "tformer.de", "de", "unigram", pad_id=0, bos_id=1, eos_id=2, unk_id=3
@@ -156,15 +172,16 @@ def spm_order(path: Path) -> list[int | None]:
 
 
 @needs_multi30k
-@pytest.mark.parametrize("name", ["unigram.en", "unigram.de", "bpe.de", "bytes.de"])
+@pytest.mark.parametrize("name", ["unigram.en", "unigram.de", "bpe.de", "bytes.de", "odd.de"])
 def test_spm_pieces_and_ids_equal_sentencepieces(spm_models: dict[str, Path], name: str) -> None:
     path = spm_models[name]
     processor = spm.SentencePieceProcessor(model_file=str(path))
     tok = spm_tokenizer(path)
     order = spm_order(path)
     unk = processor.unk_id()
-    assert tok.kind == ("bpe" if name.startswith("bpe") else "unigram")
-    assert tok.vocab_size == processor.get_piece_size() + 1  # tformer's <pad> is new
+    assert tok.kind == {1: "unigram", 2: "bpe"}[read_model(path).trainer_spec.model_type]
+    has_pad = processor.pad_id() >= 0
+    assert tok.vocab_size == processor.get_piece_size() + (not has_pad)  # else <pad> is new
     assert tok.tokens(range(4)) == list(SPECIAL_TOKENS)
     lines = held_out_lines()
     texts = lines["en"] + lines["de"]
