@@ -40,7 +40,7 @@ MULTI30K = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
 needs_multi30k = pytest.mark.skipif(
     not MULTI30K.is_dir(), reason="Multi30k is not beside the checkout"
 )
-TRAIN_LINES = 12_000  # enough for vocabularies of 2,000 pieces, a few seconds a model
+TRAIN_LINES = 8_000  # enough for vocabularies of 2,000 pieces, a second or two a model
 
 # Lines that reach what test2016 rarely does: German letters in English text (pieces of the
 # other side's model), scripts no model has, runs mixing both, digits, odd spacing.
