@@ -66,6 +66,7 @@ def train_tokenizer_command(
 
     Special tokens <pad> <bos> <eos> <unk> get ids 0-3; text is NFKC-normalised; digits are
     split one per token. An existing --out is replaced only with --overwrite.
+    --sentencepiece converts a SentencePiece model into --out instead of training.
     Example: tformer train-tokenizer --vocab-size 4000 -o tok.json
     """
     file_option(out, "--out")
