@@ -381,7 +381,8 @@ def _unknown_runs(
     other = _char_class(alphabet, negate=True)
     pieces = "|".join(_literal(p) for p in sorted(outside, key=len, reverse=True))
     keep = f"(?!(?:{pieces})(?!{other}))" if pieces else ""
-    return normalizers.Replace(Regex(f"(?<!{other}){keep}{other}+"), mark)
+    # The run's first character is checked before the pieces: most positions fail at once.
+    return normalizers.Replace(Regex(f"(?<!{other})(?={other}){keep}{other}+"), mark)
 
 
 def _special_ids(path: Path, vocab: dict[str, int], names: dict[str, str]) -> dict[str, int]:
