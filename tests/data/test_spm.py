@@ -9,6 +9,7 @@ one side's model lacks and the other's has, characters neither has, language tok
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
 import sys
@@ -337,6 +338,29 @@ def test_marian_joint_vocabulary_ids_equal_marians(joint_marian: tuple[Path, Any
     assert_same_ids(marian, ours, lines["en"], lines["de"])
     # Each side's text through the other side's model too: most of it is foreign pieces.
     assert_same_ids(marian, ours, lines["de"], lines["en"])
+
+
+def random_texts(n: int, seed: int) -> list[str]:
+    """Texts of words and runs of characters from both sides, other scripts, odd spaces and
+    compatibility forms (not the special tokens' names, which tformer reads its own way)."""
+    rng = random.Random(seed)
+    words = " ".join(read_lines("test2016.en")[:300] + read_lines("test2016.de")[:300]).split()
+    chars = list("abcXYZ09 .,;:!?'-()äöüßÄÖÜéèçñøå日本語ΕλληνικάЖ€½„“…\t\u3000\u00a0ﬁＡ▁<>")
+    texts = []
+    for _ in range(n):
+        parts = [
+            rng.choice(words) if rng.random() < 0.5 else "".join(rng.choices(chars, k=4))
+            for _ in range(rng.randint(1, 8))
+        ]
+        texts.append(rng.choice([" ", ""]).join(parts))
+    return texts
+
+
+@needs_multi30k
+def test_marian_ids_on_random_texts(joint_marian: tuple[Path, Any]) -> None:
+    folder, marian = joint_marian
+    texts = random_texts(600, seed=3)
+    assert_same_ids(marian, import_folder(folder), texts, texts)
 
 
 @needs_multi30k
