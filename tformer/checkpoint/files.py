@@ -21,6 +21,7 @@ from tformer.paths import (
     excerpt,
     file_sha256,
     first_line,
+    follow_umask,
     fsync_dir,
     replace_file,
 )
@@ -226,7 +227,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     check_replaceable(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; these are ordinary files
+        follow_umask(tmp)  # mkstemp makes it private; these are ordinary files
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

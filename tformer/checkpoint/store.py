@@ -60,7 +60,7 @@ from tformer.config import SPECIAL_TOKENS, ModelConfig, TrainConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import Transformer, build_model
-from tformer.paths import excerpt, whole_message
+from tformer.paths import excerpt, follow_umask_tree, whole_message
 from tformer.version import __version__
 
 # Tests set this to a number of seconds to pause a save just before its rename, so that a kill
@@ -160,13 +160,14 @@ def save_checkpoint(
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{final.name}."))
-        tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
         _write_model_files(tmp, model, train_config, tokenizers, step, metrics)
         if optimizer is not None and trainer_state is not None:
             tensors = {f"rng.{k}": v for k, v in (rng_state or {}).items()}
             tensors.update({f"extra.{k}": v for k, v in (extra_tensors or {}).items()})
             write_training_state(tmp, optimizer, trainer_state, tensors)
         write_manifest(tmp)  # last: a folder with a manifest was written completely
+        # mkdtemp and safetensors make private entries; a checkpoint is ordinary files
+        follow_umask_tree(tmp)
         fsync_files(tmp)
         _pause_for_tests()
         _move_into_place(tmp, final)

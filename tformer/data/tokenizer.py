@@ -32,7 +32,7 @@ from tformer.data.store import TokenIds
 from tformer.data.wordcache import WordCache
 from tformer.errors import CheckpointError, ConfigError, DataError
 from tformer.native import interruptible
-from tformer.paths import check_replaceable, first_line, replace_file
+from tformer.paths import check_replaceable, first_line, follow_umask, replace_file
 
 TOKENIZER_KINDS = ("bpe", "unigram", "wordpiece")
 # Pairs a tokenizer is trained on at most: a sample this large gives the same vocabulary as
@@ -146,7 +146,7 @@ class Tokenizer:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; a tokenizer is an ordinary file
+            follow_umask(tmp)  # mkstemp makes it private; a tokenizer is an ordinary file
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as file:
                 file.write(self._text)
                 file.flush()
