@@ -606,7 +606,8 @@ def _from_dict(cls: type, data: dict[str, Any], source: str) -> Any:
         required -= set(ADDED_MODEL_KEYS)
     if required and cls is ModelConfig:
         raise ConfigError(f"{source}: missing {cls.__name__} keys {sorted(required)}")
-    return cls(**data)
+    section = "model" if cls is ModelConfig else "train"
+    return cls(**check_types(cls, data, lambda key: f"{section}.{key}"))
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr|d)?\s*$", re.IGNORECASE)

@@ -53,10 +53,11 @@ from tformer.checkpoint.run_dir import (
     point_latest,
     prune,
     resolve,
+    step_of,
 )
 from tformer.checkpoint.training_state import write_training_state
-from tformer.checkpoint.weights import check_weights, weights_metadata
-from tformer.config import SPECIAL_TOKENS, ModelConfig, TrainConfig
+from tformer.checkpoint.weights import check_finite, check_weights, weights_metadata
+from tformer.config import INT_LIMIT, SPECIAL_TOKENS, ModelConfig, TrainConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import Transformer, build_model
@@ -278,8 +279,11 @@ def parse_configs(folder: Path, config: dict[str, Any]) -> tuple[ModelConfig, Tr
         model_config = ModelConfig.from_dict(config["model"], source=source)
         train_config = TrainConfig.from_dict(config["train"], source=source)
         step = config["step"]
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ConfigError(f"step {step!r} is not a step number")
+        if type(step) is not int or not 0 <= step <= INT_LIMIT:
+            raise ConfigError(f"step {excerpt(step)} is not a step number")
+        named = step_of(folder)
+        if named is not None and step != named:
+            raise ConfigError(f"step {step} contradicts the folder's name {folder.name}")
     except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as error:
         raise CheckpointError(f"{source}: invalid configuration ({first_line(error)})") from error
     return model_config, train_config, step
@@ -348,12 +352,14 @@ def check_vocabulary(folder: Path, tokenizers: Tokenizers, model_config: ModelCo
 
 
 def load_weights(model: Transformer, weights: Path) -> None:
+    """Load ``weights`` into ``model``, refusing a file whose values are not all finite."""
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing; the checkpoint is incomplete")
     try:
         load_model(model, str(weights), strict=True, device="cpu")
     except (SafetensorError, RuntimeError, OSError, ValueError) as error:
         raise CheckpointError(f"{weights}: cannot be loaded ({whole_message(error)})") from error
+    check_finite(model.state_dict(), weights)
 
 
 def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Checkpoint:
