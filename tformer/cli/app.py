@@ -15,10 +15,11 @@ from typing import NoReturn
 
 import typer
 from rich.markup import escape
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from tformer.cli.console import err_console
-from tformer.errors import OutOfMemoryError, TformerError, TrainingInterrupted
+from tformer.config import check_text
+from tformer.errors import ConfigError, OutOfMemoryError, TformerError, TrainingInterrupted
 from tformer.version import __version__
 
 # What to lower after running out of memory, per command (training names its own batch size).
@@ -125,6 +126,32 @@ class TformerGroup(TyperGroup):
     def _fail(self, ctx: typer.Context, error: TformerError) -> NoReturn:
         err_console.print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)
         ctx.exit(error.exit_code)
+
+
+class TformerCommand(TyperCommand):
+    """A command whose text values are checked before it runs: an argument that was not
+    UTF-8 (Python makes lone surrogates of such bytes) is refused in one line naming it.
+
+    Paths are left alone: a file name need not be UTF-8 on POSIX systems.
+    """
+
+    def invoke(self, ctx: typer.Context) -> object:  # type: ignore[override]
+        for param in self.params:
+            value = ctx.params.get(param.name or "")
+            values = value if isinstance(value, (list, tuple)) else [value]
+            texts = [v for v in values if isinstance(v, str)]
+            for number, text in enumerate(texts, start=1):
+                name = param.opts[0] if param.param_type_name == "option" else param.name
+                where = name if len(texts) == 1 else f"{name} {number}"
+                check_text(text, f"{where}".upper() if name == param.name else where, ConfigError)
+        return super().invoke(ctx)
+
+
+def check_command_text(typer_app: typer.Typer) -> None:
+    """Make every command registered on ``typer_app`` a ``TformerCommand``."""
+    for info in typer_app.registered_commands:
+        if info.cls in (None, TyperCommand):
+            info.cls = TformerCommand
 
 
 app = typer.Typer(

@@ -46,11 +46,12 @@ from tformer.cli.options import (
     require_family,
     warn_long_inputs,
 )
+from tformer.config import check_text
 from tformer.decoding.api import stream_tokens
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
 from tformer.device import resolve_device
-from tformer.errors import ConfigError
+from tformer.errors import ConfigError, DataError
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
 
@@ -296,6 +297,11 @@ def _interactive(
         text = line.rstrip("\r\n")
         if not line or not text.strip() or text.strip() in ("exit", "quit"):
             break
+        try:
+            check_text(text, "this line")
+        except DataError as error:  # one bad line (bytes that are not UTF-8) ends nothing
+            typer.echo(f"error: {error}", err=True)
+            continue
         warn_long_inputs(loaded.tokenizers.source, [text], loaded.model_config.max_len)
         if _should_stream(stream, config, 1, as_json):
             _stream(loaded, text, config)
