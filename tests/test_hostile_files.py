@@ -631,8 +631,9 @@ def test_an_average_that_overflows_is_refused_before_writing(world: Path) -> Non
     for step in ("step-000002", "step-000004"):
         forge(world / "run" / step, weight=3e38)  # finite, but twice that is not in float32
     before = snapshot(world)
-    refused(cli("average", world / "run/step-000002", world / "run/step-000004",
-                "--out", world / "avg"), 4, "the average of 2 checkpoints", "too large")  # fmt: skip
+    result = cli("average", world / "run/step-000002", world / "run/step-000004",
+                 "--out", world / "avg")  # fmt: skip
+    refused(result, 4, "the average of 2 checkpoints", "too large")
     assert snapshot(world) == before
 
 
@@ -658,8 +659,8 @@ def test_without_data_a_command_reads_the_data_the_checkpoint_was_trained_on(
     moved = data.with_name(data.name + "-moved")
     data.rename(moved)
     try:
-        refused(cli(*command.format(r=world / "run", w=world).split()), 3,
-                f"was trained on --data {data}, which is not found here", "give --data")  # fmt: skip
+        result = cli(*command.format(r=world / "run", w=world).split())
+        refused(result, 3, f"was trained on --data {data}, which is not found here", "--data")
     finally:
         moved.rename(data)
 
