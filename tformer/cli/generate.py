@@ -286,6 +286,15 @@ def _explain(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
         console.print(table)
 
 
+def _read_line() -> str:
+    """One line of stdin; bytes that are not UTF-8 become lone surrogates (refused by the
+    caller, one line at a time) whatever the locale, never a decoding error."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:
+        return sys.stdin.readline()
+    return bytes(stream.readline()).decode("utf-8", "surrogateescape")
+
+
 def _interactive(
     loaded: Checkpoint, config: DecodingConfig, *, as_json: bool, stream: bool | None
 ) -> None:
@@ -293,7 +302,7 @@ def _interactive(
     typer.echo("one input a line; an empty line, 'exit' or Ctrl-D ends", err=True)
     while True:
         typer.echo("> ", err=True, nl=False)
-        line = sys.stdin.readline()
+        line = _read_line()
         text = line.rstrip("\r\n")
         if not line or not text.strip() or text.strip() in ("exit", "quit"):
             break
