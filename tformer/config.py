@@ -155,6 +155,7 @@ def _check_value(option: str, value: object, *, seed: bool) -> None:
         check_int(option, value, seed=seed)
     elif isinstance(value, str):
         check_text(value, option, ConfigError)
+        _require(value != "", f"{option}: an empty string; give a value or leave it out")
         _require("\0" not in value, f"{option}: {_shown(value)} holds a NUL character")
 
 

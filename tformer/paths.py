@@ -10,10 +10,12 @@ short, escaped excerpt (``excerpt``), so an error never prints a file it was poi
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tformer.errors import CheckpointError, ConfigError, TformerError
 
@@ -197,3 +199,12 @@ def follow_umask_tree(folder: Path) -> None:
             if stat.S_ISREG(os.lstat(path).st_mode):
                 os.chmod(path, 0o666 & ~mask)
         dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+
+
+def json_loads(text: str | bytes) -> Any:
+    """``json.loads``, with nesting too deep for the parser reported as malformed JSON (a
+    ``json.JSONDecodeError``, as callers already catch) rather than a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", "", 0) from None

@@ -23,6 +23,7 @@ from tformer.paths import (
     first_line,
     follow_umask,
     fsync_dir,
+    json_loads,
     replace_file,
 )
 from tformer.version import __version__
@@ -100,7 +101,7 @@ def read_manifest(folder: Path) -> dict[str, dict[str, Any]]:
         )
     try:
         text = path.read_text(encoding="utf-8")
-        manifest = json.loads(text)
+        manifest = json_loads(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{path}: unreadable ({first_line(error)})") from error
     files = manifest.get("files") if isinstance(manifest, dict) else None

@@ -61,7 +61,7 @@ from tformer.config import INT_LIMIT, SPECIAL_TOKENS, ModelConfig, TrainConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import Transformer, build_model
-from tformer.paths import excerpt, follow_umask_tree, whole_message
+from tformer.paths import excerpt, follow_umask_tree, json_loads, whole_message
 from tformer.version import __version__
 
 # Tests set this to a number of seconds to pause a save just before its rename, so that a kill
@@ -251,7 +251,7 @@ def read_config(folder: Path) -> dict[str, Any]:
     if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
         raise CheckpointError(f"{path}: not a regular file, so not a tformer checkpoint config")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = json_loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{path}: unreadable ({first_line(error)})") from error
     if not isinstance(config, dict) or config.get("format") != FORMAT:

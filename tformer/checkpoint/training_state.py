@@ -20,7 +20,7 @@ from tformer.checkpoint.files import OPTIMIZER, TRAINER_STATE, check_manifest, f
 from tformer.checkpoint.run_dir import step_of
 from tformer.config import INT_LIMIT, SEED_LIMIT
 from tformer.errors import CheckpointError
-from tformer.paths import excerpt
+from tformer.paths import excerpt, json_loads
 
 # The trainer's position: counts no run can exceed (--max-steps is at most INT_LIMIT; tokens
 # seen are counted in 64 bits), and seconds of training.
@@ -77,7 +77,7 @@ def load_training_state(
         )
     check_manifest(folder, [TRAINER_STATE, OPTIMIZER])
     try:
-        state = json.loads(state_path.read_text(encoding="utf-8"))
+        state = json_loads(state_path.read_text(encoding="utf-8"))
         tensors = load_file(str(tensors_path))
         rng = {k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")}
         extra = {k.removeprefix("extra."): v for k, v in tensors.items() if k.startswith("extra.")}
@@ -144,7 +144,7 @@ def saved_record(folder: Path, key: str) -> dict[str, Any] | None:
     run started); None when there is none, or no readable trainer state."""
     try:
         check_manifest(folder, [TRAINER_STATE])
-        state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
+        state = json_loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
     except (CheckpointError, OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     found = state.get(key) if isinstance(state, dict) else None

@@ -33,7 +33,7 @@ from tformer.checkpoint.training_state import check_position
 from tformer.config import ModelConfig
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import build_model
-from tformer.paths import excerpt_list
+from tformer.paths import excerpt_list, json_loads
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def _verify_training_state(folder: Path) -> tuple[str, None]:
         return "none (an inference-only checkpoint, e.g. best/; cannot be resumed)", None
     header = weights.read_header(tensors_path).tensors
     try:
-        state = json.loads(state_path.read_text(encoding="utf-8"))
+        state = json_loads(state_path.read_text(encoding="utf-8"))
         position = check_position(folder, state)
         step, epoch = position["step"], position.get("epoch", 0)
         state["optimizer"]["param_groups"]  # noqa: B018 (presence check)

@@ -24,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 from tformer.config import ADDED_MODEL_KEYS, ModelConfig
 from tformer.errors import CheckpointError
 from tformer.model import build_model
-from tformer.paths import excerpt, excerpt_list, first_line
+from tformer.paths import excerpt, excerpt_list, first_line, json_loads
 
 DTYPE = "F32"  # the dtype of every tensor in model.safetensors (safetensors' spelling)
 MODEL_KEY = "model"  # the header metadata key holding the saved ModelConfig (JSON)
@@ -135,7 +135,7 @@ def saved_architecture(path: Path, header: Header) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        record = json.loads(text)
+        record = json_loads(text)
     except json.JSONDecodeError as error:
         raise CheckpointError(
             f"{path}: the model configuration in its header is not JSON ({first_line(error)})"

@@ -59,6 +59,17 @@ def out_of_memory(error: BaseException, command: str | None) -> OutOfMemoryError
     return OutOfMemoryError(f"{name} ran out of memory ({detail}); lower {lower}")
 
 
+def too_deep(error: BaseException) -> TformerError | None:
+    """The one-line refusal for input nested deeper than Python can read (a hostile JSON or
+    YAML file no reader named itself), or None for any other error."""
+    if not isinstance(error, RecursionError):
+        return None
+    return TformerError(
+        "an input file is nested too deeply to read (damaged or hostile); check the files "
+        "this command was given"
+    )
+
+
 def os_error(error: OSError) -> TformerError:
     """A file-system error that no command turned into a message of its own, in one line."""
     where = f"{error.filename}: " if error.filename is not None else ""
@@ -115,9 +126,9 @@ class TformerGroup(TyperGroup):
             # The safety net: out of memory anywhere (not only in training), and file-system
             # errors no command named itself, still end in one line and an exit code.
             found = (
-                out_of_memory(error, ctx.invoked_subcommand)
-                if not isinstance(error, OSError)
-                else os_error(error)
+                os_error(error)
+                if isinstance(error, OSError)
+                else too_deep(error) or out_of_memory(error, ctx.invoked_subcommand)
             )
             if found is None or (ctx.obj or {}).get("debug"):
                 raise

@@ -151,6 +151,31 @@ def resolve(
     """The configs of the run ``settings`` ask for (of the run in ``resume`` when resuming;
     with the architecture of checkpoint ``init_from`` when fine-tuning from it)."""
     sections = read_config_file(settings.config_file) if settings.config_file else {}
+    try:
+        return _resolve(settings, sections, resume, init_from)
+    except ConfigError as error:
+        raise _in_file(error, settings, sections) from error
+
+
+def _in_file(
+    error: ConfigError, settings: Settings, sections: dict[str, dict[str, Any]]
+) -> ConfigError:
+    """``error`` naming the ``--config`` file and key when the value it refuses came from
+    there (the message starts with the value's flag), else ``error`` itself."""
+    words = str(error).split()
+    name = words[0].removeprefix("--").replace("-", "_").rstrip(":") if words else ""
+    for section, values in sections.items():
+        if name in values and name not in settings.values and name not in settings.tokenizer:
+            return ConfigError(f"--config {settings.config_file}: {section}.{name}: {error}")
+    return error
+
+
+def _resolve(
+    settings: Settings,
+    sections: dict[str, dict[str, Any]],
+    resume: Path | None,
+    init_from: Path | None,
+) -> Resolved:
     values = dict(settings.values)
     n_layers = values.pop("n_layers", None)
     if n_layers is not None:
