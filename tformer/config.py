@@ -52,6 +52,9 @@ def _require(ok: bool, message: str) -> None:
 # tokenizers library index with); seeds fit the 64-bit generators they seed.
 INT_LIMIT = 2**31 - 1
 SEED_LIMIT = 2**63 - 1
+# The longest sequence: the position table is built whole, and attention over one sequence
+# this long is past any memory (its weights alone are MAX_LEN_LIMIT**2 numbers per head).
+MAX_LEN_LIMIT = 2**20
 
 
 # What a value of each field type must be, as messages name it.
@@ -282,6 +285,11 @@ class ModelConfig:
         for name in ("n_encoder_layers", "n_decoder_layers"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, f"{flag(name)} {value} must be >= 1")
+        _require(
+            self.max_len <= MAX_LEN_LIMIT,
+            f"--max-len {self.max_len} is over {MAX_LEN_LIMIT:,} tokens, more than attention "
+            "over one sequence can hold; lower --max-len",
+        )
         _require(
             self.d_model % self.n_heads == 0,
             f"--n-heads {self.n_heads} must divide --d-model {self.d_model} "

@@ -38,8 +38,8 @@ MEMORY_FLAGS = {
 def out_of_memory(error: BaseException, command: str | None) -> OutOfMemoryError | None:
     """The one-line refusal for an out-of-memory ``error``, or None when it is something else.
 
-    torch raises ``torch.OutOfMemoryError`` on a GPU and a RuntimeError ("not enough memory")
-    when a CPU allocation fails; Python raises MemoryError.
+    torch raises ``torch.OutOfMemoryError`` on a GPU and a RuntimeError ("not enough memory",
+    "can't allocate memory") when a CPU allocation fails; Python raises MemoryError.
     """
     torch = sys.modules.get("torch")
     oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
@@ -48,7 +48,9 @@ def out_of_memory(error: BaseException, command: str | None) -> OutOfMemoryError
         oom_type is not None and isinstance(error, oom_type)
     )
     if isinstance(error, RuntimeError) and (
-        "not enough memory" in text or "out of memory" in text.lower()
+        "not enough memory" in text
+        or "out of memory" in text.lower()
+        or "can't allocate memory" in text
     ):
         is_oom = True
     if not is_oom:
