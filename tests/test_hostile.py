@@ -577,6 +577,9 @@ CONFIGS = [
     ("python-tag", "model: !!python/object/apply:os.system [true]\n", "could not determine a "
      "constructor"),
     ("two-documents", "model: {}\n---\ntrain: {}\n", "but found another document"),
+    ("out-of-range", "model:\n  dropout: 1.5\n", "model.dropout: --dropout 1.5 must be in [0, 1)"),
+    ("empty-string", "train:\n  source_field: ''\n", "train.source_field: an empty string"),
+    ("max-len-huge", "model:\n  max_len: 2000000000\n", "--max-len 2000000000 is over"),
 ]  # fmt: skip
 
 

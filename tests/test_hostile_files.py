@@ -568,6 +568,8 @@ FORGED = [
      ["step 9 contradicts the folder's name step-000004"]),
     ("config-step-huge", {"config": lambda c: c.__setitem__("step", 10**40)},
      ["is not a step number"]),
+    ("max-len-huge", {"config": _model("max_len", 2**31 - 1)}, ["--max-len 2147483647 is over"]),
+    ("data-empty", {"config": _train("data", "")}, ["train.data: an empty string"]),
 ]  # fmt: skip
 USERS = [
     ("generate", "generate {s} 1"),
@@ -619,6 +621,47 @@ def test_an_impossible_trainer_position_is_refused_on_resume(
     before = snapshot(world)
     refused(cli("train", "--resume", step, "--max-steps", "6"), 4, "trainer_state.json", message)
     assert snapshot(world) == before
+
+
+def _state(key: str, value: object) -> Callable[[dict], None]:
+    return lambda state: state.__setitem__(key, value)
+
+
+STATES = [
+    ("best-value-string", _state("best", {"metric": "val_loss", "value": "x"}),
+     "best.value 'x' is not a number or null"),
+    ("window-loss-string", _state("window", {"loss": "x", "tokens": 1}), "window.loss 'x'"),
+    ("skipped-negative", _state("skipped", -1), "skipped -1 is not a count from 0"),
+    ("best-not-object", _state("best", 5), "'window' and 'best' must be objects"),
+    ("rng-junk", _state("rng", {"python": "junk"}), "random states unusable"),
+    ("rng-list", _state("rng", []), "random states unusable ('rng' is list"),
+    ("deep-json", None, "training state unreadable (nested too deeply"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("edit", "message"), [c[1:] for c in STATES], ids=[c[0] for c in STATES])
+def test_a_forged_trainer_state_is_refused_on_resume(
+    world: Path, edit: Callable[[dict], None] | None, message: str
+) -> None:
+    step = world / "run" / "step-000004"
+    if edit is None:  # nesting deeper than Python's JSON reader can follow
+        (step / "trainer_state.json").write_text('{"position": ' + "[" * 100_000 + "]" * 100_000)
+    forge(step, state=edit)
+    before = snapshot(world)
+    refused(cli("train", "--resume", step, "--max-steps", "6"), 4, "step-000004", message)
+    assert snapshot(world) == before
+
+
+@pytest.mark.parametrize("name", ["config.json", "manifest.json"])
+def test_deeply_nested_json_in_a_checkpoint_is_one_line(world: Path, name: str) -> None:
+    step = world / "run" / "step-000004"
+    (step / name).write_text("[" * 100_000 + "]" * 100_000)
+    if name != "manifest.json":
+        forge(step)
+    for command in (["generate", step, "1"], ["info", step], ["verify", step]):
+        result = cli(*command)
+        assert result.exit_code == 4 and "Traceback" not in result.output, result.output
+        assert f"{name}: unreadable (nested too deeply" in " ".join(result.output.split())
 
 
 def test_resume_names_nan_weights_and_an_earlier_checkpoint(world: Path) -> None:

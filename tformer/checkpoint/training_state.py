@@ -97,7 +97,38 @@ def load_training_state(
             f"{folder}: training state unreadable ({first_line(error)})"
         ) from error
     check_position(folder, state)
+    check_bookkeeping(folder, state)
     return state, rng, extra
+
+
+def check_bookkeeping(folder: Path, state: dict[str, Any]) -> None:
+    """Refuse the trainer state's running figures unless each is of its kind: counts whole
+    and from 0, losses numbers (or null where none was measured yet).
+
+    Raises:
+        CheckpointError: naming trainer_state.json, the key and the value.
+    """
+    path = folder / TRAINER_STATE
+    window, best = state.get("window", {}), state.get("best") or {}
+    if not isinstance(window, dict) or not isinstance(best, dict):
+        raise CheckpointError(f"{path}: 'window' and 'best' must be objects")
+    figures = {
+        "window.loss": (window.get("loss", 0.0), False),
+        "window.tokens": (window.get("tokens", 0), True),
+        "last_val": (state.get("last_val"), False),
+        "last_train": (state.get("last_train"), False),
+        "skipped": (state.get("skipped", 0), True),
+        "best.value": (best.get("value"), False),
+        "best.evals_without_gain": (best.get("evals_without_gain", 0), True),
+    }
+    for key, (value, count) in figures.items():
+        if count:
+            ok = type(value) is int and 0 <= value <= SEED_LIMIT
+        else:
+            ok = value is None or type(value) in (int, float)  # inf: a loss that overflowed
+        if not ok:
+            what = "a count from 0" if count else "a number or null"
+            raise CheckpointError(f"{path}: {key} {excerpt(value)} is not {what}")
 
 
 def check_position(folder: Path, state: object) -> dict[str, Any]:
