@@ -68,7 +68,9 @@ def kind_of(value: object) -> str:
     if isinstance(value, int):
         return "a whole number"
     if isinstance(value, float):
-        return "a fractional number" if math.isfinite(value) else "a number"
+        if not math.isfinite(value):
+            return "a number"
+        return "a floating-point number" if value.is_integer() else "a fractional number"
     if isinstance(value, str):
         return "a string"
     if value is None:

@@ -9,6 +9,7 @@ line and column: a configuration has no use for any of them.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,15 @@ class BoundedLoader(yaml.SafeLoader):
             if duplicate:
                 raise ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.1 reads 3e-4 (no dot) as a string; YAML 1.2, and whoever writes a learning rate,
+# reads it as a number.
+BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def problem(error: yaml.YAMLError) -> str:
