@@ -194,6 +194,19 @@ REFUSED = [
      "has an empty source or target"),
     ("one-megabyte-line", "train-tokenizer --data {w}/bad/long-line.jsonl -o {w}/t.json", 3,
      f"text 1 is 1,000,000 characters, over the {MAX_TEXT_CHARS:,}"),
+    # text that is not valid Unicode (what Python makes of bytes that are not UTF-8 in argv)
+    ("generate-not-utf8", "generate {run} 1 7\udcff", 2, "TEXTS 2: not valid Unicode text"),
+    ("compare-not-utf8", "compare {run} \udcff", 2, "TEXTS: not valid Unicode"),
+    ("inspect-not-utf8", "inspect-attention {run} 1\udc80", 2, "TEXT: not valid Unicode"),
+    ("score-not-utf8", "score {run} 1 one\udcff", 2, "REFERENCE: not valid Unicode"),
+    ("fill-mask-not-utf8", "fill-mask {run} \ud800", 2, "TEXT: not valid Unicode"),
+    ("generate-target-not-utf8", "generate {run} 1 --device \udcff", 2, "--device: not valid"),
+    ("train-data-not-utf8", "train --data \udcff", 2, "--data: not valid Unicode"),
+    ("evaluate-field-not-utf8", "evaluate {run} --data {w}/good --source-field \udcff", 2,
+     "--source-field: not valid Unicode"),
+    ("align-not-utf8", "align {run} --data \udcff", 2, "--data: not valid Unicode"),
+    ("train-tokenizer-not-utf8", "train-tokenizer --data {w}/good --kind \udcff -o {w}/t.json",
+     2, "--kind: not valid Unicode"),
 ]  # fmt: skip
 
 
@@ -520,3 +533,130 @@ def test_save_into_a_missing_folder_makes_it(world: dict[str, Path], tmp_path: P
     result = cli(world, f"inspect-attention {{run}} 3 --save {target}")
     assert result.exit_code == 0, result.output
     assert json.loads(target.read_text())
+
+
+# -- config files: every value of its field's type, the YAML itself bounded (issue 36) ----------
+
+
+def _laughs(levels: int = 9) -> str:
+    """The "billion laughs": each alias holds nine of the one before (9**9 strings)."""
+    lines = ["  a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, levels):
+        name, previous = chr(97 + i), chr(96 + i)
+        lines.append(f"  {name}: &{name} [" + ", ".join([f"*{previous}"] * 9) + "]")
+    return "model:\n" + "\n".join(lines) + "\n"
+
+
+CONFIGS = [
+    ("bool-as-int", "model:\n  n_heads: true\n", "model.n_heads: true is a boolean, not a whole"),
+    ("float-as-steps", "train:\n  max_steps: 2.5\n", "train.max_steps: 2.5 is a fractional"),
+    ("string-as-number", "train:\n  lr: '3e-4'\n", "train.lr: '3e-4' is a string, not a number"),
+    ("list-as-scalar", "model:\n  d_model: [64]\n", "model.d_model: [64] is a list"),
+    ("mapping-as-scalar", "train:\n  seed: {a: 1}\n", "train.seed: {'a': 1} is a mapping"),
+    ("int-as-bool", "model:\n  tie_embeddings: 1\n", "model.tie_embeddings: 1 is a whole number, "
+     "not true or false"),
+    ("int-as-choice", "model:\n  norm: 1\n", "model.norm: 1 is a whole number, not one of post"),
+    ("date-as-path", "train:\n  data: 2024-01-01\n", "train.data: datetime.date(2024, 1, 1) is a"),
+    ("binary-as-path", "train:\n  data: !!binary aGk=\n", "train.data: b'hi' is binary data"),
+    ("tokenizer-bool", "tokenizer:\n  vocab_size: false\n", "tokenizer.vocab_size: false"),
+    ("inf", "train:\n  lr: .inf\n", "train.lr inf must be a finite number"),
+    ("nan", "train:\n  clip_norm: .nan\n", "train.clip_norm nan must be a finite number"),
+    ("huge-int", "train:\n  seed: " + "9" * 40 + "\n", "train.seed 9999"),
+    ("nul-in-path", 'train:\n  data: "a\\0b"\n', "train.data: 'a\\x00b' holds a NUL character"),
+    ("surrogate", 'train:\n  data: "a\\udc80"\n', "train.data: not valid Unicode text"),
+    ("section-scalar", "model: 5\n", "model is a whole number, not keys with values"),
+    ("top-level-list", "- model\n", "expected sections model, train, tokenizer, found a list"),
+    ("billion-laughs", _laughs(), "aliases (*name) are not accepted"),
+    ("alias", "train:\n  lr: &x 0.1\n  min_lr: *x\n", "aliases (*name) are not accepted"),
+    ("duplicate-key", "model:\n  d_model: 64\n  d_model: 128\n", "duplicate key 'd_model' (line 3"),
+    ("duplicate-section", "model: {}\nmodel: {}\n", "duplicate key 'model'"),
+    ("deep-nesting", "model: " + "[" * 50_000 + "]" * 50_000 + "\n", "nested deeper than"),
+    ("giant-string", "train:\n  data: " + "x" * 100_000 + "\n", "a value of 100,000 characters"),
+    ("giant-integer", "train:\n  seed: " + "9" * 100_000 + "\n", "a value of 100,000 characters"),
+    ("huge-file", "# " + "x" * 2_000_000 + "\n", "over 1,048,576 bytes"),
+    ("python-tag", "model: !!python/object/apply:os.system [true]\n", "could not determine a "
+     "constructor"),
+    ("two-documents", "model: {}\n---\ntrain: {}\n", "but found another document"),
+    ("out-of-range", "model:\n  dropout: 1.5\n", "model.dropout: --dropout 1.5 must be in [0, 1)"),
+    ("empty-string", "train:\n  source_field: ''\n", "train.source_field: an empty string"),
+    ("max-len-huge", "model:\n  max_len: 2000000000\n", "--max-len 2000000000 is over"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "message"), [c[1:] for c in CONFIGS],
+                         ids=[c[0] for c in CONFIGS])  # fmt: skip
+def test_a_hostile_config_file_is_refused_naming_the_file_and_the_key(
+    world: dict[str, Path], tmp_path: Path, text: str, message: str
+) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(text, encoding="utf-8")
+    before = tree(tmp_path)
+    started = time.monotonic()
+    line = refused(cli(world, f"train --data {{w}}/good --out {tmp_path}/out --config {config}"),
+                   2, message)  # fmt: skip
+    assert time.monotonic() - started < 20, "a refusal must come quickly"
+    assert f"--config {config}" in line
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    ({"n_heads": True}, "--n-heads: true is a boolean"),
+    ({"d_model": 64.0}, "--d-model: 64.0 is a fractional number"),
+    ({"dropout": "0.1"}, "--dropout: '0.1' is a string"),
+    ({"kv_heads": [1]}, "--kv-heads: [1] is a list, not a whole number or null"),
+    ({"arch": None}, "--arch: null is null, not one of encoder-decoder"),
+])  # fmt: skip
+def test_configs_built_in_python_check_their_types(bad: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ModelConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_whole_numbers_for_float_fields_become_floats() -> None:
+    config = TrainConfig(lr=1, min_lr=0)
+    assert type(config.lr) is float and type(config.min_lr) is float
+    assert DecodingConfig(temperature=1).temperature == 1.0
+    with pytest.raises(ConfigError, match="--max-steps: 2.5 is a fractional number"):
+        TrainConfig(max_steps=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="--top-k: true is a boolean"):
+        DecodingConfig(top_k=True)
+
+
+def test_a_printed_config_reads_back(tmp_path: Path) -> None:
+    from tformer.training.configs import TokenizerSpec, dump_config, read_config_file
+
+    model, train = ModelConfig(dropout=0.0), TrainConfig(time_budget=90.0, lr=1e-3)
+    (tmp_path / "run.yaml").write_text(dump_config(model, train, TokenizerSpec()))
+    sections = read_config_file(tmp_path / "run.yaml")
+    assert ModelConfig(**sections["model"]) == model
+    assert TrainConfig(**sections["train"]) == train
+
+
+# -- text that is not valid Unicode, refused by the library too -------------------------------
+
+
+def test_every_tokenizer_encode_refuses_text_that_is_not_unicode(trained: TrainResult) -> None:
+    from tformer.checkpoint.store import load_checkpoint
+    from tformer.config import check_text
+
+    tokenizer = load_checkpoint(trained.run_dir).tokenizers.source
+    bad = "3 \udcff 4"
+    for call, where in ((lambda: tokenizer.encode(bad), "the text"),
+                        (lambda: tokenizer.encode_batch(["1", bad]), "text 2"),
+                        (lambda: tokenizer.encode_packed([bad]), "the text"),
+                        (lambda: tokenizer.encodings(["1", "2", bad]), "text 3")):  # fmt: skip
+        with pytest.raises(DataError, match=f"{where}: not valid Unicode text .*U\\+DCFF at "
+                           "character 2"):  # fmt: skip
+            call()
+    assert tokenizer.encode_batch(["3 4"]) == [tokenizer.encode("3 4")]  # valid text: as before
+    assert check_text("日本 \U0001f600", "x") == "日本 \U0001f600"  # astral characters are fine
+    with pytest.raises(DataError, match="x: not valid Unicode"):
+        check_text("\ud83d", "x")  # half of a pair
+    with pytest.raises(DataError, match="tokenizer training text: text 2: not valid Unicode"):
+        train_tokenizer(["1 2", "3 \udc80"], vocab_size=40)
+
+
+def test_interactive_generate_refuses_one_bad_line_and_goes_on(world: dict[str, Path]) -> None:
+    result = cli(world, "generate {run} --interactive", input=b"1 2\n\xff 3\n4\n")
+    assert result.exit_code == 0, result.output
+    assert "error: this line: not valid Unicode" in result.stderr
+    assert len([x for x in result.stdout.splitlines() if x.strip()]) == 2

@@ -512,3 +512,261 @@ def test_one_process_cannot_take_a_lock_twice_through_two_locks(tmp_path: Path) 
     assert not (tmp_path / LOCK).exists()
     with RunLock(tmp_path):  # released: free again
         pass
+
+
+# -- forged checkpoints: non-finite weights, impossible positions and values (issue 36) ---------
+
+
+def forge(step: Path, config: Callable[[dict], None] | None = None,
+          state: Callable[[dict], None] | None = None, weight: float | None = None) -> None:
+    """Edit a checkpoint's config.json / trainer_state.json / one weight, and write its
+    manifest again: a forgery the manifest cannot catch."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from tformer.checkpoint.files import write_manifest
+
+    for name, edit in (("config.json", config), ("trainer_state.json", state)):
+        if edit is not None:
+            data = json.loads((step / name).read_text())
+            edit(data)
+            (step / name).write_text(json.dumps(data))
+    if weight is not None:
+        path = str(step / "model.safetensors")
+        with safe_open(path, "pt") as handle:
+            metadata = handle.metadata()
+        tensors = load_file(path)
+        tensors[sorted(tensors)[0]].view(-1)[0] = weight
+        save_file(tensors, path, metadata=metadata)
+    write_manifest(step)
+
+
+def _position(key: str, value: object) -> Callable[[dict], None]:
+    return lambda state: state["position"].__setitem__(key, value)
+
+
+def _model(key: str, value: object) -> Callable[[dict], None]:
+    return lambda config: config["model"].__setitem__(key, value)
+
+
+def _train(key: str, value: object) -> Callable[[dict], None]:
+    return lambda config: config["train"].__setitem__(key, value)
+
+
+FORGED = [
+    ("nan-weight", {"weight": float("nan")}, ["non-finite values (NaN or infinity) in"]),
+    ("inf-weight", {"weight": float("-inf")}, ["non-finite values"]),
+    ("n-heads-true", {"config": _model("n_heads", True)},
+     ["config.json", "model.n_heads: true is a boolean, not a whole number"]),
+    ("max-steps-fraction", {"config": _train("max_steps", 2.5)},
+     ["train.max_steps: 2.5 is a fractional number"]),
+    ("dropout-string", {"config": _model("dropout", "0.1")}, ["model.dropout: '0.1' is a string"]),
+    ("data-list", {"config": _train("data", ["a"])}, ["train.data: ['a'] is a list"]),
+    ("config-step-elsewhere", {"config": lambda c: c.__setitem__("step", 9)},
+     ["step 9 contradicts the folder's name step-000004"]),
+    ("config-step-huge", {"config": lambda c: c.__setitem__("step", 10**40)},
+     ["is not a step number"]),
+    ("max-len-huge", {"config": _model("max_len", 2**31 - 1)}, ["--max-len 2147483647 is over"]),
+    ("data-empty", {"config": _train("data", "")}, ["train.data: an empty string"]),
+]  # fmt: skip
+USERS = [
+    ("generate", "generate {s} 1"),
+    ("verify", "verify {s}"),
+    ("average", "average {s} {w}/run/step-000002 --out {w}/avg"),
+    ("init-from", "train --data {d} --out {w}/tuned --init-from {s} --max-steps 2"),
+    ("resume", "train --resume {s} --max-steps 6"),
+]
+
+
+@pytest.mark.parametrize(("use", "command"), USERS, ids=[u[0] for u in USERS])
+@pytest.mark.parametrize(("edits", "parts"), [c[1:] for c in FORGED], ids=[c[0] for c in FORGED])
+def test_a_forged_checkpoint_is_refused_by_every_command_that_loads_it(
+    world: Path, data: Path, edits: dict[str, object], parts: list[str], use: str, command: str
+) -> None:
+    step = world / "run" / "step-000004"
+    forge(step, **edits)  # type: ignore[arg-type]
+    before = snapshot(world)
+    args = command.format(s=step, w=world, d=data).split()
+    if use == "verify":  # verify lists every check it ran, the failed ones named
+        result = cli(*args)
+        assert result.exit_code == 4 and "Traceback" not in result.output
+        assert parts[0] in " ".join(result.output.split())
+    else:
+        refused(cli(*args), 4, *parts)
+    assert snapshot(world) == before  # nothing written: no average, no tuned run, no step
+
+
+POSITIONS = [
+    ("negative", "step", -5, "position.step -5 is not a count"),
+    ("fraction", "step", 2.5, "position.step 2.5 is not a count"),
+    ("string", "step", "4", "position.step '4' is not a count"),
+    ("huge", "step", 10**30, "is not a count from 0 to 2,147,483,647"),
+    ("another-step", "step", 99, "position.step 99 contradicts the folder's step 4"),
+    ("boolean-tokens", "tokens", True, "position.tokens True is not a count"),
+    ("negative-epoch", "epoch", -1, "position.epoch -1"),
+    ("nan-elapsed", "elapsed", float("nan"), "position.elapsed nan is not a duration"),
+    ("unknown-key", "rewind", 1, "unknown position key 'rewind'"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [p[1:] for p in POSITIONS],
+                         ids=[p[0] for p in POSITIONS])  # fmt: skip
+def test_an_impossible_trainer_position_is_refused_on_resume(
+    world: Path, key: str, value: object, message: str
+) -> None:
+    step = world / "run" / "step-000004"
+    forge(step, state=_position(key, value))
+    before = snapshot(world)
+    refused(cli("train", "--resume", step, "--max-steps", "6"), 4, "trainer_state.json", message)
+    assert snapshot(world) == before
+
+
+def _state(key: str, value: object) -> Callable[[dict], None]:
+    return lambda state: state.__setitem__(key, value)
+
+
+STATES = [
+    ("best-value-string", _state("best", {"metric": "val_loss", "value": "x"}),
+     "best.value 'x' is not a number or null"),
+    ("window-loss-string", _state("window", {"loss": "x", "tokens": 1}), "window.loss 'x'"),
+    ("skipped-negative", _state("skipped", -1), "skipped -1 is not a count from 0"),
+    ("best-not-object", _state("best", 5), "'window' and 'best' must be objects"),
+    ("rng-junk", _state("rng", {"python": "junk"}), "random states unusable"),
+    ("rng-list", _state("rng", []), "random states unusable ('rng' is list"),
+    ("deep-json", None, "training state unreadable (nested too deeply"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("edit", "message"), [c[1:] for c in STATES], ids=[c[0] for c in STATES])
+def test_a_forged_trainer_state_is_refused_on_resume(
+    world: Path, edit: Callable[[dict], None] | None, message: str
+) -> None:
+    step = world / "run" / "step-000004"
+    if edit is None:  # nesting deeper than Python's JSON reader can follow
+        (step / "trainer_state.json").write_text('{"position": ' + "[" * 100_000 + "]" * 100_000)
+    forge(step, state=edit)
+    before = snapshot(world)
+    refused(cli("train", "--resume", step, "--max-steps", "6"), 4, "step-000004", message)
+    assert snapshot(world) == before
+
+
+@pytest.mark.parametrize("name", ["config.json", "manifest.json"])
+def test_deeply_nested_json_in_a_checkpoint_is_one_line(world: Path, name: str) -> None:
+    step = world / "run" / "step-000004"
+    (step / name).write_text("[" * 100_000 + "]" * 100_000)
+    if name != "manifest.json":
+        forge(step)
+    for command in (["generate", step, "1"], ["info", step], ["verify", step]):
+        result = cli(*command)
+        assert result.exit_code == 4 and "Traceback" not in result.output, result.output
+        assert f"{name}: unreadable (nested too deeply" in " ".join(result.output.split())
+
+
+def test_resume_names_nan_weights_and_an_earlier_checkpoint(world: Path) -> None:
+    forge(world / "run" / "step-000004", weight=float("nan"))
+    refused(cli("train", "--resume", world / "run", "--max-steps", "6"), 4,
+            "non-finite values (NaN or infinity)", "--resume", "step-000002")  # fmt: skip
+
+
+def test_an_average_that_overflows_is_refused_before_writing(world: Path) -> None:
+    for step in ("step-000002", "step-000004"):
+        forge(world / "run" / step, weight=3e38)  # finite, but twice that is not in float32
+    before = snapshot(world)
+    result = cli("average", world / "run/step-000002", world / "run/step-000004",
+                 "--out", world / "avg")  # fmt: skip
+    refused(result, 4, "the average of 2 checkpoints", "too large")
+    assert snapshot(world) == before
+
+
+# -- evaluate / score / align / ablate without --data: the data the checkpoint was trained on ---
+
+
+ON_RECORDED_DATA = [
+    ("evaluate", "evaluate {r} --split validation --limit 3 --max-new-tokens 4 --out {w}/ev"),
+    ("score", "score {r} --split validation --limit 3"),
+    ("align", "align {r} --split validation --limit 3"),
+    ("ablate", "ablate {r} --split validation --limit 3 --top 1"),
+]
+
+
+@pytest.mark.parametrize("command", [c[1] for c in ON_RECORDED_DATA],
+                         ids=[c[0] for c in ON_RECORDED_DATA])  # fmt: skip
+def test_without_data_a_command_reads_the_data_the_checkpoint_was_trained_on(
+    world: Path, data: Path, command: str
+) -> None:
+    result = cli(*command.format(r=world / "run", w=world).split())
+    assert result.exit_code == 0, result.output
+    assert f"no --data: reading {data}, the data" in " ".join(result.stderr.split())
+    moved = data.with_name(data.name + "-moved")
+    data.rename(moved)
+    try:
+        result = cli(*command.format(r=world / "run", w=world).split())
+        refused(result, 3, f"was trained on --data {data}, which is not found here", "--data")
+    finally:
+        moved.rename(data)
+
+
+def test_evaluate_cards_name_the_recorded_data_and_bundled_means_bundled(
+    world: Path, data: Path
+) -> None:
+    import json
+
+    run = world / "run"
+    result = cli("evaluate", run, "--split", "validation", "--limit", "2", "--max-new-tokens",
+                 "2", "--out", world / "ev")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads((world / "ev" / "result.json").read_text())["data"] == str(data)
+    forge(run / "step-000004", config=_train("data", None))  # as trained on the bundled dates
+    result = cli("evaluate", run, "--split", "test", "--limit", "2", "--max-new-tokens", "2",
+                 "--out", world / "ev2")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "no --data" not in result.stderr
+    assert json.loads((world / "ev2" / "result.json").read_text())["data"].startswith("bundled")
+
+
+# -- files a user reads follow the umask --------------------------------------------------------
+
+
+def _modes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077])
+def test_weights_exports_and_averages_follow_the_umask(world: Path, mask: int) -> None:
+    from tformer.export.folder import EXPORT
+
+    before = os.umask(mask)
+    try:
+        result = cli("average", world / "run/step-000002", world / "run/step-000004",
+                     "--out", world / "avg")  # fmt: skip
+        assert result.exit_code == 0, result.output
+        write_text_atomic(world / "notes.txt", "text\n")
+        with EXPORT.staging(world / "export") as tmp:  # what every export writes through
+            (tmp / "model.bin").write_bytes(b"weights")
+            os.chmod(tmp / "model.bin", 0o600)  # as a library writing weights leaves them
+    finally:
+        os.umask(before)
+    modes = {**_modes(world / "avg"), **_modes(world / "export"),
+             "notes.txt": stat.S_IMODE((world / "notes.txt").stat().st_mode)}  # fmt: skip
+    assert "step-000004/model.safetensors" in modes and "model.bin" in modes
+    for name, mode in modes.items():
+        folder = (world / "avg" / name).is_dir() or (world / "export" / name).is_dir()
+        assert mode == (0o777 if folder else 0o666) & ~mask, (name, oct(mode))
+
+
+def test_a_training_run_writes_its_weights_like_any_other_file(template: Path) -> None:
+    step = template / "step-000004"
+    assert {stat.S_IMODE((step / n).stat().st_mode) for n in os.listdir(step)} == {
+        0o666 & ~_umask()
+    }
+
+
+def _umask() -> int:
+    from tformer.paths import current_umask
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert current_umask() == mask  # read without changing it
+    return mask

@@ -9,15 +9,17 @@ sees ``ModelConfig``; values derived at run time (vocabulary sizes from the toke
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from importlib import resources
-from typing import Any, Literal, get_args
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-import yaml
-
-from tformer.errors import ConfigError
+from tformer import safe_yaml
+from tformer.errors import ConfigError, DataError, TformerError
 
 Arch = Literal["encoder-decoder", "decoder-only", "encoder-only"]
 Norm = Literal["post", "pre"]
@@ -50,23 +52,154 @@ def _require(ok: bool, message: str) -> None:
 # tokenizers library index with); seeds fit the 64-bit generators they seed.
 INT_LIMIT = 2**31 - 1
 SEED_LIMIT = 2**63 - 1
+# The longest sequence: the position table is built whole, and attention over one sequence
+# this long is past any memory (its weights alone are MAX_LEN_LIMIT**2 numbers per head).
+MAX_LEN_LIMIT = 2**20
+
+
+# What a value of each field type must be, as messages name it.
+_EXPECTED = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+
+
+def kind_of(value: object) -> str:
+    """What ``value`` is, in a message's words ("a boolean", "a list" ...)."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "a whole number"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "a number"
+        return "a floating-point number" if value.is_integer() else "a fractional number"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, bytes):
+        return "binary data"
+    if isinstance(value, (list, tuple, set)):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+def _shown(value: object) -> str:
+    """``value`` as the file wrote it (``true``, ``null``), cut short like any quoted value."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    shown = repr(value)
+    return shown if len(shown) <= 60 else f"{shown[:60]}... ({len(shown):,} characters)"
+
+
+def _accepts(hint: Any, value: object) -> tuple[bool, Any]:
+    """Whether ``value`` is of type ``hint`` (an int counts as a float, bool as neither),
+    and the value to keep (the int made a float); a hint this does not know accepts all."""
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value  # type: ignore[arg-type]
+    if hint is str:
+        return isinstance(value, str), value
+    if get_origin(hint) is Literal:  # which member it is, one_of checks with its own message
+        return isinstance(value, str), value
+    if get_origin(hint) in (Union, UnionType):
+        for option in get_args(hint):
+            ok, kept = (value is None, value) if option is type(None) else _accepts(option, value)
+            if ok:
+                return True, kept
+        return False, value
+    return True, value
+
+
+def _expected(hint: Any) -> str:
+    if get_origin(hint) is Literal:
+        return "one of " + ", ".join(map(str, get_args(hint)))
+    if get_origin(hint) in (Union, UnionType):
+        options = [a for a in get_args(hint) if a is not type(None)]
+        return " or ".join(_expected(a) for a in options) + " or null"
+    return _EXPECTED.get(hint, str(hint))
+
+
+def check_types(
+    cls: type, values: Mapping[str, Any], name: Callable[[str], str] = flag
+) -> dict[str, Any]:
+    """``values`` for fields of dataclass ``cls``, each checked against its field's type.
+
+    A boolean is not a number, a fractional number is not a count, a string is not a number,
+    a list is not a scalar. Whole numbers given for a float field become floats. Keys that
+    are not fields are left for the caller to refuse.
+
+    Raises:
+        ConfigError: a value of the wrong type, naming it by ``name(field)``.
+    """
+    hints = _type_hints(cls)
+    checked = dict(values)
+    for key, value in values.items():
+        if key not in hints:
+            continue
+        ok, checked[key] = _accepts(hints[key], value)
+        if not ok:
+            raise ConfigError(
+                f"{name(key)}: {_shown(value)} is {kind_of(value)}, not {_expected(hints[key])}"
+            )
+        _check_value(name(key), checked[key], seed=key == "seed")
+    return checked
+
+
+def _check_value(option: str, value: object, *, seed: bool) -> None:
+    """Refuse a non-finite float, an int out of range or a string no file or path can hold."""
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, float):
+        _require(math.isfinite(value), f"{option} {value} must be a finite number")
+    elif isinstance(value, int):
+        check_int(option, value, seed=seed)
+    elif isinstance(value, str):
+        check_text(value, option, ConfigError)
+        _require(value != "", f"{option}: an empty string; give a value or leave it out")
+        _require("\0" not in value, f"{option}: {_shown(value)} holds a NUL character")
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return {f.name: hint for f in fields(cls) if (hint := get_type_hints(cls).get(f.name))}
+
+
+def check_text(text: str, where: str, error: type[TformerError] = DataError) -> str:
+    """``text``, refused when it is not valid Unicode text.
+
+    A lone surrogate (U+D800..U+DFFF) is what Python makes of bytes that are not UTF-8 in a
+    command-line argument, and what a JSON ``"\\udc80"`` escape reads as; no tokenizer, file
+    or terminal can take it.
+
+    Raises:
+        DataError (or ``error``): naming ``where`` and the character's position.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as bad:
+        raise error(
+            f"{where}: not valid Unicode text (a lone surrogate U+{ord(text[bad.start]):04X} "
+            f"at character {bad.start}: bytes that are not UTF-8, or a JSON \\u escape of "
+            "half a pair); give UTF-8 text"
+        ) from None
+    return text
 
 
 def check_numbers(config: object) -> None:
-    """Refuse a non-finite float (inf, nan) or an out-of-range int in any field of ``config``.
+    """Refuse a value of the wrong type, a non-finite float (inf, nan) or an out-of-range int
+    in any field of ``config`` (ints given for float fields become floats).
 
     Runs before the per-field range checks, whose comparisons a nan would slip through.
     """
-    for spec in fields(config):  # type: ignore[arg-type]
-        value = getattr(config, spec.name)
-        if isinstance(value, bool) or value is None:
-            continue
-        if isinstance(value, float):
-            _require(
-                math.isfinite(value), f"{flag(spec.name)} {value} must be a finite number"
-            )
-        elif isinstance(value, int):
-            check_int(flag(spec.name), value, seed=spec.name == "seed")
+    values = {spec.name: getattr(config, spec.name) for spec in fields(config)}  # type: ignore[arg-type]
+    for key, value in check_types(type(config), values).items():
+        if value is not values[key]:
+            object.__setattr__(config, key, value)  # frozen: set once, while it is built
 
 
 def check_int(option: str, value: int, *, seed: bool = False) -> None:
@@ -154,6 +287,11 @@ class ModelConfig:
         for name in ("n_encoder_layers", "n_decoder_layers"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, f"{flag(name)} {value} must be >= 1")
+        _require(
+            self.max_len <= MAX_LEN_LIMIT,
+            f"--max-len {self.max_len} is over {MAX_LEN_LIMIT:,} tokens, more than attention "
+            "over one sequence can hold; lower --max-len",
+        )
         _require(
             self.d_model % self.n_heads == 0,
             f"--n-heads {self.n_heads} must divide --d-model {self.d_model} "
@@ -278,7 +416,8 @@ def _load_recipes() -> dict[str, dict[str, dict[str, Any]]]:
     recipes = {}
     for entry in sorted(resources.files("tformer.recipes").iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
-            data = yaml.safe_load(entry.read_text(encoding="utf-8")) or {}
+            text = entry.read_text(encoding="utf-8")
+            data = safe_yaml.load(text, f"recipe {entry.name}") or {}
             recipes[entry.name.removesuffix(".yaml")] = {
                 k: dict(data.get(k) or {}) for k in RECIPE_SECTIONS
             }
@@ -478,7 +617,8 @@ def _from_dict(cls: type, data: dict[str, Any], source: str) -> Any:
         required -= set(ADDED_MODEL_KEYS)
     if required and cls is ModelConfig:
         raise ConfigError(f"{source}: missing {cls.__name__} keys {sorted(required)}")
-    return cls(**data)
+    section = "model" if cls is ModelConfig else "train"
+    return cls(**check_types(cls, data, lambda key: f"{section}.{key}"))
 
 
 _NUMBER = r"\d+(?:\.\d+)?"
@@ -514,5 +654,5 @@ MASK, MASK_ID = "<mask>", 4
 
 
 def article(word: str) -> str:
-    """"a" or "an" before ``word`` (by its first letter), for messages naming a family."""
+    """ "a" or "an" before ``word`` (by its first letter), for messages naming a family."""
     return "an" if word[:1].lower() in "aeiou" else "a"

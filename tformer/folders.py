@@ -23,7 +23,14 @@ from typing import Any
 
 from tformer.checkpoint.files import fsync_dir
 from tformer.errors import CheckpointError, ConfigError
-from tformer.paths import excerpt, file_kind, first_line, read_small_text
+from tformer.paths import (
+    excerpt,
+    file_kind,
+    first_line,
+    follow_umask_tree,
+    json_loads,
+    read_small_text,
+)
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,7 @@ class MarkedFolder:
         """The marker of ``folder`` when it is a valid one of this kind, else None."""
         text = read_small_text(folder / self.marker, limit=limit)
         try:
-            marker = json.loads(text) if text is not None else None
+            marker = json_loads(text) if text is not None else None
         except json.JSONDecodeError:
             return None
         if not isinstance(marker, dict) or marker.get("format") != self.format:
@@ -132,8 +139,9 @@ class MarkedFolder:
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.{self.noun}-"))
-            tmp.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary folder
             yield tmp
+            # mkdtemp and the weight writers make private entries; the result is ordinary files
+            follow_umask_tree(tmp)
             fsync_tree(tmp)
             self._move_into_place(tmp, out)
             tmp = None

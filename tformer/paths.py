@@ -10,10 +10,12 @@ short, escaped excerpt (``excerpt``), so an error never prints a file it was poi
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tformer.errors import CheckpointError, ConfigError, TformerError
 
@@ -159,3 +161,50 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where the platform says it (Linux).
+
+    Elsewhere it is read by setting it and putting it back at once, the only portable way.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: str | Path, *, folder: bool = False) -> None:
+    """Give ``path`` the mode a plain ``open`` / ``mkdir`` would have given it.
+
+    ``tempfile.mkstemp`` / ``mkdtemp`` (and the safetensors writer) create private (0600 /
+    0700) entries; a written file renamed into place must read like every other file.
+    """
+    os.chmod(path, (0o777 if folder else 0o666) & ~current_umask())
+
+
+def follow_umask_tree(folder: Path) -> None:
+    """``follow_umask`` for ``folder`` and every file and folder below it (links untouched)."""
+    mask = current_umask()
+    for dirpath, dirnames, filenames in os.walk(folder):
+        os.chmod(dirpath, 0o777 & ~mask)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.chmod(path, 0o666 & ~mask)
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+
+
+def json_loads(text: str | bytes) -> Any:
+    """``json.loads``, with nesting too deep for the parser reported as malformed JSON (a
+    ``json.JSONDecodeError``, as callers already catch) rather than a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", "", 0) from None

@@ -30,6 +30,7 @@ from torch import Tensor
 from tformer.checkpoint.store import Tokenizers
 from tformer.config import BOS_ID
 from tformer.data.batching import bucket_batches, pad
+from tformer.data.tokenizer import Tokenizer
 from tformer.errors import ConfigError
 from tformer.model import Transformer
 
@@ -173,8 +174,8 @@ def cross_attention(
     config = model.config
     check_choice(layer, config.n_decoder_layers, "--layer", "decoder layers")
     check_choice(head, config.n_heads, "--head", "heads")
-    sources = tokenizers.source.inner.encode_batch([s for s, _ in pairs], add_special_tokens=False)
-    targets = tokenizers.target.inner.encode_batch([t for _, t in pairs], add_special_tokens=False)
+    sources = tokenizers.source.encodings([s for s, _ in pairs])
+    targets = tokenizers.target.encodings([t for _, t in pairs])
     src_ids = [e.ids[: config.max_len] for e in sources]
     tgt_ids = [e.ids[: config.max_len - 1] for e in targets]
     weights = [np.zeros((len(t), len(s)), np.float32)
@@ -261,8 +262,8 @@ def _links(
     links = extract_links(pair_map.weights, threshold)
     if units == "tokens":
         return Alignment(sorted(links, key=lambda link: (link[1], link[0])),
-                         _tokens(tokenizers.source.inner, source),
-                         _tokens(tokenizers.target.inner, target))
+                         _tokens(tokenizers.source, source),
+                         _tokens(tokenizers.target, target))
     merged = merge_links(links, pair_map.source_words, pair_map.target_words)
     return Alignment(merged, _words(source), _words(target))
 
@@ -282,5 +283,5 @@ def _words(text: str) -> list[str]:
     return [text[start:end] for start, end in word_spans(text)]
 
 
-def _tokens(inner: object, text: str) -> list[str]:
-    return list(inner.encode(text, add_special_tokens=False).tokens)  # type: ignore[attr-defined]
+def _tokens(tokenizer: Tokenizer, text: str) -> list[str]:
+    return list(tokenizer.encodings([text])[0].tokens)

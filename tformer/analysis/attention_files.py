@@ -11,6 +11,7 @@ import torch
 
 from tformer.analysis.attention import FILE_FORMAT, FILE_VERSION, AttentionSelection
 from tformer.errors import ConfigError, DataError
+from tformer.paths import json_loads
 
 
 def save_attention(path: Path, selection: AttentionSelection) -> None:
@@ -53,13 +54,13 @@ def load_attention(path: Path) -> AttentionSelection:
     try:
         if path.suffix.lower() == ".npz":
             with np.load(path, allow_pickle=False) as arrays:
-                meta = json.loads(str(arrays["meta"][0]))
+                meta = json_loads(str(arrays["meta"][0]))
                 _check_format(path, meta)
                 rows = [str(t) for t in arrays["rows"]]
                 columns = [str(t) for t in arrays["columns"]]
                 weights = torch.from_numpy(arrays["weights"].copy())
         else:
-            meta = json.loads(path.read_text(encoding="utf-8"))
+            meta = json_loads(path.read_text(encoding="utf-8"))
             _check_format(path, meta)
             rows, columns = list(meta["rows"]), list(meta["columns"])
             weights = torch.tensor(meta["weights"], dtype=torch.float32)

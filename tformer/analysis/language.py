@@ -128,7 +128,7 @@ def encode_with_masks_of(tokenizer: Tokenizer, text: str) -> list[int]:
         raise ConfigError("the input holds U+E000, which fill-mask reserves; remove it")
     joined = text.replace(MASK, _HOLE)
     holes = [i for i, ch in enumerate(joined) if ch == _HOLE]
-    encoding = tokenizer.inner.encode(joined, add_special_tokens=False)
+    (encoding,) = tokenizer.encodings([joined])
     boundary = tokenizer.inner.token_to_id(_WORD_START)
     ids: list[int] = []
     filled: set[int] = set()

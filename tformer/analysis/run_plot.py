@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from tformer.analysis.runs import Comparison
 from tformer.errors import ConfigError, DataError
-from tformer.paths import check_replaceable, replace_file
+from tformer.paths import check_replaceable, follow_umask, replace_file
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -18,8 +18,11 @@ if TYPE_CHECKING:
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 # The panels, in order: the metrics.jsonl key and its axis label. Loss is always drawn; a
 # score panel only when some run logged it (--val-bleu).
-PANELS = (("val_loss", "validation loss"), ("val_bleu", "validation BLEU"),
-          ("val_chrf", "validation chrF"))
+PANELS = (
+    ("val_loss", "validation loss"),
+    ("val_bleu", "validation BLEU"),
+    ("val_chrf", "validation chrF"),
+)
 
 
 def check_plot_path(path: Path, option: str = "--plot") -> None:
@@ -92,7 +95,7 @@ def save_figure(fig: Figure, path: Path, option: str) -> None:
         ) from error
     os.close(handle)
     try:
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a figure is an ordinary file
+        follow_umask(tmp)  # mkstemp makes it private; a figure is an ordinary file
         fig.savefig(tmp, dpi=120, format=path.suffix.lower()[1:])
         replace_file(tmp, path)
     finally:

@@ -37,7 +37,7 @@ from tformer.checkpoint.store import read_config
 from tformer.checkpoint.weights import read_header
 from tformer.config import ModelConfig
 from tformer.errors import CheckpointError
-from tformer.paths import inside, read_small_text
+from tformer.paths import inside, json_loads, read_small_text
 
 FP32_BYTES = 4
 CARD = "result.json"
@@ -267,7 +267,7 @@ def _read_card(run: Path, path: Path) -> dict[str, Any] | None:
         return None
     text = read_small_text(path, limit=CARD_LIMIT)
     try:
-        card = json.loads(text) if text is not None else None
+        card = json_loads(text) if text is not None else None
     except json.JSONDecodeError:
         return None
     if not isinstance(card, dict) or not isinstance(card.get("metrics"), dict):

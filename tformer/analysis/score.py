@@ -296,7 +296,7 @@ def score_pair(
 
 def unknown_characters(tokenizer: Tokenizer, text: str) -> list[str]:
     """The pieces of ``text`` that ``tokenizer`` can only encode as ``<unk>``."""
-    encoding = tokenizer.inner.encode(text, add_special_tokens=False)
+    (encoding,) = tokenizer.encodings([text])
     pieces = zip(encoding.ids, encoding.offsets, strict=True)
     return [text[start:end] for i, (start, end) in pieces if i == UNK_ID]
 

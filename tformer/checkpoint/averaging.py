@@ -13,6 +13,7 @@ import torch
 from tformer.checkpoint.lock import RunLock
 from tformer.checkpoint.run_dir import create_output, prepare_output
 from tformer.checkpoint.store import Checkpoint, load_checkpoint, save_checkpoint
+from tformer.checkpoint.weights import check_finite
 from tformer.errors import CheckpointError, ConfigError
 from tformer.paths import excerpt, inside
 
@@ -86,6 +87,9 @@ def _average(paths: Sequence[Path]) -> Checkpoint:
         name: torch.stack([s[name].float() for s in states]).mean(0).to(tensor.dtype)
         for name, tensor in states[0].items()
     }
+    # Each input is finite (loading checks it), but a sum of large values can overflow.
+    why = "their values are too large to average in float32; nothing was written"
+    check_finite(averaged, Path(f"the average of {len(loaded)} checkpoints"), why)
     first.model.load_state_dict(averaged)
     first.step = max(c.step for c in loaded)
     return first

@@ -21,7 +21,9 @@ from tformer.paths import (
     excerpt,
     file_sha256,
     first_line,
+    follow_umask,
     fsync_dir,
+    json_loads,
     replace_file,
 )
 from tformer.version import __version__
@@ -99,7 +101,7 @@ def read_manifest(folder: Path) -> dict[str, dict[str, Any]]:
         )
     try:
         text = path.read_text(encoding="utf-8")
-        manifest = json.loads(text)
+        manifest = json_loads(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{path}: unreadable ({first_line(error)})") from error
     files = manifest.get("files") if isinstance(manifest, dict) else None
@@ -226,7 +228,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     check_replaceable(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; these are ordinary files
+        follow_umask(tmp)  # mkstemp makes it private; these are ordinary files
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

@@ -35,7 +35,7 @@ from tformer.checkpoint.files import (
 )
 from tformer.checkpoint.lock import LOCK, RunLock
 from tformer.errors import CheckpointError, ConfigError
-from tformer.paths import check_replaceable, excerpt, file_kind, inside, read_small_text
+from tformer.paths import check_replaceable, excerpt, file_kind, inside, json_loads, read_small_text
 
 LATEST = "latest"
 METRICS = "metrics.jsonl"
@@ -95,7 +95,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     records = []
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            record = json.loads(line)
+            record = json_loads(line)
         except json.JSONDecodeError:
             continue
         if isinstance(record, dict):
@@ -206,7 +206,7 @@ def is_checkpoint_dir(path: Path) -> bool:
     """One checkpoint folder written by tformer (its config.json says so)."""
     text = read_small_text(path / CONFIG, limit=1 << 20)
     try:
-        config = json.loads(text) if text is not None else None
+        config = json_loads(text) if text is not None else None
     except json.JSONDecodeError:
         return False
     return isinstance(config, dict) and config.get("format") == FORMAT

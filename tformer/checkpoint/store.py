@@ -53,14 +53,15 @@ from tformer.checkpoint.run_dir import (
     point_latest,
     prune,
     resolve,
+    step_of,
 )
 from tformer.checkpoint.training_state import write_training_state
-from tformer.checkpoint.weights import check_weights, weights_metadata
-from tformer.config import SPECIAL_TOKENS, ModelConfig, TrainConfig
+from tformer.checkpoint.weights import check_finite, check_weights, weights_metadata
+from tformer.config import INT_LIMIT, SPECIAL_TOKENS, ModelConfig, TrainConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import Transformer, build_model
-from tformer.paths import excerpt, whole_message
+from tformer.paths import excerpt, follow_umask_tree, json_loads, whole_message
 from tformer.version import __version__
 
 # Tests set this to a number of seconds to pause a save just before its rename, so that a kill
@@ -160,13 +161,14 @@ def save_checkpoint(
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{final.name}."))
-        tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
         _write_model_files(tmp, model, train_config, tokenizers, step, metrics)
         if optimizer is not None and trainer_state is not None:
             tensors = {f"rng.{k}": v for k, v in (rng_state or {}).items()}
             tensors.update({f"extra.{k}": v for k, v in (extra_tensors or {}).items()})
             write_training_state(tmp, optimizer, trainer_state, tensors)
         write_manifest(tmp)  # last: a folder with a manifest was written completely
+        # mkdtemp and safetensors make private entries; a checkpoint is ordinary files
+        follow_umask_tree(tmp)
         fsync_files(tmp)
         _pause_for_tests()
         _move_into_place(tmp, final)
@@ -249,7 +251,7 @@ def read_config(folder: Path) -> dict[str, Any]:
     if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
         raise CheckpointError(f"{path}: not a regular file, so not a tformer checkpoint config")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = json_loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{path}: unreadable ({first_line(error)})") from error
     if not isinstance(config, dict) or config.get("format") != FORMAT:
@@ -277,8 +279,11 @@ def parse_configs(folder: Path, config: dict[str, Any]) -> tuple[ModelConfig, Tr
         model_config = ModelConfig.from_dict(config["model"], source=source)
         train_config = TrainConfig.from_dict(config["train"], source=source)
         step = config["step"]
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ConfigError(f"step {step!r} is not a step number")
+        if type(step) is not int or not 0 <= step <= INT_LIMIT:
+            raise ConfigError(f"step {excerpt(step)} is not a step number")
+        named = step_of(folder)
+        if named is not None and step != named:
+            raise ConfigError(f"step {step} contradicts the folder's name {folder.name}")
     except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as error:
         raise CheckpointError(f"{source}: invalid configuration ({first_line(error)})") from error
     return model_config, train_config, step
@@ -347,12 +352,14 @@ def check_vocabulary(folder: Path, tokenizers: Tokenizers, model_config: ModelCo
 
 
 def load_weights(model: Transformer, weights: Path) -> None:
+    """Load ``weights`` into ``model``, refusing a file whose values are not all finite."""
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing; the checkpoint is incomplete")
     try:
         load_model(model, str(weights), strict=True, device="cpu")
     except (SafetensorError, RuntimeError, OSError, ValueError) as error:
         raise CheckpointError(f"{weights}: cannot be loaded ({whole_message(error)})") from error
+    check_finite(model.state_dict(), weights)
 
 
 def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Checkpoint:

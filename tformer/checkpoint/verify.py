@@ -9,8 +9,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from tformer.checkpoint import weights
 from tformer.checkpoint.files import (
     CONFIG,
@@ -31,10 +29,11 @@ from tformer.checkpoint.store import (
     parse_configs,
     read_config,
 )
+from tformer.checkpoint.training_state import check_position
 from tformer.config import ModelConfig
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import build_model
-from tformer.paths import excerpt_list
+from tformer.paths import excerpt_list, json_loads
 
 
 @dataclass(frozen=True)
@@ -157,9 +156,9 @@ def _verify_training_state(folder: Path) -> tuple[str, None]:
         return "none (an inference-only checkpoint, e.g. best/; cannot be resumed)", None
     header = weights.read_header(tensors_path).tensors
     try:
-        state = json.loads(state_path.read_text(encoding="utf-8"))
-        position = state["position"]
-        step, epoch = int(position["step"]), int(position["epoch"])
+        state = json_loads(state_path.read_text(encoding="utf-8"))
+        position = check_position(folder, state)
+        step, epoch = position["step"], position.get("epoch", 0)
         state["optimizer"]["param_groups"]  # noqa: B018 (presence check)
     except (
         OSError,
@@ -177,8 +176,5 @@ def _verify_load(folder: Path, model_config: ModelConfig | None) -> tuple[str, N
     if model_config is None:
         raise CheckpointError(f"{folder / CONFIG}: unreadable, so the weights cannot be loaded")
     model = build_model(model_config)
-    load_weights(model, folder / WEIGHTS)
-    bad = [n for n, p in model.state_dict().items() if not torch.isfinite(p).all()]
-    if bad:
-        raise CheckpointError(f"{folder / WEIGHTS}: non-finite values in {weights.names(bad)}")
+    load_weights(model, folder / WEIGHTS)  # refuses non-finite values, naming the tensors
     return f"{model.parameter_counts()['total']:,} parameters, all finite", None

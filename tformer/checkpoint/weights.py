@@ -13,6 +13,7 @@ implies. Checkpoints saved before the metadata existed have no record; they stil
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 from tformer.config import ADDED_MODEL_KEYS, ModelConfig
 from tformer.errors import CheckpointError
 from tformer.model import build_model
-from tformer.paths import excerpt, excerpt_list, first_line
+from tformer.paths import excerpt, excerpt_list, first_line, json_loads
 
 DTYPE = "F32"  # the dtype of every tensor in model.safetensors (safetensors' spelling)
 MODEL_KEY = "model"  # the header metadata key holding the saved ModelConfig (JSON)
@@ -134,7 +135,7 @@ def saved_architecture(path: Path, header: Header) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        record = json.loads(text)
+        record = json_loads(text)
     except json.JSONDecodeError as error:
         raise CheckpointError(
             f"{path}: the model configuration in its header is not JSON ({first_line(error)})"
@@ -144,9 +145,7 @@ def saved_architecture(path: Path, header: Header) -> dict[str, Any] | None:
     return record
 
 
-def check_architecture(
-    path: Path, header: Header, config: ModelConfig, config_path: Path
-) -> bool:
+def check_architecture(path: Path, header: Header, config: ModelConfig, config_path: Path) -> bool:
     """``config`` (from config.json) is the configuration the weights were saved with.
 
     Returns:
@@ -188,3 +187,27 @@ def check_weights(weights: Path, config: ModelConfig, config_path: Path) -> bool
     check_dtypes(weights, header)
     check_shapes(weights, header, config, config_path)
     return compared
+
+
+def non_finite(tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    """The names of ``tensors`` holding a NaN or an infinity (one pass over each, no copy)."""
+    return [
+        name
+        for name, tensor in tensors.items()
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+    ]
+
+
+def check_finite(
+    tensors: Mapping[str, torch.Tensor],
+    path: Path,
+    why: str = "the weights diverged or were damaged, so no model of them works",
+) -> None:
+    """Refuse weights with a NaN or an infinity: a model of them prints empty lines or garbage.
+
+    Raises:
+        CheckpointError: naming ``path``, the tensors, and ``why`` such weights are refused.
+    """
+    bad = non_finite(tensors)
+    if bad:
+        raise CheckpointError(f"{path}: non-finite values (NaN or infinity) in {names(bad)}; {why}")

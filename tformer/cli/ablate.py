@@ -31,6 +31,7 @@ from tformer.cli.options import (
     TARGET_FIELD,
     check_batch_size,
     check_limit,
+    data_of,
     file_option,
     require_family,
     split_pairs,
@@ -94,10 +95,11 @@ def ablate_command(
     """
     _check_options(metric, limit, prune_step, top, save)
     check_batch_size(batch_size)
+    require_family(checkpoint, "ablate", "encoder-decoder")
+    data, source_field, target_field, _ = data_of(checkpoint, data, source_field, target_field)
     pairs = split_pairs(
         data, split, source_field=source_field, target_field=target_field, limit=limit
     )
-    require_family(checkpoint, "ablate", "encoder-decoder")
     ckpt = load_checkpoint(checkpoint, resolve_device(device))
     heads = all_heads(ckpt.model)
     runs = len(heads) + 1

@@ -31,6 +31,7 @@ from tformer.cli.options import (
     SPLIT,
     TARGET_FIELD,
     check_limit,
+    data_of,
     existing_file,
     file_option,
     require_family,
@@ -152,6 +153,8 @@ def align_command(
         raise ConfigError("--json prints the --gold scores on stdout: give --gold and --out")
     if out is not None:
         file_option(out, "--out")
+    if source is None and target is None:
+        data, source_field, target_field, _ = data_of(checkpoint, data, source_field, target_field)
     _align(checkpoint, read_pairs(data, split, (source, target), (source_field, target_field)),
            limit=limit, choices=(which_layer, which_head), threshold=threshold, units=units,
            out=out, gold=gold, as_json=as_json, max_tokens=max_tokens, device=device)

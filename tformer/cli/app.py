@@ -15,10 +15,11 @@ from typing import NoReturn
 
 import typer
 from rich.markup import escape
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from tformer.cli.console import err_console
-from tformer.errors import OutOfMemoryError, TformerError, TrainingInterrupted
+from tformer.config import check_text
+from tformer.errors import ConfigError, OutOfMemoryError, TformerError, TrainingInterrupted
 from tformer.version import __version__
 
 # What to lower after running out of memory, per command (training names its own batch size).
@@ -37,8 +38,8 @@ MEMORY_FLAGS = {
 def out_of_memory(error: BaseException, command: str | None) -> OutOfMemoryError | None:
     """The one-line refusal for an out-of-memory ``error``, or None when it is something else.
 
-    torch raises ``torch.OutOfMemoryError`` on a GPU and a RuntimeError ("not enough memory")
-    when a CPU allocation fails; Python raises MemoryError.
+    torch raises ``torch.OutOfMemoryError`` on a GPU and a RuntimeError ("not enough memory",
+    "can't allocate memory") when a CPU allocation fails; Python raises MemoryError.
     """
     torch = sys.modules.get("torch")
     oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
@@ -47,7 +48,9 @@ def out_of_memory(error: BaseException, command: str | None) -> OutOfMemoryError
         oom_type is not None and isinstance(error, oom_type)
     )
     if isinstance(error, RuntimeError) and (
-        "not enough memory" in text or "out of memory" in text.lower()
+        "not enough memory" in text
+        or "out of memory" in text.lower()
+        or "can't allocate memory" in text
     ):
         is_oom = True
     if not is_oom:
@@ -56,6 +59,17 @@ def out_of_memory(error: BaseException, command: str | None) -> OutOfMemoryError
     name = f"tformer {command}" if command else "tformer"
     detail = text.strip().splitlines()[0][:160] if text.strip() else type(error).__name__
     return OutOfMemoryError(f"{name} ran out of memory ({detail}); lower {lower}")
+
+
+def too_deep(error: BaseException) -> TformerError | None:
+    """The one-line refusal for input nested deeper than Python can read (a hostile JSON or
+    YAML file no reader named itself), or None for any other error."""
+    if not isinstance(error, RecursionError):
+        return None
+    return TformerError(
+        "an input file is nested too deeply to read (damaged or hostile); check the files "
+        "this command was given"
+    )
 
 
 def os_error(error: OSError) -> TformerError:
@@ -114,9 +128,9 @@ class TformerGroup(TyperGroup):
             # The safety net: out of memory anywhere (not only in training), and file-system
             # errors no command named itself, still end in one line and an exit code.
             found = (
-                out_of_memory(error, ctx.invoked_subcommand)
-                if not isinstance(error, OSError)
-                else os_error(error)
+                os_error(error)
+                if isinstance(error, OSError)
+                else too_deep(error) or out_of_memory(error, ctx.invoked_subcommand)
             )
             if found is None or (ctx.obj or {}).get("debug"):
                 raise
@@ -125,6 +139,32 @@ class TformerGroup(TyperGroup):
     def _fail(self, ctx: typer.Context, error: TformerError) -> NoReturn:
         err_console.print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)
         ctx.exit(error.exit_code)
+
+
+class TformerCommand(TyperCommand):
+    """A command whose text values are checked before it runs: an argument that was not
+    UTF-8 (Python makes lone surrogates of such bytes) is refused in one line naming it.
+
+    Paths are left alone: a file name need not be UTF-8 on POSIX systems.
+    """
+
+    def invoke(self, ctx: typer.Context) -> object:  # type: ignore[override]
+        for param in self.params:
+            value = ctx.params.get(param.name or "")
+            values = value if isinstance(value, (list, tuple)) else [value]
+            texts = [v for v in values if isinstance(v, str)]
+            for number, text in enumerate(texts, start=1):
+                name = param.opts[0] if param.param_type_name == "option" else param.name
+                where = name if len(texts) == 1 else f"{name} {number}"
+                check_text(text, f"{where}".upper() if name == param.name else where, ConfigError)
+        return super().invoke(ctx)
+
+
+def check_command_text(typer_app: typer.Typer) -> None:
+    """Make every command registered on ``typer_app`` a ``TformerCommand``."""
+    for info in typer_app.registered_commands:
+        if info.cls in (None, TyperCommand):
+            info.cls = TformerCommand
 
 
 app = typer.Typer(

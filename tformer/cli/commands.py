@@ -19,7 +19,9 @@ from tformer.cli import (
     train,
     verify,
 )
-from tformer.cli.app import app
+from tformer.cli.app import app, check_command_text
+
+check_command_text(app)
 
 __all__ = [
     "ablate",

@@ -46,6 +46,7 @@ from tformer.cli.options import (
     apply_quantize,
     check_batch_size,
     check_limit,
+    data_of,
     decoding_config,
     folder_option,
     require_family,
@@ -102,6 +103,9 @@ def evaluate_command(
     check_batch_size(batch_size)
     folder_option(out, "--out")
     arch = require_family(checkpoint, "evaluate", "encoder-decoder", *LANGUAGE_MODELS)
+    data, source_field, target_field, text_field = data_of(
+        checkpoint, data, source_field, target_field, text_field
+    )
     if arch in LANGUAGE_MODELS:
         _evaluate_language(checkpoint, data, text_field, split, limit, out, device, mask_heads)
         return

@@ -46,11 +46,12 @@ from tformer.cli.options import (
     require_family,
     warn_long_inputs,
 )
+from tformer.config import check_text
 from tformer.decoding.api import stream_tokens
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
 from tformer.device import resolve_device
-from tformer.errors import ConfigError
+from tformer.errors import ConfigError, DataError
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
 
@@ -285,6 +286,15 @@ def _explain(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
         console.print(table)
 
 
+def _read_line() -> str:
+    """One line of stdin; bytes that are not UTF-8 become lone surrogates (refused by the
+    caller, one line at a time) whatever the locale, never a decoding error."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:
+        return sys.stdin.readline()
+    return bytes(stream.readline()).decode("utf-8", "surrogateescape")
+
+
 def _interactive(
     loaded: Checkpoint, config: DecodingConfig, *, as_json: bool, stream: bool | None
 ) -> None:
@@ -292,10 +302,15 @@ def _interactive(
     typer.echo("one input a line; an empty line, 'exit' or Ctrl-D ends", err=True)
     while True:
         typer.echo("> ", err=True, nl=False)
-        line = sys.stdin.readline()
+        line = _read_line()
         text = line.rstrip("\r\n")
         if not line or not text.strip() or text.strip() in ("exit", "quit"):
             break
+        try:
+            check_text(text, "this line")
+        except DataError as error:  # one bad line (bytes that are not UTF-8) ends nothing
+            typer.echo(f"error: {error}", err=True)
+            continue
         warn_long_inputs(loaded.tokenizers.source, [text], loaded.model_config.max_len)
         if _should_stream(stream, config, 1, as_json):
             _stream(loaded, text, config)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 
 from tformer import checkpoint as ckpt
+from tformer.checkpoint.training_state import saved_record
 from tformer.cli.console import err_console
 from tformer.config import TrainConfig, article, flag
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, TOKENIZER_KINDS
@@ -346,6 +347,7 @@ def apply_mask_heads(model: Transformer, mask_heads: str | None) -> list[str]:
     return names
 
 
+_TRAIN_DEFAULTS = TrainConfig()
 LIMIT = typer.Option(None, "--limit", help="Only the first N pairs.", show_default=False)
 
 
@@ -353,6 +355,70 @@ def check_limit(limit: int | None) -> None:
     """Refuse a ``--limit`` below 1 before anything is read."""
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit {limit} must be >= 1")
+
+
+class DataChoice(typing.NamedTuple):
+    """The data a command reads a split of, and its columns."""
+
+    data: str | None
+    source_field: str
+    target_field: str
+    text_field: str
+
+
+def data_of(
+    checkpoint: Path,
+    data: str | None,
+    source_field: str = _TRAIN_DEFAULTS.source_field,
+    target_field: str = _TRAIN_DEFAULTS.target_field,
+    text_field: str = _TRAIN_DEFAULTS.text_field,
+) -> DataChoice:
+    """``--data`` as given, or when it is not, the data ``checkpoint`` was trained on (with
+    the columns it was read by, where the column options were left at their defaults).
+
+    The bundled data is read only for a checkpoint that was trained on it: a checkpoint
+    trained on other data is never scored on the bundled set for want of ``--data``.
+
+    Raises:
+        DataError: ``--data`` is not given and the data recorded cannot be found here.
+    """
+    given = DataChoice(data, source_field, target_field, text_field)
+    if data is not None:
+        return given
+    folder = ckpt.resolve(checkpoint)
+    _, train, _ = ckpt.parse_configs(folder, ckpt.read_verified_config(folder))
+    if train.data is None:
+        return given  # trained on the bundled data
+    path = Path(train.data).expanduser()
+    if not path.exists() and _local(train.data, saved_record(folder, "data")):
+        raise DataError(
+            f"{checkpoint} was trained on --data {train.data}, which is not found here; "
+            "give --data with that data (or the data to read)"
+        )
+    err_console.print(
+        f"no --data: reading {train.data}, the data {checkpoint} was trained on", highlight=False
+    )
+
+    def recorded(name: str, value: str) -> str:
+        return getattr(train, name) if value == getattr(_TRAIN_DEFAULTS, name) else value
+
+    return DataChoice(
+        train.data,
+        recorded("source_field", source_field),
+        recorded("target_field", target_field),
+        recorded("text_field", text_field),
+    )
+
+
+def _local(spec: str, fingerprint: dict[str, Any] | None) -> bool:
+    """Whether ``--data spec`` named files (not a hub data set): a path's spelling, or files
+    in the fingerprint the training recorded of its data."""
+    if spec.startswith((".", "/", "~")) or Path(spec).suffix:
+        return True
+    splits = (fingerprint or {}).get("splits")
+    return isinstance(splits, dict) and any(
+        isinstance(split, dict) and split.get("files") for split in splits.values()
+    )
 
 
 def split_pairs(

@@ -39,6 +39,7 @@ from tformer.cli.options import (
     TARGET_FIELD,
     apply_mask_heads,
     check_limit,
+    data_of,
     file_option,
     require_family,
     split_pairs,
@@ -104,6 +105,8 @@ def score_command(
     whole_split = data is not None or split is not None
     _check_options(source, reference, whole_split, limit, worst_n, masks, out)
     name = split or "test"
+    if whole_split:
+        data, source_field, target_field, _ = data_of(checkpoint, data, source_field, target_field)
     pairs = (
         split_pairs(data, name, source_field=source_field, target_field=target_field, limit=limit)
         if whole_split

@@ -21,7 +21,7 @@ from tformer.data import parallel
 from tformer.data.layout import LOADERS, SPLIT_NAMES, split_files
 from tformer.data.sources import TextPair
 from tformer.errors import DataError
-from tformer.paths import excerpt, excerpt_list, first_line
+from tformer.paths import excerpt, excerpt_list, first_line, json_loads
 
 Stream = Iterator[list[TextPair]]
 
@@ -88,7 +88,7 @@ def _json_lines(path: Path, source_field: str, target_field: str) -> Iterator[Te
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json_loads(line)
             except json.JSONDecodeError as error:
                 raise DataError(
                     f"{path}: line {number}: invalid JSON Lines ({error.msg})"

@@ -27,12 +27,12 @@ import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-from tformer.config import SPECIAL_TOKENS, UNK
+from tformer.config import SPECIAL_TOKENS, UNK, check_text
 from tformer.data.store import TokenIds
 from tformer.data.wordcache import WordCache
 from tformer.errors import CheckpointError, ConfigError, DataError
 from tformer.native import interruptible
-from tformer.paths import check_replaceable, first_line, replace_file
+from tformer.paths import check_replaceable, first_line, follow_umask, replace_file
 
 TOKENIZER_KINDS = ("bpe", "unigram", "wordpiece")
 # Pairs a tokenizer is trained on at most: a sample this large gives the same vocabulary as
@@ -80,8 +80,25 @@ class Tokenizer:
         return _KIND_OF_MODEL[type(self.inner.model)]
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; BOS/EOS are added by the data pipeline, not here."""
-        return self.inner.encode(text, add_special_tokens=False).ids
+        """Token ids of ``text``; BOS/EOS are added by the data pipeline, not here.
+
+        Raises:
+            DataError: ``text`` is not valid Unicode (a lone surrogate), as for every encode.
+        """
+        try:
+            return self.inner.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            _refuse_invalid([text])
+            raise
+
+    def encodings(self, texts: Sequence[str]) -> list[tokenizers.Encoding]:
+        """The library's full encodings of ``texts`` (tokens, character offsets), checked
+        as :meth:`encode` is."""
+        try:
+            return self.inner.encode_batch(list(texts), add_special_tokens=False)
+        except TypeError:
+            _refuse_invalid(texts)
+            raise
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text, as :meth:`encode` gives them."""
@@ -107,7 +124,11 @@ class Tokenizer:
         # through the word cache (same ids, several times faster); any other through Rust.
         if self._words is None:
             self._words = WordCache(self.inner, SPECIAL_TOKENS, enabled=_is_own_pipeline(self))
-        return self._words.encode(texts)
+        try:
+            return self._words.encode(texts)
+        except TypeError:  # what the tokenizers library raises for text it cannot take
+            _refuse_invalid(texts)
+            raise
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens (padding, BOS/EOS, unknowns) left out."""
@@ -146,7 +167,7 @@ class Tokenizer:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; a tokenizer is an ordinary file
+            follow_umask(tmp)  # mkstemp makes it private; a tokenizer is an ordinary file
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as file:
                 file.write(self._text)
                 file.flush()
@@ -270,6 +291,14 @@ def train_tokenizer(
     return tokenizer
 
 
+def _refuse_invalid(texts: Sequence[str]) -> None:
+    """Name the first of ``texts`` that is not valid Unicode; the check runs only after the
+    tokenizer refused a batch, so valid text pays nothing for it."""
+    for number, text in enumerate(texts, start=1):
+        if isinstance(text, str):
+            check_text(text, "the text" if len(texts) == 1 else f"text {number}")
+
+
 def _non_empty(texts: Iterable[str]) -> Iterator[str]:
     """``texts`` unchanged, after checking (lazily, in a single pass) that one is not blank."""
     iterator = iter(texts)
@@ -281,8 +310,8 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
 
 def _bounded(texts: Iterable[str], where: str, refused: list[DataError]) -> Iterator[str]:
     """``texts`` with over-long words cut into ``MAX_WORD_CHARS`` pieces. At a text over
-    ``MAX_TEXT_CHARS`` it stops, with the refusal (naming the text, 1 = the first) in
-    ``refused``."""
+    ``MAX_TEXT_CHARS``, or one that is not valid Unicode, it stops, with the refusal (naming
+    the text, 1 = the first) in ``refused``."""
     for number, text in enumerate(texts, start=1):
         if len(text) > MAX_TEXT_CHARS:
             refused.append(
@@ -291,6 +320,11 @@ def _bounded(texts: Iterable[str], where: str, refused: list[DataError]) -> Iter
                     f"{MAX_TEXT_CHARS:,} a tokenizer is trained on; split or drop that text"
                 )
             )
+            return
+        try:
+            check_text(text, f"{where}: text {number}")
+        except DataError as error:
+            refused.append(error)
             return
         yield _LONG_WORD.sub(_cut_word, text) if len(text) > MAX_WORD_CHARS else text
 

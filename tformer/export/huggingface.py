@@ -26,6 +26,7 @@ from tformer.data.tokenizer import Tokenizer
 from tformer.errors import ConfigError
 from tformer.export.ctranslate2 import special_token_bias
 from tformer.model import Transformer
+from tformer.paths import json_loads
 
 README = "README.md"
 TARGET_TOKENIZER = "target_tokenizer"  # subfolder: the target side of separate vocabularies
@@ -196,7 +197,7 @@ def _save_tokenizer(tokenizer: Tokenizer, folder: Path, max_len: int) -> None:
     # Named explicitly, so that AutoTokenizer loads this file and not Marian's SentencePiece
     # tokenizer, which the folder does not have.
     path = folder / "tokenizer_config.json"
-    settings = json.loads(path.read_text(encoding="utf-8"))
+    settings = json_loads(path.read_text(encoding="utf-8"))
     settings["tokenizer_class"] = "PreTrainedTokenizerFast"
     path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
 

@@ -11,7 +11,7 @@ reproduces its run.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,18 +19,22 @@ from typing import Any
 import yaml
 
 from tformer import checkpoint as ckpt
+from tformer import safe_yaml
 from tformer.config import (
     DEFAULT_PRESET,
     PRESETS,
     RECIPES,
     ModelConfig,
     TrainConfig,
+    check_numbers,
+    check_types,
     flag,
+    kind_of,
     parse_duration,
 )
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE
 from tformer.errors import CheckpointError, ConfigError
-from tformer.paths import excerpt, first_line
+from tformer.paths import excerpt
 from tformer.training.resume_flags import (
     DERIVED,
     ROLES,
@@ -53,9 +57,13 @@ class TokenizerSpec:
     shared: bool = True
     sample: int = DEFAULT_TOKENIZER_SAMPLE  # trained on at most this many pairs, drawn at random
 
+    def __post_init__(self) -> None:
+        check_numbers(self)
+
 
 TOKENIZER_FIELDS = frozenset(f.name for f in dataclasses.fields(TokenizerSpec))
 SECTIONS = {"model": MODEL_FIELDS, "train": TRAIN_FIELDS, "tokenizer": TOKENIZER_FIELDS}
+CLASSES: dict[str, type] = {"model": ModelConfig, "train": TrainConfig, "tokenizer": TokenizerSpec}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,36 +94,44 @@ class Resolved:
 
 
 def read_config_file(path: Path) -> dict[str, dict[str, Any]]:
-    """The sections of a ``--config`` YAML file; unknown sections or keys are refused."""
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ConfigError(f"--config {path}: cannot read it ({error.strerror})") from error
-    except yaml.YAMLError as error:
-        raise ConfigError(f"--config {path}: not valid YAML ({first_line(error)})") from error
-    data = data or {}
+    """The sections of a ``--config`` YAML file, every value checked against its field's type;
+    unknown sections or keys, and YAML a configuration has no use for, are refused."""
+    where = f"--config {path}"
+    data = safe_yaml.read_file(Path(path), where)
+    data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected sections {', '.join(SECTIONS)}")
+        raise ConfigError(
+            f"{where}: expected sections {', '.join(SECTIONS)}, found {kind_of(data)}"
+        )
     sections: dict[str, dict[str, Any]] = {}
     for name, values in data.items():
         if name not in SECTIONS:
             raise ConfigError(
-                f"--config {path}: unknown key {excerpt(name)}; the sections are "
-                f"{', '.join(SECTIONS)}"
+                f"{where}: unknown key {excerpt(name)}; the sections are {', '.join(SECTIONS)}"
             )
-        values = values or {}
-        unknown = sorted(set(values) - SECTIONS[name])
+        values = {} if values is None else values
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}: {name} is {kind_of(values)}, not keys with values")
+        unknown = sorted(map(str, set(values) - SECTIONS[name]))
         if unknown:
             key = excerpt(f"{name}.{unknown[0]}")
             raise ConfigError(
-                f"--config {path}: unknown key {key}; see `tformer train --print-config` for "
-                "every key"
+                f"{where}: unknown key {key}; see `tformer train --print-config` for every key"
             )
-        sections[name] = dict(values)
-    train = sections.get("train", {})
-    if isinstance(train.get("time_budget"), str):
-        train["time_budget"] = parse_duration(train["time_budget"], option=f"{path}: time_budget")
+        if name == "train" and isinstance(values.get("time_budget"), str):
+            values = {
+                **values,
+                "time_budget": parse_duration(
+                    values["time_budget"], option=f"{where}: train.time_budget"
+                ),
+            }
+        sections[name] = check_types(CLASSES[name], values, _naming(f"{where}: {name}."))
     return sections
+
+
+def _naming(prefix: str) -> Callable[[str], str]:
+    """How a message names a key of a section: ``--config run.yaml: model.n_heads``."""
+    return lambda key: prefix + key
 
 
 def dump_config(model: ModelConfig | None, train: TrainConfig, tokenizer: TokenizerSpec) -> str:
@@ -135,6 +151,31 @@ def resolve(
     """The configs of the run ``settings`` ask for (of the run in ``resume`` when resuming;
     with the architecture of checkpoint ``init_from`` when fine-tuning from it)."""
     sections = read_config_file(settings.config_file) if settings.config_file else {}
+    try:
+        return _resolve(settings, sections, resume, init_from)
+    except ConfigError as error:
+        raise _in_file(error, settings, sections) from error
+
+
+def _in_file(
+    error: ConfigError, settings: Settings, sections: dict[str, dict[str, Any]]
+) -> ConfigError:
+    """``error`` naming the ``--config`` file and key when the value it refuses came from
+    there (the message starts with the value's flag), else ``error`` itself."""
+    words = str(error).split()
+    name = words[0].removeprefix("--").replace("-", "_").rstrip(":") if words else ""
+    for section, values in sections.items():
+        if name in values and name not in settings.values and name not in settings.tokenizer:
+            return ConfigError(f"--config {settings.config_file}: {section}.{name}: {error}")
+    return error
+
+
+def _resolve(
+    settings: Settings,
+    sections: dict[str, dict[str, Any]],
+    resume: Path | None,
+    init_from: Path | None,
+) -> Resolved:
     values = dict(settings.values)
     n_layers = values.pop("n_layers", None)
     if n_layers is not None:

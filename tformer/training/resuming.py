@@ -9,10 +9,12 @@ from typing import Any
 import torch
 
 from tformer import checkpoint as ckpt
+from tformer.checkpoint.files import TRAINER_STATE
 from tformer.checkpoint.training_state import saved_data_fingerprint
 from tformer.config import TrainConfig
 from tformer.data.fingerprint import changes
 from tformer.errors import CheckpointError, DataError
+from tformer.paths import first_line
 from tformer.training.configs import with_older_checkpoint
 from tformer.training.state import restore_rng
 
@@ -26,7 +28,16 @@ def restore_training_state(
         return {}, {}
     state, rng, extra = ckpt.load_training_state(resumed.path, optimizer)
     _apply_hyperparameters(optimizer, cfg)
-    restore_rng(state.get("rng", {}), rng)
+    try:
+        meta = state.get("rng", {})
+        if not isinstance(meta, dict):
+            raise TypeError(f"'rng' is {type(meta).__name__}, not an object")
+        restore_rng(meta, rng)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as error:
+        raise CheckpointError(
+            f"{resumed.path / TRAINER_STATE}: random states unusable ({first_line(error)}); "
+            "resume from another checkpoint of the run"
+        ) from error
     return state, extra
 
 
