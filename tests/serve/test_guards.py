@@ -3,6 +3,7 @@ tokenising off the event loop; and the inputs-too-long warning the command line 
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -112,6 +113,34 @@ def test_a_request_that_never_arrives_whole_gets_408_and_is_closed(
     assert b'"error": "the request did not arrive whole within 2 s' in answer
     assert REQUEST_TIMEOUT - 0.5 < waited < REQUEST_TIMEOUT + 10, waited
     assert client.get("/health").status == 200
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n\r\n",
+        b"POST /v1/translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -1\r\n\r\n",
+        b"\x00\x01\xff" * 50,
+    ],
+    ids=["two-hosts", "negative-length", "not-http"],
+)
+def test_malformed_http_is_refused_in_one_json_line(client: Client, sent: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", client.port), timeout=30) as bad:
+        bad.sendall(sent)
+        answer = _read_all(bad)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer
+    assert answer.endswith(b'{"error": "not a valid HTTP/1.1 request; send a well-formed request"}')
+    assert client.get("/health").status == 200
+
+
+def test_a_number_too_long_to_read_is_named() -> None:
+    from tformer.serve.limits import unreadable
+
+    with pytest.raises(ValueError) as raised:
+        json.loads('{"seed": ' + "9" * 5000 + "}")
+    assert unreadable(raised.value) == (
+        "the body holds a number with too many digits to read; send smaller numbers"
+    )
 
 
 def test_a_connection_that_sends_nothing_is_closed(client: Client) -> None:

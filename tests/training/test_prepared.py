@@ -239,7 +239,7 @@ def test_train_trains_its_tokenizer_on_a_sample_too(
     assert not (tmp_path / "bad").exists()
 
 
-def _forge(folder: Path, edit: Callable[[Path], object]) -> None:
+def forge_prepared(folder: Path, edit: Callable[[Path], object]) -> None:
     """``edit`` the folder, then list every file's new size and SHA-256 in the manifest, as a
     forger would: only a check of the contents can tell."""
     edit(folder)
@@ -250,7 +250,7 @@ def _forge(folder: Path, edit: Callable[[Path], object]) -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest))
 
 
-def _set(name: str, dtype: str, index: int, value: int) -> Callable[[Path], object]:
+def set_value(name: str, dtype: str, index: int, value: int) -> Callable[[Path], object]:
     def edit(folder: Path) -> None:
         array = np.fromfile(folder / name, dtype=dtype)
         array[index] = value
@@ -277,13 +277,14 @@ def _first_line(name: str, line: bytes) -> Callable[[Path], object]:
 
 
 FORGED = [  # (name, edit, what the refusal says)
-    ("id-outside-vocab", _set("train.source.ids", "<u2", 5, 60),
+    ("id-outside-vocab", set_value("train.source.ids", "<u2", 5, 60),
      "train.source: id 60 (token 6) is outside the vocabulary of 60"),
-    ("offset-past-end", _set("train.target.offsets", "<i8", 3, 10**6),
+    ("offset-past-end", set_value("train.target.offsets", "<i8", 3, 10**6),
      "train.target: pair 3's offsets do not match its length"),
-    ("offsets-not-from-0", _set("train.source.offsets", "<i8", 0, 1), "its offsets run from 1"),
-    ("empty-pair", _set("train.target.lengths", "<i4", 2, 0), "pair 3 has 0 tokens, not 1 to"),
-    ("longer-than-max-len", _set("validation.source.lengths", "<i4", 0, 10**6),
+    ("offsets-not-from-0", set_value("train.source.offsets", "<i8", 0, 1),
+     "its offsets run from 1"),
+    ("empty-pair", set_value("train.target.lengths", "<i4", 2, 0), "pair 3 has 0 tokens, not 1 to"),
+    ("longer-than-max-len", set_value("validation.source.lengths", "<i4", 0, 10**6),
      "validation.source: pair 1 has 1000000 tokens, not 1 to 256"),
     ("ids-cut", lambda f: (f / "train.source.ids").write_bytes(
         (f / "train.source.ids").read_bytes()[:-1]), "train.source.ids has"),
@@ -307,7 +308,7 @@ def test_contents_training_relies_on_are_checked_not_only_their_hashes(
 ) -> None:
     copy = tmp_path / "forged"
     shutil.copytree(prepared, copy)
-    _forge(copy, edit)
+    forge_prepared(copy, edit)
     with pytest.raises(DataError, match="prepare the data again") as refused:
         folder = open_prepared(copy)
         folder.split("validation", folder.max_len, strict=False)  # reads the texts
@@ -319,7 +320,7 @@ def test_training_on_a_forged_folder_is_refused_before_anything_is_written(
 ) -> None:
     copy = tmp_path / "forged"
     shutil.copytree(prepared, copy)
-    _forge(copy, _set("train.target.ids", "<u2", 0, 65535))
+    forge_prepared(copy, set_value("train.target.ids", "<u2", 0, 65535))
     code, output = run_cli("train", "--data", str(copy), "--out", str(tmp_path / "run"),
                            "--preset", "tiny", "--max-steps", "1")  # fmt: skip
     assert code == 3, output

@@ -334,9 +334,14 @@ def open_prepared(spec: str | Path, *, check_hashes: bool = True) -> Prepared:
         )
     for name, entry in sorted(hashes.items()):
         path = folder / name
-        if not path.is_file() or path.is_symlink():
+        if _through_link(folder, name):
+            raise DataError(
+                f"{where}: {excerpt(name)} is a link or lies behind one; a prepared folder holds "
+                "its own files, so prepare the data again"
+            )
+        if not path.is_file():
             raise DataError(f"{where}: {excerpt(name)} is missing; prepare the data again")
-        if path.stat().st_size != entry.get("size") or (
+        if not isinstance(entry, dict) or path.stat().st_size != entry.get("size") or (
             check_hashes and file_sha256(path) != entry.get("sha256")
         ):
             raise DataError(
@@ -358,6 +363,17 @@ def open_prepared(spec: str | Path, *, check_hashes: bool = True) -> Prepared:
     prepared = Prepared(folder, manifest, (source, target))
     check_contents(prepared)
     return prepared
+
+
+def _through_link(folder: Path, name: str) -> bool:
+    """Whether ``folder / name`` is a link, or is reached through a linked folder (which
+    could lead out of ``folder``, to a device or a FIFO)."""
+    path = folder
+    for part in name.split("/"):
+        path = path / part
+        if path.is_symlink():
+            return True
+    return False
 
 
 def _check_fields(where: str, manifest: dict[str, Any]) -> None:

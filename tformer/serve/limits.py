@@ -131,6 +131,8 @@ def unreadable(cause: BaseException | None) -> str:
         return "the body is not UTF-8 JSON; send a JSON object in UTF-8"
     if isinstance(cause, RecursionError):
         return "the body's JSON is nested too deeply to read; send a JSON object of the fields"
+    if isinstance(cause, ValueError) and "digits" in str(cause):  # Python's int size limit
+        return "the body holds a number with too many digits to read; send smaller numbers"
     detail = f" ({first_line(cause)})" if cause is not None else ""
     return f"the body cannot be read as JSON{detail}; send a JSON object"
 

@@ -160,6 +160,15 @@ class DeadlineH11(H11Protocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def send_400_response(self, msg: str) -> None:
+        """Malformed HTTP (uvicorn's own refusal, in plain text): in the API's JSON shape."""
+        self.transport.write(
+            _whole_response(
+                400, "Bad Request", "not a valid HTTP/1.1 request; send a well-formed request"
+            )
+        )
+        self.transport.close()
+
     def _watch(self) -> None:
         """Arm the deadline while a request is awaited or arriving; disarm it once whole."""
         awaited = self.conn.their_state in (h11.IDLE, h11.SEND_BODY)
@@ -180,21 +189,20 @@ class DeadlineH11(H11Protocol):
         begun = self.conn.their_state is h11.SEND_BODY or bool(self.conn.trailing_data[0])
         answered = self.conn.their_state is h11.SEND_BODY and self.cycle.response_started
         if begun and not answered:  # a client that sent nothing is closed as keep-alive does
-            self.transport.write(_timeout_response(self.request_timeout))
+            message = (
+                f"the request did not arrive whole within {self.request_timeout:g} s "
+                "(tformer serve --request-timeout); send its headers and body without pausing"
+            )
+            self.transport.write(_whole_response(408, "Request Timeout", message))
         self.transport.close()
 
 
-def _timeout_response(seconds: float) -> bytes:
-    """A whole 408 response in the API's one-line JSON shape (written past h11, whose state
-    may not allow a response before the request's headers are complete)."""
-    body = json.dumps(
-        {
-            "error": f"the request did not arrive whole within {seconds:g} s "
-            "(tformer serve --request-timeout); send its headers and body without pausing"
-        }
-    ).encode()
+def _whole_response(status: int, reason: str, message: str) -> bytes:
+    """A whole response in the API's one-line JSON shape, to send before closing (written
+    past h11, whose state may not allow a response before the request's headers are in)."""
+    body = json.dumps({"error": message}).encode()
     head = [
-        b"HTTP/1.1 408 Request Timeout",
+        f"HTTP/1.1 {status} {reason}".encode(),
         b"content-type: application/json",
         b"connection: close",
         b"content-length: " + str(len(body)).encode(),
