@@ -120,7 +120,8 @@ def run_server(
 
 def uvicorn_server(app: FastAPI, host: str, port: int, request_timeout: float) -> uvicorn.Server:
     """The uvicorn server ``run_server`` runs: warnings only, no access log, the app's
-    lifespan, and each request given ``request_timeout`` seconds to arrive whole."""
+    lifespan, HTTP/1.1 only, and each request given ``request_timeout`` seconds to arrive
+    whole."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -129,6 +130,7 @@ def uvicorn_server(app: FastAPI, host: str, port: int, request_timeout: float) -
         access_log=False,
         lifespan="on",
         http=deadline_protocol(request_timeout),
+        ws="none",  # no WebSocket routes: an upgrade request is plain HTTP, under the deadline
     )
     return uvicorn.Server(config)
 
