@@ -276,6 +276,14 @@ def _first_line(name: str, line: bytes) -> Callable[[Path], object]:
     return edit
 
 
+def _list_another_file(folder: Path) -> None:
+    (folder / "extra.bin").write_bytes(b"\0" * 16)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"].append("extra.bin")
+    manifest["hashes"]["extra.bin"] = {}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
 FORGED = [  # (name, edit, what the refusal says)
     ("id-outside-vocab", set_value("train.source.ids", "<u2", 5, 60),
      "train.source: id 60 (token 6) is outside the vocabulary of 60"),
@@ -297,6 +305,9 @@ FORGED = [  # (name, edit, what the refusal says)
      "validation.texts.jsonl line 1 is not a JSON object"),
     ("text-not-utf8", _first_line("validation.texts.jsonl", b'{"source": "\xff", "target": ""}\n'),
      "validation.texts.jsonl line 1 is not"),
+    ("foreign-file-listed", _list_another_file, "lists 'extra.bin', which is not a file of a"),
+    ("linked-file", lambda f: (f / "train.source.ids").unlink() or (f / "train.source.ids")
+     .symlink_to(f / "train.target.ids"), "'train.source.ids' is a link or lies behind one"),
     ("text-missing-line", _first_line("validation.texts.jsonl", b""),
      "validation.texts.jsonl holds 19 pairs, not the 20"),
 ]

@@ -332,6 +332,12 @@ def open_prepared(spec: str | Path, *, check_hashes: bool = True) -> Prepared:
             f"{where}: {MANIFEST} does not list the files of every split with their hashes; "
             "prepare the data again with `tformer prepare`"
         )
+    foreign = sorted(set(hashes) - needed - set(TOKENIZER_NAMES))
+    if foreign:  # hashing it could mean reading anything, however large
+        raise DataError(
+            f"{where}: {MANIFEST} lists {excerpt(foreign[0])}, which is not a file of a prepared "
+            "folder; prepare the data again"
+        )
     for name, entry in sorted(hashes.items()):
         path = folder / name
         if _through_link(folder, name):
