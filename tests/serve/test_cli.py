@@ -47,6 +47,8 @@ def test_without_the_extra_one_line_says_what_to_install(
         (["--max-rows", "5000"], "--max-rows 5000 is over 4096"),
         (["--batch-window-ms", "-1"], "--batch-window-ms -1 must be in 0..10000"),
         (["--quantize", "int4"], "--quantize"),
+        (["--request-timeout", "0"], "--request-timeout 0 must be in 0.1..3600"),
+        (["--allowed-hosts", "a b,localhost"], "--allowed-hosts 'a b,localhost': 'a b' is not a"),
     ],
 )
 def test_bad_flags_are_refused(trained: TrainResult, flags: list[str], message: str) -> None:
