@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -26,9 +27,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tests.conftest import digit_pairs, write_jsonl
+from tests.training.test_prepared import forge_prepared, set_value
 from tformer.cli.commands import app
 from tformer.cli.options import split_lines
 from tformer.config import ModelConfig, TrainConfig
+from tformer.data.prepare import prepare
 from tformer.data.tokenizer import MAX_TEXT_CHARS, train_tokenizer
 from tformer.decoding.settings import MAX_ROWS, DecodingConfig
 from tformer.errors import ConfigError, DataError, TformerError
@@ -82,6 +85,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, trained: TrainResult) -> dic
     fifo = root / "fifo"
     os.mkfifo(fifo)
     (root / "inputs.txt").write_text(f"3 1\n{LONG}\n9\n")
+    prepare(str(good), root / "prepared", vocab_size=60)
+    shutil.copytree(root / "prepared", root / "forged")  # ids outside the vocabulary, rehashed
+    forge_prepared(root / "forged", set_value("train.target.ids", "<u2", 0, 65535))
     return {"w": root, "run": trained.run_dir}
 
 
@@ -207,6 +213,15 @@ REFUSED = [
     ("align-not-utf8", "align {run} --data \udcff", 2, "--data: not valid Unicode"),
     ("train-tokenizer-not-utf8", "train-tokenizer --data {w}/good --kind \udcff -o {w}/t.json",
      2, "--kind: not valid Unicode"),
+    # prepared folders: checked against what training needs; options they make meaningless
+    ("prepared-forged-ids", "train --data {w}/forged --out {w}/r " + " ".join(TINY), 3,
+     "train.target: id 65535 (token 1) is outside the vocabulary of 60"),
+    ("prepared-vocab-size", "train --data {w}/prepared --out {w}/r --vocab-size 8000", 2,
+     "--vocab-size 8000 (it was prepared with 60) would do nothing"),
+    ("prepared-num-proc-dry-run", "train --data {w}/prepared --num-proc 2 --dry-run", 2,
+     "--num-proc would do nothing"),
+    ("prepare-over-prepared", "prepare --data {w}/good --out {w}/prepared", 2,
+     "exists and is not empty; give --overwrite"),
 ]  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer.checkpoint.files import fsync_dir
+from tformer.checkpoint.lock import RunLock
 from tformer.errors import CheckpointError, ConfigError
 from tformer.paths import (
     excerpt,
@@ -125,24 +126,36 @@ class MarkedFolder:
         return json.dumps(marker, indent=2) + "\n"
 
     @contextmanager
-    def staging(self, out: Path) -> Iterator[Path]:
+    def staging(self, out: Path, *, overwrite: bool) -> Iterator[Path]:
         """A temporary sibling of ``out`` to write into; renamed to ``out`` when the block
         ends normally, removed whatever happens otherwise (an error, Ctrl-C), with the
         parent folders it created.
 
+        Two commands writing one ``out`` at once cannot both succeed: a lock beside ``out``
+        (``.OUT.lock``) is held from the start of the block to the rename, so the second
+        is refused at once; one that starts after the first has finished finds ``out``
+        there and is refused without ``overwrite``, which is checked again just before the
+        rename.
+
         Raises:
+            ConfigError: another process is writing ``out``, or ``out`` is there now and may
+                not be replaced.
             CheckpointError: the folder cannot be created or renamed (read-only, full ...).
         """
         out = out.absolute()
         tmp: Path | None = None
         created = [p for p in (out.parent, *out.parent.parents) if not p.exists()][::-1]
+        lock = _SiblingLock(out, self.option)
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+            self.check_replace(out, overwrite=overwrite)  # another may have written it by now
             tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.{self.noun}-"))
             yield tmp
             # mkdtemp and the weight writers make private entries; the result is ordinary files
             follow_umask_tree(tmp)
             fsync_tree(tmp)
+            self.check_replace(out, overwrite=overwrite)
             self._move_into_place(tmp, out)
             tmp = None
             fsync_dir(out.parent)
@@ -154,8 +167,10 @@ class MarkedFolder:
                 "was written)"
             ) from error
         finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
+            lock.release()
+            if tmp is not None or not out.exists():
+                if tmp is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
                 for folder in reversed(created):
                     with contextlib.suppress(OSError):  # left alone once anything is in it
                         folder.rmdir()
@@ -171,6 +186,24 @@ class MarkedFolder:
         os.replace(out, old / out.name)
         os.replace(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
+
+
+class _SiblingLock(RunLock):
+    """The lock of an output folder, ``.OUT.lock`` beside it (``OUT`` may not exist yet):
+    ``RunLock``'s flock, so a lock left by a killed writer never blocks."""
+
+    def __init__(self, out: Path, option: str) -> None:
+        super().__init__(out.parent, option)
+        self.out = out
+        self.path = out.parent / f".{out.name}.lock"
+
+    def _held_by_another(self) -> str:
+        text = (read_small_text(self.path, limit=32) or "").strip()
+        who = f"another tformer process (PID {text})" if text.isdigit() else "another process"
+        return (
+            f"{self.flag} {self.out}: {who} is writing this folder now (it holds {self.path}); "
+            f"wait for it to finish, or choose another {self.flag}"
+        )
 
 
 def _foreign_entries(out: Path, written: set[str]) -> list[str]:

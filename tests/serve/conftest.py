@@ -18,6 +18,7 @@ from tformer.training.run import TrainResult
 
 MAX_BODY = 4096
 MAX_QUEUE = 64  # above the 32 concurrent requests of the batching test
+REQUEST_TIMEOUT = 2.0  # seconds; the slow-client tests wait this long
 
 
 def free_port() -> int:
@@ -88,9 +89,8 @@ class Running:
 @pytest.fixture(scope="package")
 def served(trained: TrainResult) -> Iterator[Running]:
     """The digit model served with small limits (the tests cross them) and a 50 ms window."""
-    import uvicorn
-
     from tformer.serve.app import create_app
+    from tformer.serve.server import uvicorn_server
     from tformer.serve.settings import ServeSettings
 
     loaded = load_checkpoint(trained.run_dir)
@@ -103,11 +103,10 @@ def served(trained: TrainResult) -> Iterator[Running]:
         max_rows=16,
         max_body_bytes=MAX_BODY,
         max_queue=MAX_QUEUE,
+        request_timeout=REQUEST_TIMEOUT,
     )
     app = create_app(loaded, settings)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
-    )
+    server = uvicorn_server(app, "127.0.0.1", settings.port, settings.request_timeout)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     client = Client(settings.port)

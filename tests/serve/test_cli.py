@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 from tformer.cli.commands import app
 from tformer.training.run import TrainResult
 
-from .conftest import Client, free_port
+from .conftest import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,6 +47,8 @@ def test_without_the_extra_one_line_says_what_to_install(
         (["--max-rows", "5000"], "--max-rows 5000 is over 4096"),
         (["--batch-window-ms", "-1"], "--batch-window-ms -1 must be in 0..10000"),
         (["--quantize", "int4"], "--quantize"),
+        (["--request-timeout", "0"], "--request-timeout 0 must be in 0.1..3600"),
+        (["--allowed-hosts", "a b,localhost"], "--allowed-hosts 'a b,localhost': 'a b' is not a"),
     ],
 )
 def test_bad_flags_are_refused(trained: TrainResult, flags: list[str], message: str) -> None:
@@ -68,16 +71,24 @@ def test_an_address_in_use_is_refused_before_loading(tmp_path: Path) -> None:
 
 
 def test_sigterm_finishes_requests_in_flight_and_exits_0(trained: TrainResult) -> None:
-    """A long batch window keeps a request in flight while SIGTERM arrives (the model int8)."""
+    """A long batch window keeps a request in flight while SIGTERM arrives (the model int8).
+    With --port 0 the port really listened on is printed; --max-input-tokens over the
+    model's max_len is warned of."""
     pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
-    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "tformer", "serve", str(trained.run_dir), "--port",
-               str(port), "--batch-window-ms", "1500", "--quantize", "int8"]
+    command = [sys.executable, "-m", "tformer", "serve", str(trained.run_dir), "--port", "0",
+               "--batch-window-ms", "1500", "--quantize", "int8", "--max-input-tokens", "100"]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        client = Client(port)
+        assert proc.stderr is not None
+        printed = [proc.stderr.readline(), proc.stderr.readline()]
+        assert printed[0].startswith(
+            "warning: --max-input-tokens 100 is over the model's max_len of 64"
+        ), printed
+        found = re.search(r"at http://127\.0\.0\.1:(\d+)/ ", printed[1])
+        assert found and found.group(1) != "0", printed
+        client = Client(int(found.group(1)))
         client.wait_ready(120)
         assert client.get("/v1/model").json()["quantize"] == "int8"
         replies = []
@@ -89,6 +100,7 @@ def test_sigterm_finishes_requests_in_flight_and_exits_0(trained: TrainResult) -
         proc.send_signal(signal.SIGTERM)
         sender.join(timeout=60)
         _, stderr = proc.communicate(timeout=60)
+        stderr = "".join(printed) + stderr
     finally:
         if proc.poll() is None:
             proc.kill()

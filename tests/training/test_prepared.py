@@ -3,10 +3,13 @@ training on the text, a run that survives kill -9, and files changed afterwards 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import shutil
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -234,3 +237,170 @@ def test_train_trains_its_tokenizer_on_a_sample_too(
                            "--out", str(tmp_path / "bad"))  # fmt: skip
     assert code == 2 and "--tokenizer-sample 0 must be at least 1 pair" in output
     assert not (tmp_path / "bad").exists()
+
+
+def forge_prepared(folder: Path, edit: Callable[[Path], object]) -> None:
+    """``edit`` the folder, then list every file's new size and SHA-256 in the manifest, as a
+    forger would: only a check of the contents can tell."""
+    edit(folder)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    for name in manifest["hashes"]:
+        data = (folder / name).read_bytes()
+        manifest["hashes"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def set_value(name: str, dtype: str, index: int, value: int) -> Callable[[Path], object]:
+    def edit(folder: Path) -> None:
+        array = np.fromfile(folder / name, dtype=dtype)
+        array[index] = value
+        array.tofile(folder / name)
+
+    return edit
+
+
+def _split_entry(**fields: object) -> Callable[[Path], object]:
+    def edit(folder: Path) -> None:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest["splits"]["train"].update(fields)
+        (folder / MANIFEST).write_text(json.dumps(manifest))
+
+    return edit
+
+
+def _first_line(name: str, line: bytes) -> Callable[[Path], object]:
+    def edit(folder: Path) -> None:
+        lines = (folder / name).read_bytes().splitlines(keepends=True)
+        (folder / name).write_bytes(line + b"".join(lines[1:]))
+
+    return edit
+
+
+def _list_another_file(folder: Path) -> None:
+    (folder / "extra.bin").write_bytes(b"\0" * 16)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"].append("extra.bin")
+    manifest["hashes"]["extra.bin"] = {}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+FORGED = [  # (name, edit, what the refusal says)
+    ("id-outside-vocab", set_value("train.source.ids", "<u2", 5, 60),
+     "train.source: id 60 (token 6) is outside the vocabulary of 60"),
+    ("offset-past-end", set_value("train.target.offsets", "<i8", 3, 10**6),
+     "train.target: pair 3's offsets do not match its length"),
+    ("offsets-not-from-0", set_value("train.source.offsets", "<i8", 0, 1),
+     "its offsets run from 1"),
+    ("empty-pair", set_value("train.target.lengths", "<i4", 2, 0), "pair 3 has 0 tokens, not 1 to"),
+    ("longer-than-max-len", set_value("validation.source.lengths", "<i4", 0, 10**6),
+     "validation.source: pair 1 has 1000000 tokens, not 1 to 256"),
+    ("ids-cut", lambda f: (f / "train.source.ids").write_bytes(
+        (f / "train.source.ids").read_bytes()[:-1]), "train.source.ids has"),
+    ("more-pairs-claimed", _split_entry(pairs=10**6), "train.source.offsets has"),
+    ("dtype-float", lambda f: _edit_manifest(f, dtype="<f4"), "dtype '<f4' is not one of"),
+    ("max-len-text", lambda f: _edit_manifest(f, max_len="256"), "max_len '256' is not a whole"),
+    ("count-bool", _split_entry(dropped=True), "the train split's counts are not whole numbers"),
+    ("fingerprint", lambda f: _edit_manifest(f, fingerprint=[]), "fingerprint of the text"),
+    ("text-not-json", _first_line("validation.texts.jsonl", b"[[[\n"),
+     "validation.texts.jsonl line 1 is not a JSON object"),
+    ("text-not-utf8", _first_line("validation.texts.jsonl", b'{"source": "\xff", "target": ""}\n'),
+     "validation.texts.jsonl line 1 is not"),
+    ("foreign-file-listed", _list_another_file, "lists 'extra.bin', which is not a file of a"),
+    ("linked-file", lambda f: (f / "train.source.ids").unlink() or (f / "train.source.ids")
+     .symlink_to(f / "train.target.ids"), "'train.source.ids' is a link or lies behind one"),
+    ("text-missing-line", _first_line("validation.texts.jsonl", b""),
+     "validation.texts.jsonl holds 19 pairs, not the 20"),
+]
+
+
+@pytest.mark.parametrize(("edit", "message"), [f[1:] for f in FORGED], ids=[f[0] for f in FORGED])
+def test_contents_training_relies_on_are_checked_not_only_their_hashes(
+    prepared: Path, tmp_path: Path, edit: Callable[[Path], object], message: str
+) -> None:
+    copy = tmp_path / "forged"
+    shutil.copytree(prepared, copy)
+    forge_prepared(copy, edit)
+    with pytest.raises(DataError, match="prepare the data again") as refused:
+        folder = open_prepared(copy)
+        folder.split("validation", folder.max_len, strict=False)  # reads the texts
+    assert message in str(refused.value) and str(copy) in str(refused.value)
+
+
+def test_training_on_a_forged_folder_is_refused_before_anything_is_written(
+    prepared: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "forged"
+    shutil.copytree(prepared, copy)
+    forge_prepared(copy, set_value("train.target.ids", "<u2", 0, 65535))
+    code, output = run_cli("train", "--data", str(copy), "--out", str(tmp_path / "run"),
+                           "--preset", "tiny", "--max-steps", "1")  # fmt: skip
+    assert code == 3, output
+    assert "is outside the vocabulary of 60" in output and "Traceback" not in output
+    assert not (tmp_path / "run").exists()
+
+
+def test_two_prepares_into_one_folder_cannot_both_succeed(
+    small_data: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    from tformer.folders import _SiblingLock
+
+    out = tmp_path / "out"
+    # Another writer holds the folder: refused at once, in one line.
+    with _SiblingLock(out.absolute(), "--out"):
+        with pytest.raises(ConfigError, match=r"another tformer process \(PID \d+\) is writing"):
+            prepare(str(small_data), out, vocab_size=60)
+    assert not out.exists()
+    # Another writer finishes while this one writes: its folder is kept, this one refused.
+    def finish_theirs(split: str, done: int, total: int) -> None:
+        if not out.exists():
+            out.mkdir()
+            (out / "theirs.txt").write_text("kept")
+
+    with pytest.raises(ConfigError, match="exists and is not empty; give --overwrite"):
+        prepare(str(small_data), out, vocab_size=60, progress=finish_theirs)
+    assert sorted(p.name for p in out.iterdir()) == ["theirs.txt"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no lock, no tmp
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--vocab-size", "8000"],
+         "--vocab-size 8000 (it was prepared with 60) would do nothing; leave it out"),
+        (["--separate-vocab", "--tokenizer-kind", "unigram"],
+         "--tokenizer-kind unigram (it was prepared with bpe); --separate-vocab would"),
+        (["--tokenizer-sample", "500000", "--tgt-lang", "de"],
+         "--target-field (--tgt-lang) de (it was prepared with target) would"),
+        (["--num-proc", "2"], "--num-proc"),
+        (["--streaming"], "--streaming"),
+    ],
+)
+def test_options_a_prepared_folder_makes_meaningless_are_refused(
+    prepared: Path, tmp_path: Path, flags: list[str], named: str
+) -> None:
+    code, output = run_cli("train", "--data", str(prepared), "--out", str(tmp_path / "run"),
+                           "--preset", "tiny", "--max-steps", "1", *flags)  # fmt: skip
+    assert code == 2, output
+    assert f"is a prepared folder: its tokenizer, fields and ids were fixed by `tformer " \
+           f"prepare`, so {named}" in " ".join(output.split())
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_file_or_the_library_is_refused_likewise(prepared: Path, tmp_path: Path) -> None:
+    from tests.conftest import tiny_model
+    from tformer.config import TrainConfig
+    from tformer.training.configs import TokenizerSpec
+    from tformer.training.inputs import check_prepared_options
+    from tformer.training.run import train
+
+    config = tmp_path / "run.yaml"
+    config.write_text(f"train:\n  data: {prepared}\ntokenizer:\n  vocab_size: 100\n")
+    code, output = run_cli("train", "--config", str(config), "--out", str(tmp_path / "run"))
+    assert code == 2 and "--vocab-size 100 (it was prepared with 60) would do" in output, output
+    with pytest.raises(ConfigError, match="--tokenizer-sample 10 .* would do nothing"):
+        train(tiny_model(), TrainConfig(data=str(prepared)), out=tmp_path / "lib",
+              tokenizer_sample=10)  # fmt: skip
+    assert not (tmp_path / "run").exists() and not (tmp_path / "lib").exists()
+    # What agrees with how the folder was prepared is accepted.
+    check_prepared_options(TrainConfig(data=str(prepared)), TokenizerSpec(vocab_size=60), None,
+                           ["--vocab-size", "--tokenizer-sample"])  # fmt: skip

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
+from rich.markup import escape
 
 from tformer import checkpoint as ckpt
 from tformer.checkpoint.training_state import saved_record
 from tformer.cli.console import err_console
 from tformer.config import TrainConfig, article, flag
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, TOKENIZER_KINDS
+from tformer.decoding.api import long_inputs_warning, long_target_warning
 from tformer.decoding.settings import DecodingConfig, check_rows
 from tformer.errors import ConfigError, DataError
 
@@ -165,26 +167,17 @@ def warn_long_inputs(tokenizer: Tokenizer, texts: Sequence[str], max_len: int) -
     ``tformer.decoding.api.decode``); this says so, with the first one cut and its length.
     """
     lengths = [len(ids) for ids in tokenizer.encode_batch(list(texts))]
-    cut = [(n, length) for n, length in enumerate(lengths, start=1) if length > max_len]
-    if cut:
-        n, length = cut[0]
-        err_console.print(
-            f"[yellow]warning:[/] {len(cut)} of {len(texts)} inputs are longer than the "
-            f"model's max_len of {max_len} tokens (input {n} has {length}); only their first "
-            f"{max_len} tokens were read",
-            soft_wrap=True,
-        )
+    _warn(long_inputs_warning(lengths, max_len))
 
 
 def warn_long_target(tokenizer: Tokenizer, target: str, max_len: int) -> None:
     """One warning line when a teacher-forced ``--target`` does not fit after ``<bos>``."""
-    length, room = len(tokenizer.encode(target)), max_len - 1
-    if length > room:
-        err_console.print(
-            f"[yellow]warning:[/] --target has {length} tokens; with <bos> the model's max_len "
-            f"of {max_len} leaves room for {room}, so only its first {room} tokens were read",
-            soft_wrap=True,
-        )
+    _warn(long_target_warning(len(tokenizer.encode(target)), max_len))
+
+
+def _warn(message: str | None) -> None:
+    if message is not None:
+        err_console.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
 
 MIN_P = typer.Option(

@@ -26,6 +26,8 @@ from tformer.serve.settings import ServeSettings
 _SETTINGS = [
     "host",
     "port",
+    "allowed_hosts",
+    "request_timeout",
     "batch_window_ms",
     "max_batch_tokens",
     "max_input_tokens",
@@ -72,13 +74,24 @@ def serve_command(
     if not is_loopback(settings.host):
         err_console.print(
             f"[yellow]warning:[/] --host {escape(settings.host)} is reachable from other "
-            "machines; tformer serve has no authentication",
+            "machines; tformer serve has no authentication (it answers the Host names "
+            f"{escape(', '.join(settings.hosts()))}: --allowed-hosts)",
             soft_wrap=True,
         )
-    err_console.print(
-        f"serving {escape(str(loaded.path))} at http://{escape(settings.host)}:{settings.port}/ "
-        "(Ctrl-C or SIGTERM stops)",
-        soft_wrap=True,
-        highlight=False,
-    )
-    run_server(application, settings.host, settings.port)
+    max_len = loaded.model_config.max_len
+    if settings.max_input_tokens is not None and settings.max_input_tokens > max_len:
+        err_console.print(
+            f"[yellow]warning:[/] --max-input-tokens {settings.max_input_tokens} is over the "
+            f"model's max_len of {max_len}: longer inputs are read up to {max_len} tokens (each "
+            "answer's warnings say so)",
+            soft_wrap=True,
+        )
+
+    def ready(url: str) -> None:
+        err_console.print(
+            f"serving {escape(str(loaded.path))} at {escape(url)} (Ctrl-C or SIGTERM stops)",
+            soft_wrap=True,
+            highlight=False,
+        )
+
+    run_server(application, settings.host, settings.port, ready=ready)

@@ -24,12 +24,13 @@ from tformer.cli.options import (
     with_parameters,
 )
 from tformer.cli.progress import RichReporter, show_dry_run
-from tformer.config import PRESETS, RECIPES, ModelConfig, TrainConfig, parse_duration
+from tformer.config import PRESETS, RECIPES, ModelConfig, TrainConfig, flag, parse_duration
 from tformer.data.prepare import default_cache_dir
 from tformer.device import set_threads
 from tformer.errors import ConfigError
 from tformer.training.configs import Settings, dump_config
 from tformer.training.dryrun import dry_run
+from tformer.training.inputs import check_prepared_options
 from tformer.training.loggers import check_installed, log_targets
 from tformer.training.run import plan_job, train
 
@@ -278,6 +279,8 @@ def train_command(
         overwrite=overwrite,
         init_from=init_from,
     )
+    given_flags = [flag(name) for name in (*_TOKENIZER_OPTIONS, "num_proc") if _given(ctx, name)]
+    check_prepared_options(job.train, job.tokenizer, num_proc, given_flags)
     if print_config:  # fine-tuning: the architecture and tokenizer are the checkpoint's
         model = None if init_from is not None else job.model
         typer.echo(dump_config(model, job.train, job.tokenizer), nl=False)

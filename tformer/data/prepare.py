@@ -125,8 +125,8 @@ def prepare(
     given = (loaded, loaded) if loaded is not None else None
     texts, tokenizers = _texts_and_tokenizers(source, streaming, given, spec)
     options = PrepareOptions(max_len, strict, progress=progress, num_proc=num_proc)
-    with PREPARED.staging(out) as tmp:
-        write_prepared(tmp, texts, tokenizers, source, options)
+    with PREPARED.staging(out, overwrite=overwrite) as tmp:
+        write_prepared(tmp, texts, tokenizers, source, options, None if given else spec)
     return open_prepared(out, check_hashes=False)
 
 
@@ -195,8 +195,10 @@ def write_prepared(
     tokenizers: tuple[Tokenizer, Tokenizer],
     source: TextSource,
     options: PrepareOptions,
+    request: TokenizerRequest | None = None,
 ) -> None:
-    """Write every split of ``texts``, the tokenizer(s) and the manifest into ``folder``."""
+    """Write every split of ``texts``, the tokenizer(s) and the manifest into ``folder``
+    (with ``request``, how the tokenizers were trained, when they were)."""
     files = tokenizer_files(tokenizers)
     tokenizers[0].save(folder / files["source"])
     if tokenizers[1] is not tokenizers[0]:
@@ -228,6 +230,7 @@ def write_prepared(
         splits=splits,
         hashes=hashes,
         fields={"source": source.source_field, "target": source.target_field},
+        tokenizer_request=None if request is None else dataclasses.asdict(request),
     )
     (folder / PREPARED.marker).write_text(
         PREPARED.marker_text(written_files(folder), **manifest), encoding="utf-8"

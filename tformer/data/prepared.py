@@ -52,12 +52,15 @@ PREPARED = MarkedFolder(
 )
 SIDES = ("source", "target")
 SPLITS = ("train", "validation", "test")
+ID_DTYPES = ("<u2", "<i4")
+CHECK_CHUNK = 1 << 22  # offsets compared with lengths this many at a time (bounded memory)
 _SPLIT_FILES = tuple(f"{s}.{kind}" for s in SIDES for kind in ("ids", "offsets", "lengths"))
 SHARED_TOKENIZER, SOURCE_TOKENIZER, TARGET_TOKENIZER = (
     "tokenizer.json",
     "source_tokenizer.json",
     "target_tokenizer.json",
 )
+TOKENIZER_NAMES = (SHARED_TOKENIZER, SOURCE_TOKENIZER, TARGET_TOKENIZER)
 Progress = Callable[[str, int, int], None]  # (split, pairs done, pairs in the split)
 
 
@@ -210,13 +213,28 @@ class Prepared:
         return dict(self.manifest["fingerprint"])
 
     def texts(self, split: str) -> list[tuple[str, str]]:
-        """The kept pairs' text of a validation or test split."""
-        path = self.folder / f"{split}.texts.jsonl"
+        """The kept pairs' text of a validation or test split.
+
+        Raises:
+            DataError: a line is not a pair of texts, or there are not as many as pairs.
+        """
+        name = f"{split}.texts.jsonl"
         pairs = []
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                record = json.loads(line)
-                pairs.append((record["source"], record["target"]))
+        with open(self.folder / name, "rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                pair = _text_pair(line)
+                if pair is None:
+                    raise DataError(
+                        f"--data {self.folder}: {name} line {number} is not a JSON object of a "
+                        "source and a target text; prepare the data again"
+                    )
+                pairs.append(pair)
+        expected = self.manifest["splits"][split]["pairs"]
+        if len(pairs) != expected:
+            raise DataError(
+                f"--data {self.folder}: {name} holds {len(pairs):,} pairs, not the {expected:,} "
+                f"of {MANIFEST}; prepare the data again"
+            )
         return pairs
 
     def ids(self, split: str) -> PairStore:
@@ -257,6 +275,19 @@ class Prepared:
             store = store.select(kept)
             texts = [texts[i] for i in kept.tolist()] if texts else texts
         return EncodedSplit(store, texts, dropped, empty)
+
+
+def _text_pair(line: bytes) -> tuple[str, str] | None:
+    """(source, target) of a line of ``texts.jsonl``, or None when it is not one."""
+    try:
+        # As written: a lone surrogate in the corpus is kept (see _json_lines).
+        record = json.loads(line.decode("utf-8", "surrogatepass"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    if not isinstance(record, dict):
+        return None
+    source, target = record.get("source"), record.get("target")
+    return (source, target) if isinstance(source, str) and isinstance(target, str) else None
 
 
 def _map(path: Path, dtype: np.dtype) -> tuple[np.ndarray, mmap.mmap | None]:
@@ -301,11 +332,22 @@ def open_prepared(spec: str | Path, *, check_hashes: bool = True) -> Prepared:
             f"{where}: {MANIFEST} does not list the files of every split with their hashes; "
             "prepare the data again with `tformer prepare`"
         )
+    foreign = sorted(set(hashes) - needed - set(TOKENIZER_NAMES))
+    if foreign:  # hashing it could mean reading anything, however large
+        raise DataError(
+            f"{where}: {MANIFEST} lists {excerpt(foreign[0])}, which is not a file of a prepared "
+            "folder; prepare the data again"
+        )
     for name, entry in sorted(hashes.items()):
         path = folder / name
-        if not path.is_file() or path.is_symlink():
+        if _through_link(folder, name):
+            raise DataError(
+                f"{where}: {excerpt(name)} is a link or lies behind one; a prepared folder holds "
+                "its own files, so prepare the data again"
+            )
+        if not path.is_file():
             raise DataError(f"{where}: {excerpt(name)} is missing; prepare the data again")
-        if path.stat().st_size != entry.get("size") or (
+        if not isinstance(entry, dict) or path.stat().st_size != entry.get("size") or (
             check_hashes and file_sha256(path) != entry.get("sha256")
         ):
             raise DataError(
@@ -313,17 +355,127 @@ def open_prepared(spec: str | Path, *, check_hashes: bool = True) -> Prepared:
                 f"differs from {MANIFEST}); prepare the data again"
             )
     names = manifest.get("tokenizers")
-    listed = isinstance(names, dict) and {names.get("source"), names.get("target")} <= set(hashes)
-    if not listed:
+    named = {names.get("source"), names.get("target")} if isinstance(names, dict) else {None}
+    if not named <= set(hashes) or not named <= set(TOKENIZER_NAMES):
         raise DataError(
             f"{where}: {MANIFEST} names no listed tokenizer file; prepare the data again"
         )
     assert isinstance(names, dict)
+    _check_fields(where, manifest)
     source = Tokenizer.load(folder / names["source"])
     target = (
         source if names["target"] == names["source"] else Tokenizer.load(folder / names["target"])
     )
-    return Prepared(folder, manifest, (source, target))
+    prepared = Prepared(folder, manifest, (source, target))
+    check_contents(prepared)
+    return prepared
+
+
+def _through_link(folder: Path, name: str) -> bool:
+    """Whether ``folder / name`` is a link, or is reached through a linked folder (which
+    could lead out of ``folder``, to a device or a FIFO)."""
+    path = folder
+    for part in name.split("/"):
+        path = path / part
+        if path.is_symlink():
+            return True
+    return False
+
+
+def _check_fields(where: str, manifest: dict[str, Any]) -> None:
+    """Refuse a manifest whose values training reads are not of their kind (a hand-edited or
+    forged one): the counts, ``max_len``, the id type and the fingerprint."""
+    problem = _field_problem(manifest)
+    if problem is not None:
+        raise DataError(f"{where}: {MANIFEST}: {problem}; prepare the data again")
+
+
+def _field_problem(manifest: dict[str, Any]) -> str | None:
+    max_len = manifest.get("max_len")
+    if not isinstance(max_len, int) or not _count(max_len) or max_len < 2:
+        return f"max_len {excerpt(max_len)} is not a whole number of at least 2"
+    if manifest.get("dtype") not in ID_DTYPES:
+        return f"dtype {excerpt(manifest.get('dtype'))} is not one of {', '.join(ID_DTYPES)}"
+    for name, entry in manifest["splits"].items():
+        tokens = entry.get("tokens") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not isinstance(tokens, dict):
+            return f"the {name} split's entry is damaged"
+        counts = [entry.get(key) for key in ("pairs", "dropped", "dropped_empty")]
+        if not all(_count(n) for n in [*counts, *(tokens.get(side) for side in SIDES)]):
+            return f"the {name} split's counts are not whole numbers"
+    fingerprint = manifest.get("fingerprint")
+    splits = fingerprint.get("splits") if isinstance(fingerprint, dict) else None
+    if not isinstance(splits, dict) or not all(
+        isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+        for entry in splits.values()
+    ):
+        return "the fingerprint of the text is damaged"
+    return None
+
+
+def _count(value: object) -> bool:
+    """A whole number of at least 0 (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_contents(prepared: Prepared) -> None:
+    """Check what training relies on in every split, reading each array once: each file's
+    size against the counts, offsets that start at 0, end at the number of ids and step by
+    each pair's length, lengths from 1 to ``max_len`` (a target's with <eos>), and ids
+    inside their tokenizer's vocabulary. Pages read are released afterwards.
+
+    Raises:
+        DataError: naming the folder, the file and what is wrong in it.
+    """
+    where = f"--data {prepared.folder}"
+    dtype = np.dtype(prepared.manifest["dtype"])
+    for split in prepared.splits:
+        entry = prepared.manifest["splits"][split]
+        pairs = entry["pairs"]
+        for side in SIDES:
+            tokens = entry["tokens"][side]
+            sizes = {
+                "ids": tokens * dtype.itemsize,
+                "offsets": (pairs + 1) * 8,
+                "lengths": pairs * 4,
+            }
+            for kind, size in sizes.items():
+                found = (prepared.folder / f"{split}.{side}.{kind}").stat().st_size
+                if found != size:
+                    raise DataError(
+                        f"{where}: {split}.{side}.{kind} has {found:,} bytes, not the {size:,} "
+                        f"that {pairs:,} pairs of {tokens:,} tokens need; prepare the data again"
+                    )
+        store = prepared.ids(split)
+        try:
+            for side, ids, tokenizer in zip(
+                SIDES, (store.source, store.target), prepared.tokenizers, strict=True
+            ):
+                room = prepared.max_len - (1 if side == "target" else 0)  # <eos> after a target
+                problem = _array_problem(ids, tokenizer.vocab_size, room)
+                if problem is not None:
+                    raise DataError(f"{where}: {split}.{side}: {problem}; prepare the data again")
+        finally:
+            store.release()
+
+
+def _array_problem(store: TokenIds, vocab: int, room: int) -> str | None:
+    """What is wrong with one side's ids, offsets and lengths, or None."""
+    offsets, lengths, values = store.offsets, store.lengths(), store.values
+    if len(offsets) and (offsets[0] != 0 or offsets[-1] != len(values)):
+        return f"its offsets run from {offsets[0]} to {offsets[-1]}, not 0 to {len(values):,}"
+    if len(lengths) and (int(lengths.min()) < 1 or int(lengths.max()) > room):
+        bad = int(np.flatnonzero((lengths < 1) | (lengths > room))[0])
+        return f"pair {bad + 1} has {int(lengths[bad])} tokens, not 1 to {room}"
+    for start in range(0, len(lengths), CHECK_CHUNK):
+        steps = np.diff(offsets[start : start + CHECK_CHUNK + 1])
+        if not np.array_equal(steps, lengths[start : start + CHECK_CHUNK]):
+            bad = start + int(np.flatnonzero(steps != lengths[start : start + CHECK_CHUNK])[0])
+            return f"pair {bad + 1}'s offsets do not match its length"
+    if len(values) and (int(values.min()) < 0 or int(values.max()) >= vocab):
+        bad = int(np.flatnonzero((values < 0) | (values >= vocab))[0])
+        return f"id {int(values[bad])} (token {bad + 1:,}) is outside the vocabulary of {vocab:,}"
+    return None
 
 
 def prepared_manifest(
@@ -335,9 +487,13 @@ def prepared_manifest(
     splits: Mapping[str, Mapping[str, Any]],
     hashes: Mapping[str, Mapping[str, Any]],
     fields: Mapping[str, str],
+    tokenizer_request: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The manifest's fields (the marker adds format, version and the list of files)."""
+    """The manifest's fields (the marker adds format, version and the list of files);
+    ``tokenizer_request``: how the tokenizers were trained (kind, vocab_size, shared, sample),
+    None when they were given."""
     return {
+        "tokenizer_request": None if tokenizer_request is None else dict(tokenizer_request),
         "data": data,
         "fields": dict(fields),
         "max_len": max_len,

@@ -17,6 +17,7 @@ compared; a difference (a tokenizer this reasoning does not cover) turns the cac
 
 from __future__ import annotations
 
+import threading
 import unicodedata
 from collections.abc import Sequence
 from itertools import chain
@@ -50,12 +51,20 @@ class WordCache:
         self.capacity = capacity
         self.words: dict[str, list[int] | None] = {}
         self.enabled = enabled
+        # One encoding at a time: another thread's clearing a full cache between a batch's
+        # learning its words and reading them back would lose them (a server tokenises in
+        # threads).
+        self._lock = threading.Lock()
 
     def encode(self, texts: Sequence[str]) -> Packed:
         """Ids of ``texts``: all values back to back and each text's number of ids."""
         texts = list(texts)
         if not texts:
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        with self._lock:
+            return self._encode(texts)
+
+    def _encode(self, texts: list[str]) -> Packed:
         if self.enabled:
             packed = self._cached(texts)
             if self._agrees(texts, packed):

@@ -105,6 +105,31 @@ def fit_source(src_ids: Sequence[int], max_len: int) -> list[int]:
     return list(src_ids[:max_len]) or [EOS_ID]
 
 
+def long_inputs_warning(lengths: Sequence[int], max_len: int) -> str | None:
+    """What to tell a user whose inputs (of ``lengths`` tokens) are longer than the model's
+    ``max_len``, of which ``fit_source`` reads only the first ``max_len``; None when all fit."""
+    cut = [(n, length) for n, length in enumerate(lengths, start=1) if length > max_len]
+    if not cut:
+        return None
+    n, length = cut[0]
+    return (
+        f"{len(cut)} of {len(lengths)} inputs are longer than the model's max_len of {max_len} "
+        f"tokens (input {n} has {length}); only their first {max_len} tokens were read"
+    )
+
+
+def long_target_warning(length: int, max_len: int, name: str = "--target") -> str | None:
+    """What to tell a user whose teacher-forced target ``name`` of ``length`` tokens does not
+    fit after <bos> in ``max_len`` positions; None when it fits."""
+    room = max_len - 1
+    if length <= room:
+        return None
+    return (
+        f"{name} has {length} tokens; with <bos> the model's max_len of {max_len} leaves room "
+        f"for {room}, so only its first {room} tokens were read"
+    )
+
+
 def decode_texts(
     model: Transformer,
     src_ids: Sequence[Sequence[int]],

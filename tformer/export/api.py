@@ -156,7 +156,7 @@ def export_checkpoint(
     check_variants(loaded.model_config, to)
     if to == "huggingface":
         check_marian(loaded.model_config)
-    with staging(out) as tmp:
+    with staging(out, overwrite=overwrite) as tmp:
         _write(loaded, tmp, to, quantization)
         written = written_files(tmp)
         (tmp / MARKER).write_text(

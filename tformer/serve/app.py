@@ -21,6 +21,7 @@ from tformer.decoding.settings import DecodingConfig
 from tformer.errors import ConfigError
 from tformer.fast.accelerate import accelerate
 from tformer.fast.int8 import is_quantized
+from tformer.serve.guards import AllowedHosts, JsonOnly
 from tformer.serve.limits import BodyLimit, install_handlers
 from tformer.serve.page import page_html
 from tformer.serve.schemas import AttentionRequest, ExplainRequest, TranslateRequest
@@ -56,7 +57,10 @@ def create_app(
     app.state.service = service
     install_handlers(app)
     _routes(app, service)
+    # Starlette runs the last added first: the Host is checked before anything else.
+    app.add_middleware(JsonOnly)
     app.add_middleware(BodyLimit, limit=service.settings.max_body_bytes)
+    app.add_middleware(AllowedHosts, allowed=service.settings.hosts())
     return app
 
 
@@ -83,39 +87,49 @@ def _routes(app: FastAPI, service: Service) -> None:
         server-sent events ("token" events, then "done" with the outputs)."""
         texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
         config = service.decoding_config(request)
-        src = service.encode(texts)
         service.check_rows(len(texts), config)
+        src = await asyncio.to_thread(service.encode, texts)
+        warnings = service.warnings(src)
         if request.stream:
-            return _stream(service, texts, src, config)
+            return _stream(service, texts, src, config, warnings)
         hyps = await asyncio.wrap_future(service.batcher.submit(src, config))
-        return service.outputs(texts, hyps, config)
+        return service.outputs(texts, hyps, config, warnings)
 
     @app.post("/v1/attention")
     async def attention(request: AttentionRequest) -> dict[str, Any]:
         """The attention maps of the source with the target (given, or the model's output):
         encoder, decoder or cross; one layer or all; one head, all or their mean."""
         decoding = DecodingConfig(temperature=request.temperature, seed=request.seed)
-        service.encode([request.source], "source")
-        if request.target is not None:
-            target_ids = service.loaded.tokenizers.target.encode(request.target)
-            service.check_length(target_ids, "target")
+        src, target = await _source_and_target(service, request.source, request.target)
         work = service.batcher.call(lambda: service.attention(request, decoding))
-        return await asyncio.wrap_future(work)
+        return {**await asyncio.wrap_future(work), "warnings": service.warnings(src, target)}
 
     @app.post("/v1/explain")
     async def explain(request: ExplainRequest) -> dict[str, Any]:
         """Why each token of one output: its probability after each logit processor, the
         alternatives, and the source tokens attended to (``tformer generate --explain``)."""
         config = service.decoding_config(request)
-        src = service.encode([request.source], "source")[0]
-        if request.target is not None:
-            service.check_length(service.loaded.tokenizers.target.encode(request.target), "target")
-        work = service.batcher.call(lambda: service.explanation(request, src, config))
-        return await asyncio.wrap_future(work)
+        src, target = await _source_and_target(service, request.source, request.target)
+        work = service.batcher.call(lambda: service.explanation(request, src[0], config, target))
+        return {**await asyncio.wrap_future(work), "warnings": service.warnings(src, target)}
+
+
+async def _source_and_target(
+    service: Service, source: str, target: str | None
+) -> tuple[list[list[int]], list[int] | None]:
+    """A request's source and optional target as ids, tokenised off the event loop."""
+    src = await asyncio.to_thread(service.encode, [source], "source")
+    if target is None:
+        return src, None
+    return src, await asyncio.to_thread(service.encode_target, target)
 
 
 def _stream(
-    service: Service, texts: list[str], src: list[list[int]], config: DecodingConfig
+    service: Service,
+    texts: list[str],
+    src: list[list[int]],
+    config: DecodingConfig,
+    warnings: list[str],
 ) -> StreamingResponse:
     if len(texts) != 1:
         raise ConfigError(f"stream sends one input's tokens; got {len(texts)} inputs")
@@ -127,9 +141,12 @@ def _stream(
     loaded = service.loaded
 
     def start(emit: Emit, cancelled: threading.Event) -> Any:
+        def emit_warned(event: str, data: dict[str, Any]) -> None:
+            emit(event, {**data, "warnings": warnings} if event == "done" else data)
+
         return service.batcher.call(
             lambda: decode_streamed(
-                loaded.model, loaded.tokenizers, texts[0], src[0], config, emit, cancelled
+                loaded.model, loaded.tokenizers, texts[0], src[0], config, emit_warned, cancelled
             )
         )
 

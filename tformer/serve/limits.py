@@ -112,7 +112,7 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
         if exc.status_code == 400 and exc.detail == FASTAPI_UNREADABLE:
-            return error(400, "the body is not UTF-8 JSON; send a JSON object in UTF-8")
+            return error(400, unreadable(exc.__cause__))
         return error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(TformerError)
@@ -123,6 +123,18 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         return error(*unexpected(exc))
+
+
+def unreadable(cause: BaseException | None) -> str:
+    """Why a body that arrived whole could not be read as JSON, in one line."""
+    if isinstance(cause, UnicodeDecodeError):
+        return "the body is not UTF-8 JSON; send a JSON object in UTF-8"
+    if isinstance(cause, RecursionError):
+        return "the body's JSON is nested too deeply to read; send a JSON object of the fields"
+    if isinstance(cause, ValueError) and "digits" in str(cause):  # Python's int size limit
+        return "the body holds a number with too many digits to read; send smaller numbers"
+    detail = f" ({first_line(cause)})" if cause is not None else ""
+    return f"the body cannot be read as JSON{detail}; send a JSON object"
 
 
 def unexpected(exc: BaseException) -> tuple[int, str]:
@@ -147,4 +159,3 @@ def status_of(exc: TformerError) -> int:
 def refusal(status: int, message: str) -> HTTPException:
     """Raise this from an endpoint to refuse with ``status`` and ``message``."""
     return HTTPException(status_code=status, detail=message)
-

@@ -11,6 +11,8 @@ from tformer.analysis.attention import inspect_attention
 from tformer.analysis.explain import explain
 from tformer.checkpoint.store import Checkpoint
 from tformer.config import SEED_LIMIT
+from tformer.data.tokenizer import Tokenizer
+from tformer.decoding.api import long_inputs_warning, long_target_warning
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.decoding.text import translate
 from tformer.errors import ConfigError
@@ -71,7 +73,9 @@ class Service:
         return config
 
     def encode(self, texts: Sequence[str], field: str = "inputs") -> list[list[int]]:
-        """Token ids of ``texts``, refusing too many inputs or one too long."""
+        """Token ids of ``texts``, refusing too many inputs, text that is not Unicode, or an
+        input too long. Runs in a thread: tokenising a long text takes the event loop's time.
+        """
         if not texts:
             raise ConfigError(f"{field} is an empty list; give a text or a list of texts")
         if len(texts) > self.settings.max_inputs:
@@ -80,10 +84,32 @@ class Service:
                 f"{self.settings.max_inputs} a request (tformer serve --max-inputs); "
                 "split the request"
             )
-        ids = self.loaded.tokenizers.source.encode_batch(list(texts))
-        for n, row in enumerate(ids):
-            self.check_length(row, f"{field}[{n}]" if len(texts) > 1 else field)
+        names = [f"{field}[{n}]" if len(texts) > 1 else field for n in range(len(texts))]
+        for text, name in zip(texts, names, strict=True):
+            check_unicode(text, name)
+        ids = native_ids(self.loaded.tokenizers.source, list(texts))
+        for row, name in zip(ids, names, strict=True):
+            self.check_length(row, name)
         return ids
+
+    def encode_target(self, text: str) -> list[int]:
+        """Token ids of a teacher-forced ``target``, checked as ``encode`` checks inputs."""
+        check_unicode(text, "target")
+        ids = native_ids(self.loaded.tokenizers.target, [text])[0]
+        self.check_length(ids, "target")
+        return ids
+
+    def warnings(
+        self, src: Sequence[Sequence[int]], target: Sequence[int] | None = None
+    ) -> list[str]:
+        """What ``tformer generate`` warns of for these inputs: those longer than the model's
+        max_len are read up to it (possible when --max-input-tokens is above it)."""
+        max_len = self.loaded.model_config.max_len
+        found = [
+            long_inputs_warning([len(ids) for ids in src], max_len),
+            None if target is None else long_target_warning(len(target), max_len, "target"),
+        ]
+        return [message for message in found if message is not None]
 
     def check_length(self, ids: Sequence[int], field: str) -> None:
         if len(ids) > self.max_input_tokens:
@@ -104,7 +130,11 @@ class Service:
     # -- answers --------------------------------------------------------------------------
 
     def outputs(
-        self, texts: Sequence[str], hyps: list[list[Hypothesis]], config: DecodingConfig
+        self,
+        texts: Sequence[str],
+        hyps: list[list[Hypothesis]],
+        config: DecodingConfig,
+        warnings: list[str],
     ) -> dict[str, Any]:
         """The answer of ``/v1/translate``: each input with its outputs."""
         target = self.loaded.tokenizers.target
@@ -120,7 +150,7 @@ class Service:
             }
             for text, per_input in zip(texts, hyps, strict=True)
         ]
-        return {"results": results, "settings": settings_record(config)}
+        return {"results": results, "settings": settings_record(config), "warnings": warnings}
 
     def attention(self, request: AttentionRequest, decoding: DecodingConfig) -> dict[str, Any]:
         """Runs in the worker: the maps ``tformer inspect-attention`` computes."""
@@ -134,12 +164,16 @@ class Service:
         return attention_record(selection)
 
     def explanation(
-        self, request: ExplainRequest, src: list[int], config: DecodingConfig
+        self,
+        request: ExplainRequest,
+        src: list[int],
+        config: DecodingConfig,
+        target: list[int] | None = None,
     ) -> dict[str, Any]:
         """Runs in the worker: ``generate --explain``'s table for one output, as JSON."""
         loaded = self.loaded
         tokenizers = loaded.tokenizers
-        if request.target is None:
+        if target is None or request.target is None:
             outputs = translate(loaded.model, tokenizers, [request.source], config)[0]
             if request.output >= len(outputs):
                 raise ConfigError(
@@ -148,7 +182,7 @@ class Service:
                 )
             hyp, text = outputs[request.output].hypothesis, outputs[request.output].text
         else:
-            ids = tokenizers.target.encode(request.target)[: loaded.model_config.max_len - 1]
+            ids = target[: loaded.model_config.max_len - 1]
             hyp, text = Hypothesis(ids=ids, token_logprobs=[], finished=True), request.target
         steps = explain(loaded.model, src, hyp, config)
         source_tokens = tokenizers.source.tokens(src) if src else ["<eos>"]
@@ -161,3 +195,26 @@ class Service:
             "logprob": logprob_of(steps),
             "settings": settings_record(config),
         }
+
+
+def native_ids(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """The ids ``tokenizer.encode_batch`` gives, from the native tokenizer itself: it lets go
+    of the GIL, so requests tokenise side by side, where the word cache takes one batch at a
+    time."""
+    return [e.ids for e in tokenizer.inner.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def check_unicode(text: str, field: str) -> None:
+    """Refuse text that cannot be written as UTF-8: a lone surrogate, which JSON can carry
+    as an escape (``"\\udc80"``) and no tokenizer can read.
+
+    Raises:
+        ConfigError: naming the field and the position of the first such character.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ConfigError(
+            f"{field} is not valid Unicode: character {error.start + 1} is "
+            f"{ascii(text[error.start])}, a lone surrogate; send UTF-8 text"
+        ) from None

@@ -22,7 +22,14 @@ from tformer.data.prepare import (
     streamed_prepared,
     tokenizers_for,
 )
-from tformer.data.prepared import Prepared, PrepareOptions, Progress, is_prepared, open_prepared
+from tformer.data.prepared import (
+    PREPARED,
+    Prepared,
+    PrepareOptions,
+    Progress,
+    is_prepared,
+    open_prepared,
+)
 from tformer.data.sources import bundled_data_dir, load_text_pairs
 from tformer.data.spm import load_tokenizer
 from tformer.data.store import as_store
@@ -107,6 +114,66 @@ def load_data(
     fields = {"source_field": cfg.source_field, "target_field": cfg.target_field}
     texts = load_text_pairs(cfg.data, **fields)
     return RunData(texts, None, fingerprint(cfg.data, texts, **fields))
+
+
+def check_prepared_options(
+    train: TrainConfig, spec: TokenizerSpec, num_proc: int | None, given: Sequence[str] = ()
+) -> None:
+    """Refuse, when ``--data`` is a prepared folder, the options it makes meaningless: a way
+    to train the tokenizer other than the folder's, a way to read or tokenise the text, and
+    fields other than those it was prepared from. ``given``: the tokenizer flags given
+    explicitly, which are checked even at their default value; values that agree with how
+    the folder was prepared are accepted.
+
+    Raises:
+        ConfigError: naming the folder and every such option.
+    """
+    if not is_prepared(train.data):
+        return
+    assert train.data is not None
+    marker = PREPARED.read_marker(Path(train.data).expanduser()) or {}
+    found = marker.get("tokenizer_request")
+    asked: dict[str, Any] = found if isinstance(found, dict) else {}
+    default = TokenizerSpec()
+    wrong = []
+    for name, option in TOKENIZER_FLAGS.items():
+        value = getattr(spec, name)
+        if (value == getattr(default, name) and option not in given) or asked.get(name) == value:
+            continue
+        if name == "shared":  # the flag is --separate-vocab: shared False
+            wrong.append(option)
+        else:
+            was = f" (it was prepared with {asked[name]})" if name in asked else ""
+            wrong.append(f"{option} {value}{was}")
+    if train.streaming:
+        wrong.append("--streaming")
+    if num_proc is not None:
+        wrong.append("--num-proc")
+    named = marker.get("fields")
+    fields: dict[str, Any] = named if isinstance(named, dict) else {}
+    for side, value, alias in (
+        ("source", train.source_field, "--src-lang"),
+        ("target", train.target_field, "--tgt-lang"),
+    ):
+        if value not in (side, fields.get(side)):
+            was = f" (it was prepared with {fields[side]})" if side in fields else ""
+            wrong.append(f"--{side}-field ({alias}) {value}{was}")
+    if wrong:
+        them = "it" if len(wrong) == 1 else "them"
+        raise ConfigError(
+            f"--data {train.data} is a prepared folder: its tokenizer, fields and ids were fixed "
+            f"by `tformer prepare`, so {'; '.join(wrong)} would do nothing; leave {them} out, "
+            f"or prepare the data again with {them}"
+        )
+
+
+# How each way of training a tokenizer is asked for on the command line.
+TOKENIZER_FLAGS = {
+    "kind": "--tokenizer-kind",
+    "vocab_size": "--vocab-size",
+    "shared": "--separate-vocab",
+    "sample": "--tokenizer-sample",
+}
 
 
 def _load_documents(cfg: TrainConfig, arch: str, max_len: int) -> RunData:

@@ -39,6 +39,7 @@ from tformer.training.configs import (
 from tformer.training.distributed import World
 from tformer.training.init_from import check_not_resuming, check_out
 from tformer.training.inputs import (
+    check_prepared_options,
     encode_splits,
     get_tokenizers,
 )
@@ -157,6 +158,7 @@ def train(
         overwrite=overwrite,
         init_from=init_from,
     )
+    check_prepared_options(job.train, job.tokenizer, num_proc)
     if nproc is not None and not dist_.launched_by_torchrun():
         return train_data_parallel(job, options, nproc)
     return _run(job, options, reporter or Reporter())
