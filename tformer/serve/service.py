@@ -10,7 +10,7 @@ from typing import Any
 from tformer.analysis.attention import inspect_attention
 from tformer.analysis.explain import explain
 from tformer.checkpoint.store import Checkpoint
-from tformer.config import SEED_LIMIT
+from tformer.config import SEED_LIMIT, check_text
 from tformer.data.tokenizer import Tokenizer
 from tformer.decoding.api import long_inputs_warning, long_target_warning
 from tformer.decoding.settings import DecodingConfig, Hypothesis
@@ -86,7 +86,7 @@ class Service:
             )
         names = [f"{field}[{n}]" if len(texts) > 1 else field for n in range(len(texts))]
         for text, name in zip(texts, names, strict=True):
-            check_unicode(text, name)
+            check_text(text, name, ConfigError)
         ids = native_ids(self.loaded.tokenizers.source, list(texts))
         for row, name in zip(ids, names, strict=True):
             self.check_length(row, name)
@@ -94,7 +94,7 @@ class Service:
 
     def encode_target(self, text: str) -> list[int]:
         """Token ids of a teacher-forced ``target``, checked as ``encode`` checks inputs."""
-        check_unicode(text, "target")
+        check_text(text, "target", ConfigError)
         ids = native_ids(self.loaded.tokenizers.target, [text])[0]
         self.check_length(ids, "target")
         return ids
@@ -203,18 +203,3 @@ def native_ids(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
     time."""
     return [e.ids for e in tokenizer.inner.encode_batch_fast(texts, add_special_tokens=False)]
 
-
-def check_unicode(text: str, field: str) -> None:
-    """Refuse text that cannot be written as UTF-8: a lone surrogate, which JSON can carry
-    as an escape (``"\\udc80"``) and no tokenizer can read.
-
-    Raises:
-        ConfigError: naming the field and the position of the first such character.
-    """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise ConfigError(
-            f"{field} is not valid Unicode: character {error.start + 1} is "
-            f"{ascii(text[error.start])}, a lone surrogate; send UTF-8 text"
-        ) from None
