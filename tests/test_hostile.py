@@ -616,7 +616,7 @@ def test_a_hostile_config_file_is_refused_naming_the_file_and_the_key(
 
 @pytest.mark.parametrize(("bad", "message"), [
     ({"n_heads": True}, "--n-heads: true is a boolean"),
-    ({"d_model": 64.0}, "--d-model: 64.0 is a fractional number"),
+    ({"d_model": 64.0}, "--d-model: 64.0 is a floating-point number, not a whole"),
     ({"dropout": "0.1"}, "--dropout: '0.1' is a string"),
     ({"kv_heads": [1]}, "--kv-heads: [1] is a list, not a whole number or null"),
     ({"arch": None}, "--arch: null is null, not one of encoder-decoder"),
