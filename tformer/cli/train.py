@@ -50,6 +50,8 @@ MODEL_OPTIONS = (
     "max_len",
     "positions",
     "tie_embeddings",
+    "output_bias",
+    "source_eos",
 )
 TRAIN_OPTIONS = (
     "data",
