@@ -80,12 +80,18 @@ def marian_config(config: ModelConfig) -> Any:
     )
 
 
+def marian_feature_order(d_model: int) -> torch.Tensor:
+    """Marian's feature ``j`` is tformer's feature ``order[j]``: the even (sin) features, then
+    the odd (cos) ones; ``argsort`` of it goes back."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
 def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """tformer's weights under Marian's names, every d_model axis permuted to Marian's
     [sin..., cos...] order (``perm``), and ``final_logits_bias`` masking <pad> and <bos>."""
     c = model.config
     d = c.d_model
-    perm = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
+    perm = marian_feature_order(d)
     ours = {name: t.detach().float() for name, t in model.state_dict().items()}
 
     def reads(prefix: str) -> dict[str, torch.Tensor]:  # a linear reading the residual stream
