@@ -145,6 +145,7 @@ class _Tensors:
 
     def __init__(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
         self.left = dict(tensors)
+        self.used: set[str] = set()
         self.path = path
 
     def take(self, name: str, shape: tuple[int, ...], *fallbacks: str) -> torch.Tensor:
@@ -155,6 +156,7 @@ class _Tensors:
                 f"{self.path}: has no tensor {name}; the weights do not match config.json"
             )
         tensor = self.left[key]
+        self.used.add(key)
         if tuple(tensor.shape) != shape:
             raise CheckpointError(
                 f"{self.path}: {key} has shape {tuple(tensor.shape)} but config.json makes it "
@@ -162,18 +164,18 @@ class _Tensors:
             )
         return tensor
 
-    def done(self) -> None:
-        self.left.pop("final_logits_bias", None)
-        for key in [k for k in self.left if k.endswith("embed_positions.weight")]:
-            del self.left[key]  # Marian's sinusoid table: a function of the config, not weights
-        for key in [k for k in self.left if k.endswith("embed_tokens.weight") or k in (
-            "model.shared.weight", "lm_head.weight"
-        )]:
-            del self.left[key]  # read (or tied) above
-        if self.left:
+    def done(self, tied: set[str]) -> None:
+        """Refuse tensors left over: neither read, nor a copy of a tied matrix (``tied``),
+        nor Marian's sinusoid table (a function of the config, not weights)."""
+        left = sorted(
+            key
+            for key in set(self.left) - self.used - tied
+            if not key.endswith("embed_positions.weight")
+        )
+        if left:
             raise CheckpointError(
-                f"{self.path}: tensors {excerpt_list(sorted(self.left))} have no place in a "
-                "Marian model of its config.json (a variant tformer cannot express)"
+                f"{self.path}: tensors {excerpt_list(left)} have no place in a Marian model of "
+                "its config.json (a variant tformer cannot express)"
             )
 
 
@@ -381,7 +383,7 @@ def read_marian(folder: Path, *, source: str) -> Imported:
     found = folder_tokenizers(folder, config)
     weights = _Tensors(read_weights(folder), folder / WEIGHTS)
     state, bias, share = _state(weights, config, found)
-    weights.done()
+    weights.done(_tied_names(config))
     tokenizers = found.tokenizers
     arch = model_config(
         config,
@@ -403,6 +405,16 @@ def read_marian(folder: Path, *, source: str) -> Imported:
         "tokenizer": found.kind,
     }
     return Imported(model.eval(), tokenizers, origin)
+
+
+def _tied_names(config: Any) -> set[str]:
+    """The names a tied matrix may also be saved under, read once through another."""
+    names = {"model.decoder.embed_tokens.weight"}
+    if config.share_encoder_decoder_embeddings:
+        names |= {"model.shared.weight", "model.encoder.embed_tokens.weight"}
+    if config.tie_word_embeddings:
+        names.add("lm_head.weight")
+    return names
 
 
 def _state(
