@@ -19,7 +19,8 @@ log-probability (favouring short outputs), 1 by mean log-probability per token, 
 longer outputs. Early stopping: a source is done once K of its hypotheses have ended and its
 best live beam, scored as if <eos> came next at no cost, cannot beat the worst of them (the
 Hugging Face default); its rows then leave the batch. When --max-new-tokens is reached, the
-live beams join the pool as unfinished hypotheses. Returns the ``n_best`` best of the pool,
+live beams among the K best continuations join the pool as unfinished hypotheses where they
+beat its worst (as Hugging Face's beam search finishes them). Returns the ``n_best`` best of the pool,
 best first.
 """
 
