@@ -78,6 +78,8 @@ def test_every_command_runs_on_the_import(imported: Path, tmp_path: Path, toy_da
     plain = invoke("generate", str(imported), source)
     assert plain.exit_code == 0, plain.output
     assert plain.stdout.strip() == want.strip()
+    explained = invoke("generate", str(imported), source, "--explain")
+    assert explained.exit_code == 0 and "<eos>" in explained.stdout, explained.output
     int8 = invoke("generate", str(imported), source, "--quantize", "int8", "--beam-size", "4")
     assert int8.exit_code == 0, int8.output
     scored = invoke("score", str(imported), source, reference, "--json", "--masks")

@@ -18,10 +18,10 @@ where length counts the generated tokens including <eos>. length_penalty 0 ranks
 log-probability (favouring short outputs), 1 by mean log-probability per token, > 1 favours
 longer outputs. Early stopping: a source is done once K of its hypotheses have ended and its
 best live beam, scored as if <eos> came next at no cost, cannot beat the worst of them (the
-Hugging Face default); its rows then leave the batch. When --max-new-tokens is reached, the
-live beams among the K best continuations join the pool as unfinished hypotheses where they
-beat its worst (as Hugging Face's beam search finishes them). Returns the ``n_best`` best of the pool,
-best first.
+Hugging Face default); its rows then leave the batch. When --max-new-tokens is reached,
+the live beams among the K best continuations join the pool as unfinished hypotheses where
+they beat its worst (as Hugging Face's beam search finishes them). Returns the ``n_best``
+best of the pool, best first.
 """
 
 from __future__ import annotations
