@@ -69,6 +69,7 @@ _EXPORTS: dict[str, str] = {
     "explain": "tformer.analysis.explain",
     "export_checkpoint": "tformer.export",
     "generate": "tformer.decoding.text",
+    "import_model": "tformer.imports",
     "head_statistics": "tformer.analysis.head_stats",
     "heads_masked": "tformer.model.heads",
     "inspect_attention": "tformer.analysis.attention",
@@ -134,6 +135,7 @@ if TYPE_CHECKING:
     from tformer.fast.accelerate import accelerate
     from tformer.fast.int8 import quantize_int8
     from tformer.fast.process import configure_process
+    from tformer.imports import import_model
     from tformer.metrics import corpus_scores
     from tformer.model import (
         AttentionMaps,
@@ -217,6 +219,7 @@ __all__ = [
     "generate",
     "head_statistics",
     "heads_masked",
+    "import_model",
     "inspect_attention",
     "load_attention",
     "load_checkpoint",

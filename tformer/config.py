@@ -23,7 +23,7 @@ from tformer.errors import ConfigError, DataError, TformerError
 
 Arch = Literal["encoder-decoder", "decoder-only", "encoder-only"]
 Norm = Literal["post", "pre"]
-Activation = Literal["relu", "gelu", "swiglu", "geglu"]
+Activation = Literal["relu", "gelu", "silu", "swiglu", "geglu"]
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 Positions = Literal["sinusoidal", "learned", "rope"]
 Normalization = Literal["layernorm", "rmsnorm"]
@@ -260,8 +260,9 @@ class ModelConfig:
     )
     activation: Activation = _field(
         "relu",
-        "relu (paper) | gelu | swiglu | geglu (gated, Shazeer 2020: hidden width "
-        "2/3 of --d-ff rounded up to a multiple of 8, so the parameters stay about equal).",
+        "relu (paper) | gelu | silu (Swish, Ramachandran et al. 2017: x * sigmoid(x), Marian's "
+        "and OPUS-MT's 'swish') | swiglu | geglu (gated, Shazeer 2020: hidden width 2/3 of "
+        "--d-ff rounded up to a multiple of 8, so the parameters stay about equal).",
     )
     max_len: int = _field(256, "Longest sequence in tokens (longer pairs skipped).")
     positions: Positions = _field(
@@ -277,6 +278,20 @@ class ModelConfig:
         True,
         "Also share the embedding with the source (needs one shared vocabulary; off with "
         "--separate-vocab).",
+    )
+
+    # Marian (Junczys-Dowmunt et al. 2018) and its Hugging Face port: a bias on the logits
+    # (Marian's decoder_ff_logit_out_b, transformers' final_logits_bias), and an </s> closing
+    # every source. Both off in the paper; `tformer import` turns them on for OPUS-MT models.
+    output_bias: bool = _field(
+        False,
+        "Add a learned bias to the output projection's logits (Marian's "
+        "decoder_ff_logit_out_b / final_logits_bias; the paper has none).",
+    )
+    source_eos: bool = _field(
+        False,
+        "The encoder reads every source with <eos> appended (Marian and OPUS-MT models; the "
+        "paper's sources carry none).",
     )
 
     def __post_init__(self) -> None:
@@ -306,6 +321,11 @@ class ModelConfig:
         one_of("--positions", self.positions, Positions)
         one_of("--arch", self.arch, Arch)
         self._check_variants()
+        for name in ("output_bias", "source_eos"):
+            _require(
+                not getattr(self, name) or self.is_seq2seq,
+                f"{flag(name)} is for encoder-decoder models, not --arch {self.arch}",
+            )
         _require(
             not self.share_embeddings or self.src_vocab_size == self.tgt_vocab_size,
             "shared source/target embeddings need one vocabulary: source has "
@@ -602,7 +622,9 @@ class TrainConfig:
 
 # ModelConfig keys added after checkpoints were first written: a config.json without them is
 # a model of their defaults (the paper's), which is what such a checkpoint holds.
-ADDED_MODEL_KEYS = ("kv_heads", "normalization", "positions", "arch")
+ADDED_MODEL_KEYS = (
+    "kv_heads", "normalization", "positions", "arch", "output_bias", "source_eos"
+)
 
 
 def _from_dict(cls: type, data: dict[str, Any], source: str) -> Any:

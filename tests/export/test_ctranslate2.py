@@ -83,6 +83,7 @@ VARIANT_ARCHITECTURES = {
     "geglu": dict(activation="geglu"),
     "rmsnorm": dict(normalization="rmsnorm"),
     "multi-query": dict(kv_heads=1),
+    "marian": dict(activation="silu", output_bias=True, source_eos=True),
     "all-pre": dict(positions="learned", activation="swiglu", normalization="rmsnorm",
                     kv_heads=1, norm="pre"),
 }  # fmt: skip

@@ -62,6 +62,29 @@ def test_every_post_norm_architecture_has_the_same_logits(arch: dict[str, Any]) 
     same_logits(ours, theirs)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_marians_own_variants_export_with_the_same_logits(shared: bool) -> None:
+    # SiLU ("swish"), a logits bias and the source's closing <eos>: what OPUS-MT models have.
+    changes = {"activation": "silu", "output_bias": True, "source_eos": True}
+    model = random_model(changes, shared=shared)
+    assert model.logits_bias is not None and model.logits_bias.abs().sum() > 0
+    marian = to_marian(model)
+    assert marian.config.activation_function == "swish"
+    generator = torch.Generator().manual_seed(3)
+    src = torch.randint(4, model.config.src_vocab_size, (3, 9), generator=generator)
+    src[1, 5:] = PAD_ID
+    with_eos = torch.nn.functional.pad(src, (0, 1), value=PAD_ID)
+    with_eos[torch.arange(3), (src != PAD_ID).sum(1)] = EOS_ID  # Marian's sources end in </s>
+    tgt_in = torch.randint(4, model.config.tgt_vocab_size, (3, 7), generator=generator)
+    tgt_in[:, 0] = BOS_ID
+    with torch.no_grad():
+        ours = model(src, tgt_in).logits
+        theirs = marian(
+            input_ids=with_eos, attention_mask=(with_eos != PAD_ID).long(), decoder_input_ids=tgt_in
+        ).logits
+    same_logits(ours, theirs)
+
+
 @pytest.fixture(scope="module")
 def exported(
     trained_variant: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory

@@ -29,6 +29,7 @@ VARIANTS = {
     "swiglu": dict(activation="swiglu"),
     "geglu": dict(activation="geglu"),
     "rmsnorm": dict(normalization="rmsnorm"),
+    "marian": dict(activation="silu", output_bias=True, source_eos=True),
     "all-pre": dict(positions="rope", kv_heads=2, activation="swiglu",
                     normalization="rmsnorm", norm="pre"),
 }  # fmt: skip

@@ -265,3 +265,61 @@ def test_a_config_without_the_new_keys_takes_the_defaults() -> None:
     del data["norm"]
     with pytest.raises(ConfigError, match="missing ModelConfig keys"):
         ModelConfig.from_dict(data)
+
+
+def test_silu_feed_forward_is_swish_and_transformers_swish() -> None:
+    torch.manual_seed(0)
+    ffn = feed_forward(tiny(activation="silu", d_ff=48))
+    assert not isinstance(ffn, GatedFeedForward)  # ungated: d_ff as given
+    nn.init.normal_(ffn.w1.bias)
+    x = torch.randn(3, 4, 32)
+    h = x @ ffn.w1.weight.T + ffn.w1.bias
+    want = (h * torch.sigmoid(h)) @ ffn.w2.weight.T + ffn.w2.bias  # Swish_1 (Ramachandran 2017)
+    torch.testing.assert_close(ffn(x), want)
+    activations = pytest.importorskip("transformers.activations")
+    swish = activations.ACT2FN["swish"]  # what a Marian config's "swish" runs
+    torch.testing.assert_close(ffn(x), ffn.w2(swish(ffn.w1(x))))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_output_bias_is_added_to_the_logits(tied: bool) -> None:
+    torch.manual_seed(0)
+    model = Transformer(tiny(output_bias=True, tie_embeddings=tied)).eval()
+    assert model.logits_bias is not None and not model.logits_bias.any()  # starts at zero
+    with torch.no_grad():
+        model.logits_bias.normal_()
+    hidden = torch.randn(2, 3, 32)
+    want = hidden @ model.output_weight().T + model.logits_bias
+    torch.testing.assert_close(model.project(hidden), want)
+    assert "logits_bias" in model.state_dict()
+    assert "logits_bias" not in Transformer(tiny()).state_dict()  # the paper's: no bias
+    counts = model.parameter_counts()
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+
+
+def test_source_eos_appends_eos_after_each_source() -> None:
+    from tformer.config import EOS_ID, PAD_ID
+    from tformer.model.transformer import append_eos
+
+    src = torch.tensor([[5, 6, 7], [8, PAD_ID, PAD_ID]])
+    want = torch.tensor([[5, 6, 7, EOS_ID], [8, EOS_ID, PAD_ID, PAD_ID]])
+    assert torch.equal(append_eos(src, 8), want)
+    # At max_len the last token makes room, as Marian's tokenizer truncates.
+    assert torch.equal(append_eos(src, 3), torch.tensor([[5, 6, EOS_ID], [8, EOS_ID, PAD_ID]]))
+    torch.manual_seed(0)
+    model = Transformer(tiny(source_eos=True)).eval()
+    reference = Transformer(tiny()).eval()
+    reference.load_state_dict(model.state_dict())
+    tgt = torch.tensor([[1, 9], [1, 10]])
+    with torch.no_grad():
+        encoded = model.encode(src)
+        assert encoded.memory.shape[1] == 4
+        torch.testing.assert_close(
+            model(src, tgt).logits, reference(append_eos(src, 32), tgt).logits
+        )
+
+
+@pytest.mark.parametrize("name", ["output_bias", "source_eos"])
+def test_marian_variants_are_for_encoder_decoders(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"--{name.replace('_', '-')} is for encoder-decoder"):
+        tiny(arch="decoder-only", **{name: True})

@@ -186,6 +186,52 @@ def save_checkpoint(
     return final
 
 
+def write_checkpoint(
+    folder: Path,
+    *,
+    model: Transformer,
+    train_config: TrainConfig,
+    tokenizers: Tokenizers,
+    origin: dict[str, Any] | None = None,
+) -> Path:
+    """Write one checkpoint folder (step 0, outside any run folder) whole or not at all: into
+    a temporary sibling, manifest last, then renamed to ``folder``. ``origin`` (where the
+    weights came from, e.g. an imported model) goes into config.json.
+
+    An existing ``folder`` is replaced only when it is a checkpoint holding nothing but what
+    tformer wrote (callers refuse a non-empty one unless told to overwrite it).
+
+    Raises:
+        CheckpointError: the folder cannot be written, or holds files tformer did not write.
+    """
+    tmp: Path | None = None
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+        tmp.chmod(0o755)
+        _write_model_files(tmp, model, train_config, tokenizers, 0, None, origin)
+        write_manifest(tmp)
+        fsync_files(tmp)
+        _move_into_place(tmp, folder)
+        tmp = None
+        fsync_dir(folder.parent)
+    except OSError as error:
+        raise CheckpointError(write_failure(folder, error)) from error
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+ORIGIN = "origin"  # config.json key: the source of imported weights
+
+
+def read_origin(folder: Path) -> dict[str, Any] | None:
+    """What config.json records about where an imported checkpoint came from, if anything."""
+    origin = read_config(folder).get(ORIGIN)
+    return origin if isinstance(origin, dict) else None
+
+
 def _write_model_files(
     folder: Path,
     model: Transformer,
@@ -193,6 +239,7 @@ def _write_model_files(
     tokenizers: Tokenizers,
     step: int,
     metrics: dict[str, float] | None,
+    origin: dict[str, Any] | None = None,
 ) -> None:
     """What inference needs: weights, config.json and the tokenizer file(s)."""
     save_model(model, str(folder / WEIGHTS), metadata=weights_metadata(model.config, FORMAT))
@@ -207,6 +254,8 @@ def _write_model_files(
     }
     if metrics:
         config["metrics"] = metrics
+    if origin:
+        config[ORIGIN] = origin
     (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     tokenizers.save(folder)
 

@@ -51,6 +51,8 @@ MODEL_OPTIONS = (
     "max_len",
     "positions",
     "tie_embeddings",
+    "output_bias",
+    "source_eos",
 )
 TRAIN_OPTIONS = (
     "data",

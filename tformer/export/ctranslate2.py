@@ -1,7 +1,7 @@
 """A checkpoint as a CTranslate2 model: ``tformer export CKPT --to ctranslate2 OUT``.
 
 The ``TransformerSpec`` is filled from tformer's weights directly, for every variant tformer
-trains: post- or pre-norm, ReLU or GELU, shared or separate vocabularies, tied or untied
+trains: post- or pre-norm, ReLU, GELU or SiLU, shared or separate vocabularies, tied or untied
 output projection. The spec needs no permutation: it takes tformer's own (interleaved)
 sinusoidal table, and its attention layers take fused projections laid out as tformer's
 ``q_proj`` / ``kv_proj``. Going through Hugging Face Marian and CTranslate2's Transformers
@@ -64,6 +64,15 @@ def special_token_bias(vocab_size: int) -> torch.Tensor:
     return bias
 
 
+def output_bias(model: Transformer) -> torch.Tensor:
+    """(V,) the bias an export puts on the logits: -inf at <pad> and <bos> (never predicted),
+    plus the model's own logits bias where it has one (``output_bias``)."""
+    bias = special_token_bias(model.config.tgt_vocab_size)
+    if model.logits_bias is not None:
+        bias = bias + model.logits_bias.detach().float().cpu()
+    return bias
+
+
 def transformer_spec(
     model: Transformer, source_vocabulary: list[str], target_vocabulary: list[str]
 ) -> Any:
@@ -76,6 +85,7 @@ def transformer_spec(
     activations = {
         "relu": common_spec.Activation.RELU,
         "gelu": common_spec.Activation.GELU,  # the exact (erf) GELU, as torch's
+        "silu": common_spec.Activation.SWISH,  # x * sigmoid(x), as F.silu
         "swiglu": common_spec.Activation.SWISH,  # gated: act(x W) * (x V), as GatedFeedForward
         "geglu": common_spec.Activation.GELU,
     }
@@ -99,13 +109,14 @@ def transformer_spec(
     spec.encoder.embeddings[0].weight = weights["encoder.embedding.embedding.weight"]
     spec.decoder.embeddings.weight = weights["decoder.embedding.embedding.weight"]
     spec.decoder.projection.weight = model.output_weight().detach().float()
-    spec.decoder.projection.bias = special_token_bias(c.tgt_vocab_size)
+    spec.decoder.projection.bias = output_bias(model)
     for i, layer in enumerate(spec.encoder.layer):
         _encoder_layer(layer, weights, f"encoder.layers.{i}")
     for i, layer in enumerate(spec.decoder.layer):
         _decoder_layer(layer, weights, f"decoder.layers.{i}")
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = UNK, BOS, EOS
     spec.config.decoder_start_token = BOS
+    spec.config.add_source_eos = c.source_eos  # the <eos> closing each source, as Marian's
     # torch's LayerNorm default (not CTranslate2's), or tformer's RMSNorm epsilon
     spec.config.layer_norm_epsilon = RMS_NORM_EPS if c.normalization == "rmsnorm" else 1e-5
     spec.register_source_vocabulary(source_vocabulary)

@@ -3,7 +3,9 @@
 ``MarianMTModel`` is tformer's post-norm architecture with embeddings scaled by √d_model and
 a sinusoidal position table, so every post-norm checkpoint maps onto it: shared or separate
 vocabularies (``share_encoder_decoder_embeddings``), tied or untied output projection
-(``tie_word_embeddings``), ReLU or GELU. Pre-norm has no Marian equivalent and is refused.
+(``tie_word_embeddings``), ReLU, GELU or SiLU ("swish"), the logits bias
+(``final_logits_bias``) and the source's closing <eos> (Marian's own). Pre-norm has no
+Marian equivalent and is refused.
 
 Marian lays its sinusoidal table out as [sin..., cos...] where tformer interleaves sin / cos
 (the paper's layout), so every d_model axis of the weights is permuted to match; LayerNorm is
@@ -19,16 +21,19 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer as RustTokenizer
+from tokenizers.processors import TemplateProcessing
 
 from tformer.checkpoint.store import Checkpoint, Tokenizers
 from tformer.config import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, ModelConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import ConfigError
-from tformer.export.ctranslate2 import special_token_bias
+from tformer.export.ctranslate2 import output_bias
 from tformer.model import Transformer
 from tformer.paths import json_loads
 
 README = "README.md"
+# tformer's activation -> Marian's name for it (the ungated ones Marian has).
+MARIAN_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "swish"}
 TARGET_TOKENIZER = "target_tokenizer"  # subfolder: the target side of separate vocabularies
 
 
@@ -61,7 +66,8 @@ def marian_config(config: ModelConfig) -> Any:
         decoder_attention_heads=config.n_heads,
         encoder_ffn_dim=config.d_ff,
         decoder_ffn_dim=config.d_ff,
-        activation_function=config.activation,  # "gelu" is the exact (erf) GELU, as torch's
+        # "gelu" is the exact (erf) GELU, as torch's; Marian calls SiLU "swish"
+        activation_function=MARIAN_ACTIVATIONS[config.activation],
         dropout=config.dropout,
         attention_dropout=config.attention_dropout,
         activation_dropout=0.0,
@@ -75,12 +81,18 @@ def marian_config(config: ModelConfig) -> Any:
     )
 
 
+def marian_feature_order(d_model: int) -> torch.Tensor:
+    """Marian's feature ``j`` is tformer's feature ``order[j]``: the even (sin) features, then
+    the odd (cos) ones; ``argsort`` of it goes back."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
 def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """tformer's weights under Marian's names, every d_model axis permuted to Marian's
     [sin..., cos...] order (``perm``), and ``final_logits_bias`` masking <pad> and <bos>."""
     c = model.config
     d = c.d_model
-    perm = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
+    perm = marian_feature_order(d)
     ours = {name: t.detach().float() for name, t in model.state_dict().items()}
 
     def reads(prefix: str) -> dict[str, torch.Tensor]:  # a linear reading the residual stream
@@ -129,7 +141,7 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     flat["model.encoder.embed_tokens.weight"] = source
     flat["model.decoder.embed_tokens.weight"] = target
     flat["lm_head.weight"] = model.output_weight().detach().float()[:, perm]
-    flat["final_logits_bias"] = special_token_bias(c.tgt_vocab_size)[None, :]
+    flat["final_logits_bias"] = output_bias(model)[None, :]
     return flat
 
 
@@ -175,13 +187,19 @@ def _set_generation_config(marian: Any, config: ModelConfig) -> None:
     generation.do_sample = False
 
 
-def fast_tokenizer(tokenizer: Tokenizer, max_len: int) -> Any:
+def fast_tokenizer(tokenizer: Tokenizer, max_len: int, *, source_eos: bool = False) -> Any:
     """A ``PreTrainedTokenizerFast`` over the checkpoint's tokenizer, special tokens set;
-    ``truncation=True`` cuts a source to ``max_len`` tokens, as tformer reads it."""
+    ``truncation=True`` cuts a source to ``max_len`` tokens, as tformer reads it. With
+    ``source_eos`` it closes each text with <eos>, as the model reads its sources."""
     from transformers import PreTrainedTokenizerFast
 
+    inner = RustTokenizer.from_str(tokenizer.to_str())
+    if source_eos:
+        inner.post_processor = TemplateProcessing(
+            single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, EOS_ID)]
+        )
     return PreTrainedTokenizerFast(
-        tokenizer_object=RustTokenizer.from_str(tokenizer.to_str()),
+        tokenizer_object=inner,
         pad_token=PAD,
         bos_token=BOS,
         eos_token=EOS,
@@ -192,8 +210,10 @@ def fast_tokenizer(tokenizer: Tokenizer, max_len: int) -> Any:
     )
 
 
-def _save_tokenizer(tokenizer: Tokenizer, folder: Path, max_len: int) -> None:
-    fast_tokenizer(tokenizer, max_len).save_pretrained(str(folder))
+def _save_tokenizer(
+    tokenizer: Tokenizer, folder: Path, max_len: int, *, source_eos: bool = False
+) -> None:
+    fast_tokenizer(tokenizer, max_len, source_eos=source_eos).save_pretrained(str(folder))
     # Named explicitly, so that AutoTokenizer loads this file and not Marian's SentencePiece
     # tokenizer, which the folder does not have.
     path = folder / "tokenizer_config.json"
@@ -208,14 +228,22 @@ def export_huggingface(checkpoint: Checkpoint, folder: Path) -> None:
     marian.save_pretrained(str(folder))
     tokenizers = checkpoint.tokenizers
     max_len = checkpoint.model_config.max_len
-    _save_tokenizer(tokenizers.source, folder, max_len)
+    _save_tokenizer(
+        tokenizers.source, folder, max_len, source_eos=checkpoint.model_config.source_eos
+    )
     if not tokenizers.shared:
         _save_tokenizer(tokenizers.target, folder / TARGET_TOKENIZER, max_len)
-    (folder / README).write_text(readme(tokenizers), encoding="utf-8")
+    source_eos = checkpoint.model_config.source_eos
+    (folder / README).write_text(readme(tokenizers, source_eos), encoding="utf-8")
 
 
-def readme(tokenizers: Tokenizers) -> str:
+def readme(tokenizers: Tokenizers, source_eos: bool = False) -> str:
     """How to load and call the exported model."""
+    sources = (
+        f"sources end with `{EOS}` (the tokenizer appends it, as Marian's does)"
+        if source_eos
+        else f"sources carry no `{BOS}` / `{EOS}` (the tokenizer adds none)"
+    )
     if tokenizers.shared:
         target = "tokenizer  # one vocabulary for both sides"
         separate = ""
@@ -248,11 +276,12 @@ print(target.batch_decode(output, skip_special_tokens=True))
 {separate}
 What tformer does, baked in (no extra option needed):
 
-- sources carry no `{BOS}` / `{EOS}` (the tokenizer adds none); the decoder starts from
+- {sources}; the decoder starts from
   `{BOS}` (`decoder_start_token_id` {BOS_ID}); `truncation=True` reads at most max_len source
   tokens, as tformer does; tformer reads an empty source as a lone `{EOS}` (id {EOS_ID}): give
   that id for an empty text;
-- `{PAD}` and `{BOS}` are never predicted: `final_logits_bias` is -inf at their ids;
+- `{PAD}` and `{BOS}` are never predicted: `final_logits_bias` is -inf at their ids (and
+  holds the model's own logits bias, if it has one);
 - `generation_config.json`: greedy (`num_beams` 1), ends at `{EOS}`, at most max_len tokens.
 
 The weights are tformer's, renamed, with every d_model axis permuted to Marian's

@@ -119,7 +119,8 @@ def quantize_int8(model: Transformer) -> Int8Transformer:
     """Quantise ``model`` (in place, on the CPU) for int8 decoding and return it.
 
     Every ``nn.Linear`` becomes an :class:`Int8Linear` and so does the output projection (the
-    target embedding when tied; the embedding itself stays float32 for the lookup). The model
+    target embedding when tied, the embedding itself staying float32 for the lookup; with
+    Marian's logits bias as its bias). The model
     is put in eval mode with gradients off: it is for decoding only.
     """
     from tformer.fast.accelerate import accelerate, forget_fast_weights
@@ -135,7 +136,7 @@ def quantize_int8(model: Transformer) -> Int8Transformer:
         )
     accelerate(model).eval().requires_grad_(False)
     forget_fast_weights(model)
-    projection = Int8Linear(model.output_weight(), None)
+    projection = Int8Linear(model.output_weight(), model.logits_bias)
     for attention in list(model.modules()):
         if type(attention) is FastMultiHeadAttention:
             q, kv = attention.q_proj, attention.kv_proj

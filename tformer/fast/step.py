@@ -106,13 +106,16 @@ class FastTransformer(Transformer):
             or torch.is_autocast_enabled("cpu")
         ):
             return super().project(hidden)
-        weight = self.output_weight()
-        logits = fast_linear(self, hidden, weight, None)  # a decoding step: split or packed
+        weight, bias = self.output_weight(), self.logits_bias
+        logits = fast_linear(self, hidden, weight, bias)  # a decoding step: split or packed
         if logits is not None:
             return logits
         # With W stored (V, D), x Wᵀ for one row runs as a matrix-vector product on one
         # thread; a (D, V) copy lets the BLAS split the vocabulary over every thread.
-        return hidden @ self._transposed(weight)
+        if bias is None:
+            return hidden @ self._transposed(weight)
+        rows = hidden.reshape(-1, hidden.size(-1))
+        return torch.addmm(bias, rows, self._transposed(weight)).view(*hidden.shape[:-1], -1)
 
     def _transposed(self, weight: Tensor) -> Tensor:
         """A contiguous (D, V) copy of ``weight``, remade whenever the weight changes."""

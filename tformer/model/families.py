@@ -73,6 +73,7 @@ class DecoderOnlyTransformer(Transformer):
             if config.tie_embeddings
             else nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
         )
+        self.logits_bias = None  # Marian's logits bias is an encoder-decoder option
         self._init_linear_weights()
 
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:

@@ -1,7 +1,8 @@
 """Embeddings, feed-forward, normalisation and the encoder/decoder layers (sections 3.1, 3.3, 3.4).
 
-Positions (section 3.5 and its variants) live in ``positions``. Variants here: gated
-feed-forward layers (SwiGLU, GeGLU; Shazeer 2020) and RMSNorm (Zhang & Sennrich, 2019).
+Positions (section 3.5 and its variants) live in ``positions``. Variants here: the SiLU /
+Swish activation (Ramachandran et al. 2017; Marian's), gated feed-forward layers (SwiGLU,
+GeGLU; Shazeer 2020) and RMSNorm (Zhang & Sennrich, 2019).
 
 Shape legend: B batch, S source length, T target length, D d_model, V vocabulary size,
 F the feed-forward's hidden width.
@@ -23,6 +24,7 @@ from tformer.model.positions import RotaryEmbedding
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
+    "silu": F.silu,  # Swish with beta = 1 (Ramachandran et al. 2017); Marian's "swish"
     "swiglu": F.silu,  # Swish with beta = 1
     "geglu": F.gelu,
 }

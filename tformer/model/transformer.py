@@ -10,13 +10,14 @@ Attention weights are *returned* when asked for (``need_weights=True``), never s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer.config import PAD_ID, ModelConfig
+from tformer.config import EOS_ID, PAD_ID, ModelConfig
 from tformer.model.attention import padding_mask
 from tformer.model.cache import DecoderCache, LayerCache
 from tformer.model.layers import DecoderLayer, EncoderLayer, TokenEmbedding, norm_layer
@@ -142,6 +143,11 @@ class Transformer(nn.Module):
             if config.tie_embeddings
             else nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
         )
+        # Marian's bias on the logits (decoder_ff_logit_out_b), zeros to start; the paper has
+        # none. Kept apart from the (possibly tied) matrix, so tying is unchanged.
+        self.logits_bias: nn.Parameter | None = (
+            nn.Parameter(torch.zeros(config.tgt_vocab_size)) if config.output_bias else None
+        )
         self._init_linear_weights()
 
     def _init_linear_weights(self) -> None:
@@ -155,7 +161,10 @@ class Transformer(nn.Module):
     # -- the three entry points ---------------------------------------------------------------
 
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
-        """(B, S) source ids -> memory (B, S, D) and its padding mask."""
+        """(B, S) source ids -> memory (B, S, D) and its padding mask (with ``source_eos``,
+        S + 1 positions: the <eos> each source is read with, as Marian reads it)."""
+        if self.config.source_eos:
+            src = append_eos(src, self.config.max_len)
         mask = padding_mask(src, PAD_ID)
         memory, maps = self.encoder(src, mask, need_weights)
         return EncoderOutput(memory, mask, maps if need_weights else None)
@@ -196,8 +205,8 @@ class Transformer(nn.Module):
     # -- helpers -------------------------------------------------------------------------------
 
     def project(self, hidden: Tensor) -> Tensor:
-        """(B, T, D) -> (B, T, V) logits."""
-        return F.linear(hidden, self.output_weight())
+        """(B, T, D) -> (B, T, V) logits (plus Marian's bias with ``output_bias``)."""
+        return F.linear(hidden, self.output_weight(), self.logits_bias)
 
     def output_weight(self) -> Tensor:
         """The (V, D) output projection: the target embedding matrix when tied (section 3.4)."""
@@ -217,6 +226,8 @@ class Transformer(nn.Module):
         embeddings += count_parameters(self.decoder.embedding, seen)
         if self.output_projection is not None:
             embeddings += count_parameters(self.output_projection, seen)
+        if self.logits_bias is not None:
+            embeddings += self.logits_bias.numel()
         encoder = count_parameters(self.encoder, seen, skip="embedding")
         decoder = count_parameters(self.decoder, seen, skip="embedding")
         enc_att, enc_ff = attention_and_feed_forward(self.encoder.layers)
@@ -229,6 +240,23 @@ class Transformer(nn.Module):
             "feed_forward": enc_ff + dec_ff,
             "total": embeddings + encoder + decoder,
         }
+
+
+def append_eos(src: Tensor, max_len: int) -> Tensor:
+    """(B, S) right-padded source ids -> (B, min(S + 1, max_len)) with <eos> after each
+    source's last token. A source of ``max_len`` tokens loses its last one to make room, as
+    Marian's tokenizer truncates (the <eos> always closes the source)."""
+    lengths = (src != PAD_ID).sum(dim=1).clamp(max=max_len - 1)  # (B,)
+    out = F.pad(src, (0, 1), value=PAD_ID)[:, :max_len]  # (B, S + 1) or (B, max_len)
+    return out.scatter(1, lengths[:, None], EOS_ID)
+
+
+def source_as_read(ids: Sequence[int], config: ModelConfig) -> list[int]:
+    """A source's ids as the encoder reads them: with ``source_eos``, <eos> appended in the
+    place :func:`append_eos` puts it (for labelling attention maps' source columns)."""
+    if not config.source_eos:
+        return list(ids)
+    return [*ids[: config.max_len - 1], EOS_ID]
 
 
 def count_parameters(module: nn.Module, seen: set[int], *, skip: str | None = None) -> int:

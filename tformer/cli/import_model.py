@@ -1,0 +1,40 @@
+"""``tformer import``: a Hugging Face Marian (OPUS-MT) model as a tformer checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from tformer.cli.app import app
+from tformer.cli.console import console
+from tformer.imports import import_model
+
+
+@app.command("import")
+def import_command(
+    source: str = typer.Argument(
+        ...,
+        help="A folder written by save_pretrained (MarianMTModel + MarianTokenizer), or a hub "
+        "id such as Helsinki-NLP/opus-mt-en-de.",
+        show_default=False,
+    ),
+    out: Path = typer.Argument(
+        ..., help="The checkpoint folder to create (absent or empty).", show_default=False
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace an earlier import in OUT (nothing else)."
+    ),
+) -> None:
+    """Import an OPUS-MT / Marian translation model as an ordinary tformer checkpoint.
+
+    Every command then takes OUT: generate, score, inspect-attention, export, and
+    train --init-from OUT to fine-tune it on your data with its tokenizer. A hub id is
+    fetched through huggingface_hub's cache; offline, pass a local folder. Needs the
+    "import" extra (pip install "tformer[import]"). See docs/finetune.md.
+
+    Example: tformer import Helsinki-NLP/opus-mt-en-de checkpoints/opus-en-de
+    """
+    folder = import_model(source, out, overwrite=overwrite)
+    console.print(f"imported {escape(source)} into {escape(str(folder))}", soft_wrap=True)

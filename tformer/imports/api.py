@@ -1,0 +1,74 @@
+"""``import_model``: a published model (a folder or a hub id) as an ordinary tformer checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tformer.checkpoint.files import foreign_files, written_files
+from tformer.checkpoint.store import write_checkpoint
+from tformer.config import TrainConfig
+from tformer.errors import ConfigError
+from tformer.imports.hub import local_folder
+from tformer.imports.marian import read_marian
+from tformer.paths import file_kind, inside
+from tformer.version import __version__
+
+
+def check_out(out: Path, *, overwrite: bool) -> None:
+    """Refuse an OUT the import may not write. Checks only: nothing is written.
+
+    Raises:
+        ConfigError: OUT is not a folder, or is a non-empty folder without ``overwrite``, or
+            (with it) is not a checkpoint holding only what tformer wrote.
+    """
+    kind = file_kind(out) or ("a file" if out.is_file() else None)
+    if kind is not None and kind != "a folder":
+        raise ConfigError(f"OUT {out}: exists and is {kind}; choose a new folder name")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise ConfigError(
+            f"OUT {out}: exists and is not empty; give --overwrite to replace an earlier "
+            "import, or choose another folder"
+        )
+    if written_files(out) is None or foreign_files(out):
+        raise ConfigError(
+            f"OUT {out}: is not a checkpoint holding only what tformer wrote, so --overwrite "
+            "does not replace it; choose another folder"
+        )
+
+
+def import_model(source: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
+    """Import a Hugging Face ``MarianMTModel`` (OPUS-MT) as a tformer checkpoint.
+
+    Args:
+        source: a folder written by ``save_pretrained`` (the model and its ``MarianTokenizer``
+            or a tformer export), or a hub id such as ``Helsinki-NLP/opus-mt-en-de``
+            (fetched through ``huggingface_hub``'s cache).
+        out: the checkpoint folder to create (absent or empty; with ``overwrite``, an
+            earlier import).
+        overwrite: replace an earlier import in ``out``.
+
+    Returns:
+        The checkpoint folder: ``tformer verify``, ``generate``, ``train --init-from`` ...
+        take it as any other.
+
+    Raises:
+        ConfigError: OUT may not be written, a package is missing, or the hub is unreachable.
+        CheckpointError: another model type, missing tokenizer files, weights that do not
+            match their config, or a Marian variant tformer cannot express.
+    """
+    out = Path(out).expanduser()
+    check_out(out, overwrite=overwrite)
+    folder = local_folder(str(source))
+    if inside(folder, out):
+        raise ConfigError(f"OUT {out}: lies inside SOURCE {folder}; choose a folder outside it")
+    imported = read_marian(folder, source=str(source))
+    origin = {**imported.origin, "tformer_version": __version__}
+    return write_checkpoint(
+        out,
+        model=imported.model,
+        train_config=TrainConfig(),
+        tokenizers=imported.tokenizers,
+        origin=origin,
+    )
