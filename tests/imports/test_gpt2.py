@@ -1,0 +1,174 @@
+"""tformer import of GPT-2: a real GPT2LMHeadModel (tiny config, random weights) with a byte-level
+BPE trained here on Multi30k and saved as GPT2TokenizerFast. The imported model must compute
+transformers' function: logits, greedy continuations and token ids equal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
+from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: E402
+
+from tests.imports.conftest import lines  # noqa: E402
+from tformer.checkpoint.store import load_checkpoint  # noqa: E402
+from tformer.config import BOS_ID  # noqa: E402
+from tformer.data.hf_tokenizers import to_tformer_ids  # noqa: E402
+from tformer.decoding.api import decode_texts  # noqa: E402
+from tformer.decoding.settings import DecodingConfig  # noqa: E402
+from tformer.errors import CheckpointError  # noqa: E402
+from tformer.imports import import_model  # noqa: E402
+from tformer.imports.gpt2 import gpt2_order  # noqa: E402
+
+EOT = "<|endoftext|>"
+
+
+@dataclass
+class GPT2Case:
+    folder: Path
+    model: Any  # GPT2LMHeadModel, eval mode
+    tokenizer: Any  # GPT2TokenizerFast
+    out: Path  # the imported checkpoint
+
+
+def byte_level_bpe(texts: list[str]) -> Any:
+    """GPT-2's tokenizer shape: byte-level pre-tokenisation, BPE, <|endoftext|> as the last id
+    (as in GPT-2's own vocabulary, so the import's reordering is exercised)."""
+    inner = HFTokenizer(models.BPE())
+    inner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    inner.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    inner.train_from_iterator(texts, trainer)
+    inner.add_special_tokens([EOT])
+    return transformers.GPT2TokenizerFast(
+        tokenizer_object=inner, bos_token=EOT, eos_token=EOT, unk_token=EOT
+    )
+
+
+@pytest.fixture(scope="module")
+def gpt2(toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> GPT2Case:
+    root = tmp_path_factory.mktemp("gpt2")
+    tokenizer = byte_level_bpe(lines("train", "en", 3000, toy_data))
+    config = transformers.GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=48,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        layer_norm_epsilon=1e-5,
+    )
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # far from the initial values, so every tensor must map
+        for name, p in model.named_parameters():
+            p.normal_(std=0.3 if p.dim() == 2 else 0.2)
+            if ".ln_" in name and name.endswith("weight"):
+                p.add_(1.0)
+    folder = root / "saved"
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    out = import_model(folder, root / "imported")
+    return GPT2Case(folder, model, tokenizer, out)
+
+
+def tformer_ids(case: GPT2Case, hf_ids: list[int]) -> list[int]:
+    order = gpt2_order(len(case.tokenizer), case.tokenizer.eos_token_id)
+    mapping = to_tformer_ids(order)
+    return [mapping[i] for i in hf_ids]
+
+
+def test_ids_equal_transformers_on_every_test_line(gpt2: GPT2Case, toy_data: Path) -> None:
+    ckpt = load_checkpoint(gpt2.out)
+    texts = lines("test2016", "en", 10_000, toy_data)
+    ours = ckpt.tokenizers.source.encode_batch(texts)
+    theirs = gpt2.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert len(texts) >= 100
+    for text, mine, hf in zip(texts, ours, theirs, strict=True):
+        assert mine == tformer_ids(gpt2, hf), text
+        assert ckpt.tokenizers.source.decode(mine) == gpt2.tokenizer.decode(hf)
+
+
+def test_logits_equal_transformers(gpt2: GPT2Case, toy_data: Path) -> None:
+    """tformer reads <bos> (= <|endoftext|>) then the text; GPT-2 the same ids."""
+    ckpt = load_checkpoint(gpt2.out)
+    model = ckpt.model.eval()
+    eot = gpt2.tokenizer.eos_token_id
+    order = torch.tensor([0 if i is None else i for i in gpt2_order(len(gpt2.tokenizer), eot)])
+    for text in lines("val", "en", 20, toy_data):
+        hf = [eot, *gpt2.tokenizer.encode(text)][:48]
+        ids = [BOS_ID, *tformer_ids(gpt2, hf[1:])]
+        with torch.no_grad():
+            theirs = gpt2.model(torch.tensor([hf])).logits[0]
+            ours = model(torch.zeros(1, 0, dtype=torch.long), torch.tensor([ids])).logits[0]
+        # <eos> and every other piece (tformer's rows 2, 4...) against their GPT-2 ids; the
+        # rows GPT-2 has not (<pad>, <unk>, <bos> a copy of <eos>) are never predicted.
+        rows = torch.tensor([2, *range(4, len(order))])
+        torch.testing.assert_close(ours[:, rows], theirs[:, order[rows]], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            ours.log_softmax(-1)[:, rows],
+            theirs.log_softmax(-1)[:, order[rows]],
+            atol=1e-4,
+            rtol=1e-4,
+        )
+        assert ours.softmax(-1)[:, [0, 1, 3]].max() < 1e-6
+
+
+def test_greedy_equals_transformers_generate(gpt2: GPT2Case, toy_data: Path) -> None:
+    ckpt = load_checkpoint(gpt2.out)
+    eot = gpt2.tokenizer.eos_token_id
+    prompts = [" ".join(line.split()[:4]) for line in lines("val", "en", 8, toy_data)]
+    ids = [tformer_ids(gpt2, gpt2.tokenizer.encode(p)) for p in prompts]
+    hyps = decode_texts(ckpt.model, ids, DecodingConfig(max_new_tokens=48))
+    mapping = to_tformer_ids(gpt2_order(len(gpt2.tokenizer), eot))
+    for prompt, found in zip(prompts, hyps, strict=True):
+        hf_in = torch.tensor([[eot, *gpt2.tokenizer.encode(prompt)]])
+        room = 48 - hf_in.size(1)
+        out = gpt2.model.generate(
+            hf_in, do_sample=False, max_new_tokens=room, eos_token_id=eot, pad_token_id=eot
+        )[0, hf_in.size(1) :].tolist()
+        if eot in out:
+            out = out[: out.index(eot)]
+        expected = [mapping[i] for i in out]
+        n = min(len(found[0].ids), len(expected))
+        assert n > 0
+        assert found[0].ids[:n] == expected[:n], prompt
+
+
+def test_cli_import_and_generate(gpt2: GPT2Case, tmp_path: Path) -> None:
+    out = tmp_path / "cli"
+    run = subprocess.run(
+        [sys.executable, "-m", "tformer", "import", str(gpt2.folder), str(out)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    generated = subprocess.run(
+        [sys.executable, "-m", "tformer", "generate", str(out), "A man in a blue shirt"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert generated.returncode == 0, generated.stderr
+    assert generated.stdout.strip()
+
+
+def test_unsupported_setting_refused_in_one_line(gpt2: GPT2Case, tmp_path: Path) -> None:
+    folder = tmp_path / "odd"
+    gpt2.model.config.scale_attn_by_inverse_layer_idx = True
+    try:
+        gpt2.model.save_pretrained(str(folder))
+    finally:
+        gpt2.model.config.scale_attn_by_inverse_layer_idx = False
+    gpt2.tokenizer.save_pretrained(str(folder))
+    with pytest.raises(CheckpointError, match="scale_attn_by_inverse_layer_idx") as error:
+        import_model(folder, tmp_path / "out")
+    assert "\n" not in str(error.value)
