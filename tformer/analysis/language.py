@@ -145,6 +145,10 @@ def encode_with_masks_of(tokenizer: Tokenizer, text: str) -> list[int]:
         if ids and ids[-1] == boundary and word_start and not before_digit:
             ids.pop()
         ids.append(MASK_ID)
+    if len(filled) < len(holes):
+        # A normaliser dropped the character (BERT's removes private-use ones): the literal
+        # <mask>, a special token of the vocabulary, is then cut out of the text as it is.
+        return tokenizer.inner.encode(text, add_special_tokens=False).ids
     return ids
 
 
