@@ -39,10 +39,12 @@ def fast_tokenizer(folder: Path, kind: str) -> Any:
         ConfigError: transformers is not installed.
     """
     try:
-        from transformers import BertTokenizerFast, GPT2TokenizerFast
+        # transformers 5 names the tokenizers-backed classes GPT2Tokenizer / BertTokenizer
+        # (the *Fast names are aliases of them).
+        from transformers import BertTokenizer, GPT2Tokenizer
     except ImportError as error:
         raise ConfigError(f"tformer import needs transformers; {INSTALL}") from error
-    cls = GPT2TokenizerFast if kind == "gpt2" else BertTokenizerFast
+    cls = GPT2Tokenizer if kind == "gpt2" else BertTokenizer
     files = "tokenizer.json or vocab.json + merges.txt" if kind == "gpt2" else (
         "tokenizer.json or vocab.txt"
     )
@@ -87,7 +89,9 @@ def reordered_tokenizer(
     data["padding"] = None
     data["truncation"] = None
     built = tokenizers.Tokenizer.from_str(json.dumps(data))
-    built.add_special_tokens([AddedToken(name, normalized=False, special=True) for name in specials])
+    built.add_special_tokens(
+        [AddedToken(name, normalized=False, special=True) for name in specials]
+    )
     return Tokenizer.from_str(built.to_str(), source=where)
 
 

@@ -22,6 +22,7 @@ from tformer.model.attention import MultiHeadAttention
 from tformer.model.cache import LayerCache
 from tformer.model.positions import RotaryEmbedding
 
+
 def gelu_tanh(x: Tensor) -> Tensor:
     """GELU's tanh approximation (Hendrycks & Gimpel 2016), GPT-2's "gelu_new"."""
     return F.gelu(x, approximate="tanh")
@@ -126,9 +127,8 @@ def norm_layer(config: ModelConfig) -> nn.LayerNorm | nn.RMSNorm:
 
 def self_attention(config: ModelConfig) -> MultiHeadAttention:
     """Self-attention: grouped-query with ``kv_heads``, rotary with ``positions`` rope."""
-    rotary = (
-        RotaryEmbedding(config.d_head, config.positions_held) if config.positions == "rope" else None
-    )
+    held = config.positions_held
+    rotary = RotaryEmbedding(config.d_head, held) if config.positions == "rope" else None
     return MultiHeadAttention(
         config.d_model,
         config.n_heads,
