@@ -192,6 +192,12 @@ class ModelConfig:
         "Encoder-only: BERT's masked-LM head before the output projection: dense d_model x "
         "d_model, the --activation, then a layer norm (cls.predictions.transform).",
     )
+    document_bos: bool = _field(
+        True,
+        "Decoder-only: every document of a text starts with <bos>; --no-document-bos joins "
+        "documents with <eos> alone, which starts the next one (GPT-2's <|endoftext|>; the "
+        "text's first document keeps its <bos>).",
+    )
     bos_first: bool = _field(
         False,
         "Encoder-only: the model reads <bos> before every text and gives logits for the "
@@ -224,6 +230,10 @@ class ModelConfig:
         _require(
             not self.source_eos or self.is_seq2seq,
             f"--source-eos is for encoder-decoder models, not --arch {self.arch}",
+        )
+        _require(
+            self.document_bos or self.arch == "decoder-only",
+            f"--no-document-bos is for decoder-only models, not --arch {self.arch}",
         )
         for name in ("mlm_head", "bos_first"):
             _require(
@@ -581,7 +591,7 @@ class TrainConfig:
 ADDED_MODEL_KEYS = (
     "kv_heads", "normalization", "positions", "arch", "output_bias", "source_eos",
     "embedding_scale", "norm_eps", "embedding_norm", "segment_embedding", "mlm_head",
-    "bos_first",
+    "bos_first", "document_bos",
 )
 
 

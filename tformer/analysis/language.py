@@ -66,7 +66,9 @@ def evaluate_language(ckpt: Checkpoint, docs: Sequence[str], *, split: str = "te
     ids = ckpt.tokenizers.source.encode_batch(list(docs))
     train = ckpt.train_config
     block = train.block_size or config.max_len
-    examples = lm_examples(ids, config.arch, block, pack=train.pack)
+    examples = lm_examples(
+        ids, config.arch, block, pack=train.pack, document_bos=config.document_bos
+    )
     objective = objective_for(config.arch, config.src_vocab_size, ckpt.train_config, seed=0)
     plan = BatchPlan(examples, EVAL_BATCH_TOKENS, seed=0, objective=objective)
     total, tokens, correct = 0.0, 0, 0

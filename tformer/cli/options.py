@@ -157,20 +157,25 @@ def check_batch_size(batch_size: int) -> None:
     check_rows("--batch-size", batch_size)
 
 
-def warn_long_inputs(tokenizer: Tokenizer, texts: Sequence[str], max_len: int) -> None:
+def warn_long_inputs(
+    tokenizer: Tokenizer, texts: Sequence[str], max_len: int, *, prompts: bool = False
+) -> None:
     """One warning line on stderr when inputs are longer than the model's ``max_len`` tokens.
 
     Decoding reads only the first ``max_len`` tokens of such an input (see
     ``tformer.decoding.api.decode``); this says so, with the first one cut and its length.
+    A decoder-only model's ``prompts`` keep their last ``max_len - 1`` tokens (after <bos>).
     """
+    room = max_len - 1 if prompts else max_len
     lengths = [len(ids) for ids in tokenizer.encode_batch(list(texts))]
-    cut = [(n, length) for n, length in enumerate(lengths, start=1) if length > max_len]
+    cut = [(n, length) for n, length in enumerate(lengths, start=1) if length > room]
     if cut:
         n, length = cut[0]
+        kept = f"last {room} tokens (after <bos>)" if prompts else f"first {room} tokens"
         err_console.print(
             f"[yellow]warning:[/] {len(cut)} of {len(texts)} inputs are longer than the "
-            f"model's max_len of {max_len} tokens (input {n} has {length}); only their first "
-            f"{max_len} tokens were read",
+            f"model's max_len of {max_len} tokens (input {n} has {length}); only their "
+            f"{kept} were read",
             soft_wrap=True,
         )
 

@@ -58,6 +58,7 @@ MODEL_OPTIONS = (
     "segment_embedding",
     "mlm_head",
     "bos_first",
+    "document_bos",
 )
 TRAIN_OPTIONS = (
     "data",

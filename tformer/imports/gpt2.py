@@ -132,6 +132,7 @@ def read_gpt2(folder: Path, *, source: str) -> Imported:
         output_bias=True,
         embedding_scale=False,
         norm_eps=config.layer_norm_epsilon,
+        document_bos=False,  # documents joined by <|endoftext|> alone, as GPT-2 read them
     )
     model = build_model(arch)
     model.load_state_dict(state, strict=True)
