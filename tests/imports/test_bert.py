@@ -20,11 +20,12 @@ from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
 
 from tests.imports.conftest import lines  # noqa: E402
+from tests.imports.test_gpt2 import fine_tuned_losses  # noqa: E402
 from tformer.analysis.language import fill_mask  # noqa: E402
 from tformer.checkpoint.store import load_checkpoint  # noqa: E402
 from tformer.config import EOS_ID  # noqa: E402
 from tformer.data.hf_tokenizers import to_tformer_ids  # noqa: E402
-from tformer.errors import CheckpointError  # noqa: E402
+from tformer.errors import CheckpointError, ConfigError  # noqa: E402
 from tformer.imports import import_model  # noqa: E402
 from tformer.imports.bert import bert_order  # noqa: E402
 
@@ -170,3 +171,25 @@ def test_relative_positions_refused_in_one_line(bert: BertCase, tmp_path: Path) 
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="position_embedding_type 'relative_key'"):
         import_model(folder, tmp_path / "out")
+
+
+def test_train_init_from_fine_tunes_the_import(
+    bert: BertCase, toy_data: Path, tmp_path: Path
+) -> None:
+    before, after = fine_tuned_losses(bert.out, toy_data, tmp_path)
+    assert after < before - 0.1, (before, after)
+
+
+def test_fill_mask_refuses_a_tokenizer_without_mask_in_one_line(
+    bert: BertCase, tmp_path: Path
+) -> None:
+    """A checkpoint whose tokenizer lost its <mask> (here: renamed) is refused, not guessed."""
+    ckpt = load_checkpoint(bert.out)
+    data = json.loads(ckpt.tokenizers.source.to_str())
+    vocab = data["model"]["vocab"]
+    vocab["<nomask>"] = vocab.pop("<mask>")
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] != "<mask>"]
+    ckpt.tokenizers.source.inner = HFTokenizer.from_str(json.dumps(data))
+    with pytest.raises(ConfigError, match="has no <mask> token at id 4") as error:
+        fill_mask(ckpt, "a man in a <mask> shirt")
+    assert "\n" not in str(error.value)

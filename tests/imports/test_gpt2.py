@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 transformers = pytest.importorskip("transformers")
 
@@ -19,7 +20,9 @@ from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: E402
 
 from tests.imports.conftest import lines  # noqa: E402
+from tformer.analysis.language import evaluate_language  # noqa: E402
 from tformer.checkpoint.store import load_checkpoint  # noqa: E402
+from tformer.cli.commands import app  # noqa: E402
 from tformer.config import BOS_ID  # noqa: E402
 from tformer.data.hf_tokenizers import to_tformer_ids  # noqa: E402
 from tformer.decoding.api import decode_texts  # noqa: E402
@@ -172,3 +175,55 @@ def test_unsupported_setting_refused_in_one_line(gpt2: GPT2Case, tmp_path: Path)
     with pytest.raises(CheckpointError, match="scale_attn_by_inverse_layer_idx") as error:
         import_model(folder, tmp_path / "out")
     assert "\n" not in str(error.value)
+
+
+def test_perplexity_equals_transformers_on_the_joined_text(
+    gpt2: GPT2Case, toy_data: Path
+) -> None:
+    """evaluate joins documents as GPT-2 read them, <|endoftext|> between them (no <bos> per
+    document), cut into blocks of its 48 positions: the same loss as GPT-2's on that stream."""
+    docs = lines("val", "en", 30, toy_data)
+    ckpt = load_checkpoint(gpt2.out)
+    assert not ckpt.model_config.document_bos
+    measured = evaluate_language(ckpt, docs)
+    eot = gpt2.tokenizer.eos_token_id
+    stream = [eot]
+    for doc in docs:
+        stream += [*gpt2.tokenizer.encode(doc), eot]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(stream) - 1, 48):
+            block = torch.tensor([stream[start : start + 49]])
+            logits = gpt2.model(block[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits[0], block[0, 1:], reduction="sum")
+            total += float(loss)
+            count += block.size(1) - 1
+    assert measured.tokens == count
+    assert measured.loss == pytest.approx(total / count, rel=1e-4)
+
+
+def fine_tuned_losses(imported: Path, toy_data: Path, tmp_path: Path) -> tuple[float, float]:
+    """An imported language model's loss on 64 Multi30k lines before and after 12 steps of
+    ``train --init-from`` on them."""
+    data = tmp_path / "text"
+    data.mkdir()
+    docs = lines("train", "en", 64, toy_data)
+    (data / "train.txt").write_text("\n".join(docs) + "\n", encoding="utf-8")
+    (data / "validation.txt").write_text("\n".join(docs[:8]) + "\n", encoding="utf-8")
+    out = tmp_path / "tuned"
+    result = CliRunner().invoke(
+        app, ["train", "--init-from", str(imported), "--data", str(data), "--out", str(out),
+              "--max-steps", "12", "--lr", "3e-3", "--warmup-steps", "1", "--schedule",
+              "constant", "--label-smoothing", "0", "--max-tokens", "512",
+              "--log-every", "4", "--eval-every", "100", "--device", "cpu"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    before = evaluate_language(load_checkpoint(imported), docs).loss
+    return before, evaluate_language(load_checkpoint(out), docs).loss
+
+
+def test_train_init_from_fine_tunes_the_import(
+    gpt2: GPT2Case, toy_data: Path, tmp_path: Path
+) -> None:
+    before, after = fine_tuned_losses(gpt2.out, toy_data, tmp_path)
+    assert after < before - 0.1, (before, after)
