@@ -107,3 +107,13 @@ def test_serve_load_smoke(trained: TrainResult) -> None:
         assert record["errors"] == 0 and record["requests"] > 0
         assert record["requests_per_s"] > 0 and record["new_tokens_per_s"] > 0
         assert record["p50_ms"] <= record["p95_ms"] <= record["p99_ms"]
+
+
+def test_import_speed_smoke() -> None:
+    pytest.importorskip("sentencepiece")
+    pytest.importorskip("transformers")
+    records = run_script("import_speed.py", "--smoke")
+    assert len(records) == 1 and records[0]["benchmark"] == "import_speed"
+    record = records[0]
+    assert record["seconds"] > 0 and record["peak_rss_mb"] >= record["baseline_rss_mb"] > 0
+    assert record["model_vocab"] == 2000 and record["weights_mb"] > 0

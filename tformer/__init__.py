@@ -133,9 +133,9 @@ if TYPE_CHECKING:
     from tformer.errors import CheckpointError, ConfigError, DataError, DeviceError, TformerError
     from tformer.export import export_checkpoint
     from tformer.fast.accelerate import accelerate
-    from tformer.imports import import_model
     from tformer.fast.int8 import quantize_int8
     from tformer.fast.process import configure_process
+    from tformer.imports import import_model
     from tformer.metrics import corpus_scores
     from tformer.model import (
         AttentionMaps,

@@ -22,6 +22,7 @@ from tests.data.test_sentencepiece import marian_folder, marian_vocab  # noqa: E
 MULTI30K = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
 SPM_LINES = 3000
 SPM_VOCAB = 250
+EOS_PUSH = 2.5
 
 
 def lines(split: str, lang: str, count: int, toy_data: Path) -> list[str]:
@@ -99,6 +100,9 @@ def marian_model(tokenizer: Any, activation: str, shared: bool, tied: bool, seed
             if "layer_norm" in name and name.endswith("weight"):
                 p.add_(1.0)
         model.final_logits_bias.normal_(std=0.5)
+        # Random models seldom end; a push towards </s> makes outputs of many lengths, so
+        # that beam search's length penalty and finished hypotheses are exercised too.
+        model.final_logits_bias[0, tokenizer.eos_token_id] += EOS_PUSH
         if shared:  # untied, transformers shares nothing; a converted OPUS-MT model has one matrix
             inner = model.model
             for embedding in (inner.encoder.embed_tokens, inner.decoder.embed_tokens):

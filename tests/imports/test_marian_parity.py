@@ -66,7 +66,8 @@ def test_logits_equal_transformers(
     case, ckpt = imported(name)
     config = ckpt.model_config
     assert config.source_eos and config.output_bias
-    assert config.activation == {"swish": "silu"}.get(*[CASES[name][0]] * 2)
+    activation = CASES[name][0]
+    assert config.activation == ("silu" if activation == "swish" else activation)
     assert (config.share_embeddings, config.tie_embeddings) == CASES[name][1:]
     src_order, tgt_order = orders(case, ckpt)
     texts = sources(toy_data)
@@ -82,7 +83,7 @@ def test_logits_equal_transformers(
     theirs_in = torch.full((len(tgt), width), case.model.config.pad_token_id)
     for row, ids in enumerate(tgt):
         tgt_in[row, : len(ids) + 1] = torch.tensor([BOS_ID, *ids])
-        theirs_in[row, : len(ids) + 1] = torch.tensor([tgt_order[BOS_ID], *(tgt_order[i] for i in ids)])
+        theirs_in[row, : len(ids) + 1] = torch.tensor([tgt_order[i] for i in [BOS_ID, *ids]])
     src_t = torch.full((len(src), max(map(len, src))), PAD_ID)
     for row, ids in enumerate(src):
         src_t[row, : len(ids)] = torch.tensor(ids)

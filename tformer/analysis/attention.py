@@ -25,6 +25,7 @@ from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
 from tformer.errors import ConfigError
 from tformer.model import Transformer
+from tformer.model.transformer import source_as_read
 
 Kind = Literal["encoder", "decoder", "cross"]
 KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
@@ -310,7 +311,7 @@ def _inspect(
         encoder=stack(out.attentions.encoder),
         decoder=stack(out.attentions.decoder),
         cross=stack(out.attentions.cross),
-        source_tokens=tokenizers.source.tokens(src_ids),
+        source_tokens=tokenizers.source.tokens(source_as_read(src_ids, model.config)),
         target_tokens=tokenizers.target.tokens(tgt_in),
         source_text=source,
         target_text=target,

@@ -31,6 +31,7 @@ from tformer.errors import DataError
 from tformer.metrics import EVAL_BATCH_TOKENS
 from tformer.model import Transformer
 from tformer.model.attention import causal_mask, padding_mask
+from tformer.model.transformer import source_as_read
 from tformer.paths import excerpt
 
 # Columns of one position, in the order of records, the TSV and the JSON.
@@ -223,7 +224,7 @@ def score_pairs(
                 figures_of_row = {name: value[row] for name, value in lists.items()}
                 scores[i] = _pair_score(
                     (kept[i], pairs[kept[i]]),
-                    src_ids,
+                    source_as_read(src_ids, model.config),  # the <eos> Marian's read with
                     tgt_ids,
                     figures_of_row,
                     tokenizers,

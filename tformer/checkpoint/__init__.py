@@ -25,6 +25,7 @@ from tformer.checkpoint.store import (
     load_checkpoint,
     parse_configs,
     read_config,
+    read_origin,
     read_verified_config,
     save_checkpoint,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "parse_configs",
     "read_config",
     "read_metrics",
+    "read_origin",
     "read_verified_config",
     "resolve",
     "save_checkpoint",

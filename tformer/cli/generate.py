@@ -46,6 +46,7 @@ from tformer.cli.options import (
     require_family,
     warn_long_inputs,
 )
+from tformer.config import EOS_ID
 from tformer.decoding.api import stream_tokens
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
@@ -53,6 +54,7 @@ from tformer.device import resolve_device
 from tformer.errors import ConfigError
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
+from tformer.model.transformer import source_as_read
 
 NUM_SAMPLES = typer.Option(
     default(DecodingConfig, "num_samples"), "--num-samples", "-n", help="Samples per input."
@@ -284,8 +286,10 @@ def _explain(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
         if len(outputs) > 1:
             title = f"output {index + 1}/{len(outputs)}: {title}"
         decoder_only = loaded.model_config.arch == "decoder-only"
+        # The source columns as the encoder read them (with the <eos> Marian's models add).
+        read = src if decoder_only else source_as_read(src or [EOS_ID], loaded.model_config)
         table = explanation_table(
-            steps, src, loaded.tokenizers, config, hyp, title=title, decoder_only=decoder_only
+            steps, read, loaded.tokenizers, config, hyp, title=title, decoder_only=decoder_only
         )
         console.print(table)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from tformer.checkpoint.store import load_checkpoint
+from tformer.checkpoint.store import load_checkpoint, read_origin
 from tformer.checkpoint.training_state import saved_record
 from tformer.cli.app import app
 from tformer.cli.console import console
@@ -35,6 +35,14 @@ def info_command(
     if checkpoint is not None:
         loaded = load_checkpoint(checkpoint)
         model, source = loaded.model, f"{loaded.path} (step {loaded.step})"
+        origin = read_origin(loaded.path)
+        if origin is not None:
+            console.print(
+                f"imported from {origin.get('source')} ({origin.get('model_type')}, "
+                f"{origin.get('tokenizer')}, transformers {origin.get('transformers_version')})",
+                soft_wrap=True,
+                highlight=False,
+            )
         start = saved_record(loaded.path, "init_from")
         if start is not None:
             console.print(

@@ -18,9 +18,10 @@ where length counts the generated tokens including <eos>. length_penalty 0 ranks
 log-probability (favouring short outputs), 1 by mean log-probability per token, > 1 favours
 longer outputs. Early stopping: a source is done once K of its hypotheses have ended and its
 best live beam, scored as if <eos> came next at no cost, cannot beat the worst of them (the
-Hugging Face default); its rows then leave the batch. When --max-new-tokens is reached, the
-live beams join the pool as unfinished hypotheses. Returns the ``n_best`` best of the pool,
-best first.
+Hugging Face default); its rows then leave the batch. When --max-new-tokens is reached,
+the live beams among the K best continuations join the pool as unfinished hypotheses where
+they beat its worst (as Hugging Face's beam search finishes them). Returns the ``n_best``
+best of the pool, best first.
 """
 
 from __future__ import annotations
@@ -158,19 +159,21 @@ def _select(
     live: list[int] = []
     for b, source in enumerate(beams.sources):
         kept: list[tuple[int, int, float]] = []
+        in_top_k = 0  # how many of kept rank among the K best continuations
         for rank, (total, flat) in enumerate(zip(top_sums_l[b], top_flat_l[b], strict=True)):
             if total == NEG_INF or len(kept) == k:
                 break
             row, token = b * beams.width + flat // vocab, flat % vocab
             if token != EOS_ID:
                 kept.append((row, token, total))
+                in_top_k += rank < k
             elif rank < k:  # an <eos> below the K best would not be in the beam at all
                 if history is None or history_logps is None:
                     history, history_logps = beams.tokens.tolist(), beams.logps.tolist()
                 eos_logp = float(model_logp[row, EOS_ID])
                 pools[source].add(history[row], [*history_logps[row], eos_logp], total, True)
         if last_step:
-            _finish_unended(beams, model_logp, pools[source], kept)
+            _finish_unended(beams, model_logp, pools[source], kept[:in_top_k])
             continue
         if not kept or _done(pools[source], kept[0][2], beams.tokens.size(1) + 2):
             continue  # done: its rows leave the batch
@@ -195,9 +198,8 @@ def _done(pool: Pool, best_live_sum: float, length_if_ended: int) -> bool:
 def _finish_unended(
     beams: _Beams, model_logp: Tensor, pool: Pool, kept: list[tuple[int, int, float]]
 ) -> None:
-    """--max-new-tokens reached: the live continuations join the pool, marked unfinished."""
-    if pool.full:
-        return
+    """--max-new-tokens reached: the live continuations among the K best join the pool,
+    marked unfinished, where they beat its worst (as an <eos> there would have)."""
     for row, token, total in kept:
         ids = [*beams.tokens[row].tolist(), token]
         logps = [*beams.logps[row].tolist(), float(model_logp[row, token])]

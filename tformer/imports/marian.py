@@ -247,9 +247,7 @@ def never_rows(order: list[int | None]) -> list[int]:
     return rows
 
 
-def logits_bias(
-    bias: torch.Tensor, order: list[int | None]
-) -> torch.Tensor | None:
+def logits_bias(bias: torch.Tensor, order: list[int | None]) -> torch.Tensor | None:
     """tformer's logits bias from Marian's ``final_logits_bias`` (its vocabulary order), or
     None when it would hold nothing: <pad> and <bos> (never predicted; an export writes -inf
     there) and rows that stand for no Marian token get :data:`NEVER`."""
@@ -471,4 +469,3 @@ def _state(
     # Untied, transformers shares nothing: a fine-tuned copy may hold two embeddings.
     share = share and torch.equal(encoder, decoder)
     return state, logits_bias(final, found.target_order), share
-

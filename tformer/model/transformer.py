@@ -10,6 +10,7 @@ Attention weights are *returned* when asked for (``need_weights=True``), never s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -259,6 +260,14 @@ def append_eos(src: Tensor, max_len: int) -> Tensor:
     lengths = (src != PAD_ID).sum(dim=1).clamp(max=max_len - 1)  # (B,)
     out = F.pad(src, (0, 1), value=PAD_ID)[:, :max_len]  # (B, S + 1) or (B, max_len)
     return out.scatter(1, lengths[:, None], EOS_ID)
+
+
+def source_as_read(ids: Sequence[int], config: ModelConfig) -> list[int]:
+    """A source's ids as the encoder reads them: with ``source_eos``, <eos> appended in the
+    place :func:`append_eos` puts it (for labelling attention maps' source columns)."""
+    if not config.source_eos:
+        return list(ids)
+    return [*ids[: config.max_len - 1], EOS_ID]
 
 
 def count_parameters(module: nn.Module, seen: set[int], *, skip: str | None = None) -> int:

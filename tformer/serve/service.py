@@ -10,10 +10,11 @@ from typing import Any
 from tformer.analysis.attention import inspect_attention
 from tformer.analysis.explain import explain
 from tformer.checkpoint.store import Checkpoint
-from tformer.config import SEED_LIMIT
+from tformer.config import EOS_ID, SEED_LIMIT
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.decoding.text import translate
 from tformer.errors import ConfigError
+from tformer.model.transformer import source_as_read
 from tformer.serve.answers import (
     attention_record,
     explain_record,
@@ -151,7 +152,8 @@ class Service:
             ids = tokenizers.target.encode(request.target)[: loaded.model_config.max_len - 1]
             hyp, text = Hypothesis(ids=ids, token_logprobs=[], finished=True), request.target
         steps = explain(loaded.model, src, hyp, config)
-        source_tokens = tokenizers.source.tokens(src) if src else ["<eos>"]
+        read = source_as_read(src or [EOS_ID], loaded.model_config)  # as the encoder reads it
+        source_tokens = tokenizers.source.tokens(read)
         return {
             "source": request.source,
             "output": text,

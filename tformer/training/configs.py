@@ -129,6 +129,20 @@ def dump_config(model: ModelConfig | None, train: TrainConfig, tokenizer: Tokeni
     return header + yaml.safe_dump(data, sort_keys=False)
 
 
+# Fine-tuning an imported (published, already trained) model: a small learning rate after a
+# short warm-up, as Hugging Face's translation fine-tuning examples use (2e-5 to 5e-5), and
+# the best checkpoint by validation BLEU with early stopping. Any flag, recipe or --config
+# value given wins over these.
+IMPORTED_DEFAULTS: dict[str, Any] = {
+    "lr": 5e-5,
+    "warmup_steps": 200,
+    "schedule": "constant",
+    "val_bleu": 200,
+    "best_metric": "bleu",
+    "patience": 5,
+}
+
+
 def resolve(
     settings: Settings, resume: Path | None = None, *, init_from: Path | None = None
 ) -> Resolved:
@@ -155,6 +169,8 @@ def resolve(
     train_values = _layered(recipe["train"], file_train, given_train)
     if init_from is not None:
         saved, _ = _checked_against(init_from, settings, sections, "--init-from")
+        if ckpt.read_origin(ckpt.resolve(init_from)) is not None:  # an imported model
+            train_values = _layered(IMPORTED_DEFAULTS, recipe["train"], file_train, given_train)
         return Resolved(saved, TrainConfig(**train_values), tokenizer)
     base = PRESETS[_preset_name(settings.preset)] if settings.preset else None
     model_values = {

@@ -62,10 +62,15 @@ def load_start(
 
 def provenance(start: ckpt.Checkpoint) -> dict[str, Any]:
     """What a fine-tuned run records about where it started (in each checkpoint's trainer
-    state): the checkpoint, its step and the SHA-256 of its weights file."""
+    state): the checkpoint, its step, the SHA-256 of its weights file, and for an imported
+    model the source it was imported from."""
     weights = read_manifest(start.path).get(ckpt.WEIGHTS, {})
-    return {
+    record: dict[str, Any] = {
         "path": str(start.path.resolve()),
         "step": start.step,
         "weights_sha256": weights.get("sha256"),
     }
+    origin = ckpt.read_origin(start.path)
+    if origin is not None:  # an imported model: where its weights were published
+        record["imported_from"] = origin.get("source")
+    return record

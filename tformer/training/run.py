@@ -21,7 +21,7 @@ import torch
 from tformer import checkpoint as ckpt
 from tformer.checkpoint.lock import RunLock
 from tformer.checkpoint.run_dir import create_output, prepare_output, resume_target
-from tformer.config import ModelConfig, TrainConfig
+from tformer.config import ModelConfig, TrainConfig, flag
 from tformer.data.batching import BatchPlan
 from tformer.data.lm import objective_for
 from tformer.data.sources import data_name
@@ -29,6 +29,7 @@ from tformer.device import resolve_device, seed_everything
 from tformer.errors import ConfigError
 from tformer.training import distributed as dist_
 from tformer.training.configs import (
+    IMPORTED_DEFAULTS,
     Settings,
     TokenizerSpec,
     changed_settings,
@@ -293,6 +294,12 @@ def _report_changes(report: Reporter, setup: Setup, cfg: TrainConfig) -> None:
             f"fine-tuning from {setup.init_from['path']} (step {setup.init_from['step']}): its "
             "weights and tokenizer, a fresh optimizer and learning-rate schedule"
         )
+        if "imported_from" in setup.init_from:
+            chosen = ", ".join(f"{flag(k)} {getattr(cfg, k)}" for k in IMPORTED_DEFAULTS)
+            report.message(
+                f"an imported model ({setup.init_from['imported_from']}): fine-tuning with "
+                f"{chosen} (the defaults for an imported model; any flag overrides them)"
+            )
     if setup.resumed is None:
         return
     changes = changed_settings(setup.resumed.train_config, cfg)

@@ -1,0 +1,175 @@
+"""How long `tformer import` takes, and how much memory it peaks at, on a model of
+opus-mt-en-de's size (vocabulary 58,101, 6+6 layers, d_model 512, d_ff 2048, swish, shared and
+tied embeddings), built locally with random weights: no hub.
+
+The Marian folder is made first (a MarianMTModel saved by save_pretrained, and a
+MarianTokenizer whose SentencePiece models are a small trained model grown to the full
+vocabulary); then each import runs in a fresh process, which reports its wall time and peak
+resident memory, beside the size of the weights (float32). Prints one JSON line per run and
+a Markdown table. Targets (issue 37): under 10 s, and a peak under twice the weights' size.
+
+    python benchmarks/import_speed.py              # the full size, 3 imports
+    python benchmarks/import_speed.py --smoke      # tiny sizes (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+FULL = dict(vocab=58_101, d_model=512, layers=6, d_ff=2048, heads=8)
+SMOKE = dict(vocab=2_000, d_model=32, layers=1, d_ff=64, heads=4)
+SEED_LINES = [
+    "a man rides a bike down the street .",
+    "two dogs play in the snow near a red house .",
+    "ein mann fährt mit dem fahrrad die straße hinunter .",
+    "zwei hunde spielen im schnee neben einem roten haus .",
+] * 50
+
+
+def spm_model(out: Path, size: int) -> Path:
+    """A unigram SentencePiece model of ``size`` pieces: trained on a few lines, then grown
+    with made-up pieces (the vocabulary size is what an import's cost depends on)."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(SEED_LINES),
+        model_prefix=str(out / "seed"),
+        vocab_size=40,
+        model_type="unigram",
+        num_threads=1,
+        minloglevel=2,
+    )
+    proto = model_pb2.ModelProto()
+    proto.ParseFromString((out / "seed.model").read_bytes())
+    have = {p.piece for p in proto.pieces}
+    i = 0
+    while len(proto.pieces) < size:
+        piece = f"\u2581w{i}"
+        i += 1
+        if piece not in have:
+            proto.pieces.add(piece=piece, score=-20.0 - i * 1e-4, type=1)
+    path = out / "grown.model"
+    path.write_bytes(proto.SerializeToString())
+    return path
+
+
+def marian_folder(out: Path, sizes: dict[str, int]) -> tuple[Path, int]:
+    """A save_pretrained MarianMTModel + MarianTokenizer folder; its parameter count."""
+    import torch
+    import transformers
+
+    model_file = spm_model(out, sizes["vocab"] - 2)  # + </s> and <pad> in the vocabulary
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    proto = model_pb2.ModelProto()
+    proto.ParseFromString(model_file.read_bytes())
+    vocab = {"</s>": 0, "<unk>": 1}
+    for p in proto.pieces:
+        if p.piece not in vocab and p.piece not in ("<s>",):
+            vocab[p.piece] = len(vocab)
+    while len(vocab) < sizes["vocab"] - 1:
+        vocab[f"\u2581x{len(vocab)}"] = len(vocab)
+    vocab["<pad>"] = len(vocab)
+    (out / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    folder = out / "marian"
+    tokenizer = transformers.MarianTokenizer(
+        str(model_file), str(model_file), str(out / "vocab.json")
+    )
+    tokenizer.save_pretrained(str(folder))
+    config = transformers.MarianConfig(
+        vocab_size=len(vocab),
+        d_model=sizes["d_model"],
+        encoder_layers=sizes["layers"],
+        decoder_layers=sizes["layers"],
+        encoder_attention_heads=sizes["heads"],
+        decoder_attention_heads=sizes["heads"],
+        encoder_ffn_dim=sizes["d_ff"],
+        decoder_ffn_dim=sizes["d_ff"],
+        activation_function="swish",
+        max_position_embeddings=512,
+        scale_embedding=True,
+        pad_token_id=vocab["<pad>"],
+        eos_token_id=0,
+        decoder_start_token_id=vocab["<pad>"],
+    )
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(config)
+    model.save_pretrained(str(folder))
+    unique = {p.data_ptr(): p.numel() for p in model.parameters()}
+    return folder, sum(unique.values())
+
+
+CHILD = """
+import json, resource, sys, time
+from pathlib import Path
+import tformer.imports  # the package and its imports first: not part of the import's cost
+import torch, transformers, sentencepiece, safetensors
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+before = rss_mb()
+start = time.perf_counter()
+tformer.imports.import_model(sys.argv[1], sys.argv[2])
+seconds = time.perf_counter() - start
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"seconds": seconds, "baseline_rss_mb": before, "peak_rss_mb": peak}))
+"""
+
+
+def import_once(folder: Path, out: Path) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(folder), str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run (CI)")
+    parser.add_argument("--repeats", type=int, default=3, help="imports of the same folder")
+    args = parser.parse_args()
+    sizes = SMOKE if args.smoke else FULL
+    repeats = 1 if args.smoke else args.repeats
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="import-speed-") as tmp:
+        root = Path(tmp)
+        built = time.perf_counter()
+        folder, params = marian_folder(root, sizes)
+        print(f"built the Marian folder in {time.perf_counter() - built:.1f} s", file=sys.stderr)
+        weights_mb = params * 4 / 2**20
+        for run in range(repeats):
+            result = import_once(folder, root / f"out-{run}")
+            grown = result["peak_rss_mb"] - result["baseline_rss_mb"]
+            record = {
+                "benchmark": "import_speed",
+                **{f"model_{k}": v for k, v in sizes.items()},
+                "parameters": params,
+                "weights_mb": round(weights_mb, 1),
+                "run": run,
+                "seconds": round(result["seconds"], 2),
+                "baseline_rss_mb": round(result["baseline_rss_mb"], 1),
+                "peak_rss_mb": round(result["peak_rss_mb"], 1),
+                "peak_over_weights": round(grown / weights_mb, 2),
+            }
+            print(json.dumps(record), flush=True)
+            rows.append(record)
+    print("\n| run | seconds | weights MB | peak RSS MB (baseline) | peak growth / weights |")
+    print("|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['run']} | {r['seconds']} | {r['weights_mb']} | {r['peak_rss_mb']} "
+            f"({r['baseline_rss_mb']}) | {r['peak_over_weights']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
