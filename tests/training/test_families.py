@@ -101,11 +101,26 @@ def test_checkpoints_of_each_family_round_trip(
         assert averaged.model_config == ckpt.model_config
 
 
-@pytest.mark.parametrize("arch", ["decoder-only", "encoder-only"])
-def test_resume_follows_the_uninterrupted_run(arch: str, tmp_path: Path) -> None:
+# GPT-2's and BERT's variants (tformer import sets them) trained from scratch.
+GPT2_SHAPE = dict(norm="pre", positions="learned", activation="gelu_tanh",
+                  embedding_scale=False, norm_eps=1e-5, output_bias=True, document_bos=False)
+BERT_SHAPE = dict(positions="learned", activation="gelu", embedding_scale=False,
+                  norm_eps=1e-12, embedding_norm=True, segment_embedding=True, mlm_head=True,
+                  output_bias=True, bos_first=True)
+
+
+@pytest.mark.parametrize(
+    ("arch", "shape"),
+    [("decoder-only", {}), ("encoder-only", {}), ("decoder-only", GPT2_SHAPE),
+     ("encoder-only", BERT_SHAPE)],
+    ids=["decoder-only", "encoder-only", "gpt2-shaped", "bert-shaped"],
+)
+def test_resume_follows_the_uninterrupted_run(
+    arch: str, shape: dict[str, object], tmp_path: Path
+) -> None:
     text = bundled_text_dir()
     model = ModelConfig(arch=arch, d_model=32, n_heads=2, n_encoder_layers=1,
-                        n_decoder_layers=1, d_ff=64, max_len=32)
+                        n_decoder_layers=1, d_ff=64, max_len=32, **shape)  # type: ignore[arg-type]
 
     def config(steps: int) -> TrainConfig:
         return TrainConfig(data=str(text / "validation.txt"), max_tokens=256, lr=2e-3,

@@ -111,13 +111,27 @@ def read_gpt2(folder: Path, *, source: str) -> Imported:
         {k.removeprefix("transformer."): v for k, v in read_weights(folder).items()},
         folder / WEIGHTS,
     )
-    state = _state(weights, config, order)
+    state = gpt2_state(weights, config, order)
     # The causal-mask buffers older versions saved are not weights.
     weights.done({k for k in weights.left if k.endswith((".attn.bias", ".attn.masked_bias"))})
-    arch = ModelConfig(
+    model = build_model(gpt2_model_config(config, len(order)))
+    model.load_state_dict(state, strict=True)
+    origin = {
+        "source": source,
+        "folder": str(folder.resolve()),
+        "model_type": config.model_type,
+        "transformers_version": getattr(config, "transformers_version", None),
+        "tokenizer": type(hf_tokenizer).__name__,
+    }
+    return Imported(model.eval(), Tokenizers(tokenizer, tokenizer), origin)
+
+
+def gpt2_model_config(config: Any, vocab_size: int) -> ModelConfig:
+    """tformer's architecture of a (checked) ``GPT2Config`` with ``vocab_size`` rows."""
+    return ModelConfig(
         arch="decoder-only",
-        src_vocab_size=len(order),
-        tgt_vocab_size=len(order),
+        src_vocab_size=vocab_size,
+        tgt_vocab_size=vocab_size,
         d_model=config.n_embd,
         n_heads=config.n_head,
         n_decoder_layers=config.n_layer,
@@ -134,19 +148,11 @@ def read_gpt2(folder: Path, *, source: str) -> Imported:
         norm_eps=config.layer_norm_epsilon,
         document_bos=False,  # documents joined by <|endoftext|> alone, as GPT-2 read them
     )
-    model = build_model(arch)
-    model.load_state_dict(state, strict=True)
-    origin = {
-        "source": source,
-        "folder": str(folder.resolve()),
-        "model_type": config.model_type,
-        "transformers_version": getattr(config, "transformers_version", None),
-        "tokenizer": type(hf_tokenizer).__name__,
-    }
-    return Imported(model.eval(), Tokenizers(tokenizer, tokenizer), origin)
 
 
-def _state(weights: _Tensors, config: Any, order: list[int | None]) -> dict[str, torch.Tensor]:
+def gpt2_state(
+    weights: _Tensors, config: Any, order: list[int | None]
+) -> dict[str, torch.Tensor]:
     """tformer's state dict of GPT-2's tensors (Conv1D weights transposed)."""
     d, f = config.n_embd, config.n_inner or 4 * config.n_embd
     size = config.vocab_size
