@@ -198,12 +198,12 @@ def test_an_existing_out_needs_overwrite_and_only_replaces_an_import(
     same_weights(imported, again)
 
 
-def test_a_hub_id_offline_says_to_pass_a_local_folder(tmp_path: Path) -> None:
+@pytest.mark.parametrize("hub_id", ["Helsinki-NLP/opus-mt-en-de", "gpt2"])
+def test_a_hub_id_offline_says_to_pass_a_local_folder(hub_id: str, tmp_path: Path) -> None:
     pytest.importorskip("huggingface_hub")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     done = subprocess.run(
-        [sys.executable, "-m", "tformer", "import", "Helsinki-NLP/opus-mt-en-de",
-         str(tmp_path / "out")],
+        [sys.executable, "-m", "tformer", "import", hub_id, str(tmp_path / "out")],
         capture_output=True, text=True, env=env, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
