@@ -4,6 +4,8 @@ transformers' function: logits, greedy continuations and token ids equal."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -227,3 +229,21 @@ def test_train_init_from_fine_tunes_the_import(
 ) -> None:
     before, after = fine_tuned_losses(gpt2.out, toy_data, tmp_path)
     assert after < before - 0.1, (before, after)
+
+
+def test_the_slow_files_vocab_and_merges_give_the_same_tokenizer(
+    gpt2: GPT2Case, tmp_path: Path, toy_data: Path
+) -> None:
+    """GPT-2's own folders hold vocab.json + merges.txt (and tokenizer.json): the two read
+    alike."""
+    folder = tmp_path / "slow"
+    shutil.copytree(gpt2.folder, folder)
+    data = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    (folder / "tokenizer.json").unlink()
+    (folder / "vocab.json").write_text(json.dumps(data["model"]["vocab"]), encoding="utf-8")
+    merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    slow = load_checkpoint(import_model(folder, tmp_path / "out")).tokenizers.source
+    fast = load_checkpoint(gpt2.out).tokenizers.source
+    texts = lines("test2016", "en", 200, toy_data)
+    assert slow.encode_batch(texts) == fast.encode_batch(texts)
