@@ -22,6 +22,7 @@ from tformer.checkpoint import load_checkpoint
 from tformer.cli.commands import app
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
+from tformer.errors import ConfigError
 from tformer.export import export_checkpoint
 from tformer.export.ctranslate2 import decoding_options
 from tformer.imports import import_model
@@ -208,4 +209,14 @@ def test_a_hub_id_offline_says_to_pass_a_local_folder(hub_id: str, tmp_path: Pat
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().count("\n") == 0 and "local folder" in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_transformers_the_message_names_the_extra(
+    marian_case: Callable[[str], MarianCase], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = marian_case(CASE).folder
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r'pip install "tformer\[import\]"'):
+        import_model(folder, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -16,13 +16,14 @@ the embeddings, different encoder and decoder widths) are refused before anythin
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 
 from tformer.checkpoint.store import Tokenizers
 from tformer.config import BOS_ID, EOS, EOS_ID, PAD_ID, ModelConfig
@@ -118,8 +119,10 @@ def check_expressible(config: Any, where: Path) -> None:
         )
 
 
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The tensors of ``model.safetensors`` (float32).
+@contextmanager
+def open_weights(folder: Path) -> Iterator[_Tensors]:
+    """``model.safetensors`` opened for reading one tensor at a time (so an import holds the
+    model and one tensor in memory, not the file's tensors as well).
 
     Raises:
         CheckpointError: the file is missing (a pickled ``pytorch_model.bin`` is not read)
@@ -135,16 +138,18 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
         )
         raise CheckpointError(f"{path}: missing{extra}")
     try:
-        return {k: v.float() for k, v in load_file(str(path)).items()}
-    except (SafetensorError, OSError, ValueError) as error:
+        with safe_open(str(path), framework="pt") as handle:
+            yield _Tensors(handle, path)
+    except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{path}: unreadable ({first_line(error)})") from error
 
 
 class _Tensors:
-    """The Marian tensors, taken one by one with their expected shapes checked."""
+    """The Marian tensors, read one at a time (float32) with their expected shapes checked."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
-        self.left = dict(tensors)
+    def __init__(self, handle: Any, path: Path) -> None:
+        self.handle = handle
+        self.left = set(handle.keys())
         self.used: set[str] = set()
         self.path = path
 
@@ -155,21 +160,21 @@ class _Tensors:
             raise CheckpointError(
                 f"{self.path}: has no tensor {name}; the weights do not match config.json"
             )
-        tensor = self.left[key]
         self.used.add(key)
-        if tuple(tensor.shape) != shape:
+        found = tuple(self.handle.get_slice(key).get_shape())
+        if found != shape:
             raise CheckpointError(
-                f"{self.path}: {key} has shape {tuple(tensor.shape)} but config.json makes it "
+                f"{self.path}: {key} has shape {found} but config.json makes it "
                 f"{shape}; the weights do not match their config"
             )
-        return tensor
+        return self.handle.get_tensor(key).float()
 
     def done(self, tied: set[str]) -> None:
         """Refuse tensors left over: neither read, nor a copy of a tied matrix (``tied``),
         nor Marian's sinusoid table (a function of the config, not weights)."""
         left = sorted(
             key
-            for key in set(self.left) - self.used - tied
+            for key in self.left - self.used - tied
             if not key.endswith("embed_positions.weight")
         )
         if left:
@@ -379,22 +384,26 @@ def read_marian(folder: Path, *, source: str) -> Imported:
     config = marian_config(folder)
     check_expressible(config, folder)
     found = folder_tokenizers(folder, config)
-    weights = _Tensors(read_weights(folder), folder / WEIGHTS)
-    state, bias, share = _state(weights, config, found)
-    weights.done(_tied_names(config))
     tokenizers = found.tokenizers
-    arch = model_config(
-        config,
-        tokenizers.source.vocab_size,
-        tokenizers.target.vocab_size,
-        share=share,
-        output_bias=bias is not None,
-        source_eos=found.source_eos,
-    )
-    model = Transformer(arch)
-    if bias is not None:
-        state["logits_bias"] = bias
-    model.load_state_dict(state, strict=True)
+    with open_weights(folder) as weights:
+        layout = _layout(weights, config, found)
+        arch = model_config(
+            config,
+            tokenizers.source.vocab_size,
+            tokenizers.target.vocab_size,
+            share=layout.share,
+            output_bias=layout.bias is not None,
+            source_eos=found.source_eos,
+        )
+        model = Transformer(arch)
+        # Each converted tensor goes straight into the model, so at most one is held beside it.
+        target = model.state_dict()
+        filled = set()
+        for name, tensor in _converted(weights, config, found, layout):
+            target[name].copy_(tensor)
+            filled.add(name)
+        assert filled == set(target), set(target) ^ filled
+        weights.done(_tied_names(config))
     origin = {
         "source": source,
         "folder": str(folder.resolve()),
@@ -415,13 +424,19 @@ def _tied_names(config: Any) -> set[str]:
     return names
 
 
-def _state(
-    weights: _Tensors, config: Any, found: FolderTokenizers
-) -> tuple[dict[str, torch.Tensor], torch.Tensor | None, bool]:
-    """tformer's state dict of the Marian tensors, its logits bias, and whether the source
-    and target embeddings are one matrix."""
-    d = config.d_model
-    inverse = torch.argsort(marian_feature_order(d))
+@dataclass
+class _Layout:
+    """What the conversion needs to know before the model is built."""
+
+    src_size: int  # Marian's source and target vocabulary sizes
+    tgt_size: int
+    share: bool  # one embedding matrix for both sides
+    bias: torch.Tensor | None  # tformer's logits bias, None when it would hold nothing
+    inverse: torch.Tensor  # tformer's d_model order from Marian's
+
+
+def _layout(weights: _Tensors, config: Any, found: FolderTokenizers) -> _Layout:
+    """Sizes checked against the tokenizers, whether the embeddings are one, the bias."""
     share = bool(config.share_encoder_decoder_embeddings)
     src_size = config.vocab_size
     tgt_size = src_size if share else (config.decoder_vocab_size or src_size)
@@ -440,32 +455,57 @@ def _state(
             f"{weights.path.parent / CONFIG}: share_encoder_decoder_embeddings needs one "
             "vocabulary, but the tokenizer has separate ones"
         )
-    # transformers saves a tied matrix once, under one of its names.
-    tied = bool(config.tie_word_embeddings)
-    shared = ("model.shared.weight",) if share else ()
-    head_name = ("lm_head.weight",) if tied else ()
-    encoder = weights.take(
-        "model.encoder.embed_tokens.weight", (src_size, d), *shared, *(head_name if share else ())
+    layout = _Layout(
+        src_size, tgt_size, share, None, torch.argsort(marian_feature_order(config.d_model))
     )
-    decoder = weights.take("model.decoder.embed_tokens.weight", (tgt_size, d), *shared, *head_name)
-    head = decoder if tied else weights.take("lm_head.weight", (tgt_size, d))
+    if share:  # untied, transformers shares nothing: a fine-tuned copy may hold two embeddings
+        encoder, decoder = _embeddings(weights, config, layout)
+        layout.share = torch.equal(encoder, decoder)
     if "final_logits_bias" in weights.left:
         final = weights.take("final_logits_bias", (1, tgt_size))[0]
     else:
         final = torch.zeros(tgt_size)
+    layout.bias = logits_bias(final, found.target_order)
+    return layout
+
+
+def _embeddings(
+    weights: _Tensors, config: Any, layout: _Layout
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Marian's source and target embeddings (transformers saves a tied matrix once, under
+    one of its names)."""
+    d = config.d_model
+    share = bool(config.share_encoder_decoder_embeddings)
+    shared = ("model.shared.weight",) if share else ()
+    head = ("lm_head.weight",) if config.tie_word_embeddings else ()
+    encoder = weights.take(
+        "model.encoder.embed_tokens.weight", (layout.src_size, d), *shared, *(head if share else ())
+    )
+    decoder = weights.take(
+        "model.decoder.embed_tokens.weight", (layout.tgt_size, d), *shared, *head
+    )
+    return encoder, decoder
+
+
+def _converted(
+    weights: _Tensors, config: Any, found: FolderTokenizers, layout: _Layout
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """tformer's state dict, one tensor at a time, from the Marian tensors."""
+    inverse = layout.inverse
 
     def vocab(matrix: torch.Tensor, order: list[int | None]) -> torch.Tensor:
         return rows_in_order(matrix, order)[:, inverse]
 
-    state = {
-        "encoder.embedding.embedding.weight": vocab(encoder, found.source_order),
-        "decoder.embedding.embedding.weight": vocab(decoder, found.target_order),
-    }
-    if not tied:
-        state["output_projection.weight"] = vocab(head, found.target_order)
+    encoder, decoder = _embeddings(weights, config, layout)
+    yield "encoder.embedding.embedding.weight", vocab(encoder, found.source_order)
+    del encoder
+    yield "decoder.embedding.embedding.weight", vocab(decoder, found.target_order)
+    del decoder
+    if not config.tie_word_embeddings:
+        head = weights.take("lm_head.weight", (layout.tgt_size, config.d_model))
+        yield "output_projection.weight", vocab(head, found.target_order)
+    if layout.bias is not None:
+        yield "logits_bias", layout.bias
     for side, count in (("encoder", config.encoder_layers), ("decoder", config.decoder_layers)):
         for i in range(count):
-            state.update(_layer_state(weights, config, inverse, side, i))
-    # Untied, transformers shares nothing: a fine-tuned copy may hold two embeddings.
-    share = share and torch.equal(encoder, decoder)
-    return state, logits_bias(final, found.target_order), share
+            yield from _layer_state(weights, config, inverse, side, i).items()
