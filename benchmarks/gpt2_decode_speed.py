@@ -22,6 +22,7 @@ import argparse
 import json
 import resource
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +36,13 @@ from tformer.decoding.api import decode_texts  # noqa: E402
 from tformer.decoding.settings import DecodingConfig  # noqa: E402
 from tformer.fast.accelerate import accelerate  # noqa: E402
 from tformer.fast.int8 import quantize_int8  # noqa: E402
-from tformer.imports.gpt2 import gpt2_model_config, gpt2_order, gpt2_state  # noqa: E402
-from tformer.imports.marian import _Tensors  # noqa: E402
+from tformer.imports.gpt2 import (  # noqa: E402
+    gpt2_model_config,
+    gpt2_order,
+    gpt2_state,
+    unprefixed,
+)
+from tformer.imports.marian import open_weights  # noqa: E402
 from tformer.model import Transformer, build_model  # noqa: E402
 
 SMALL: dict[str, Any] = {}  # GPT2Config's defaults are GPT-2 small's
@@ -52,10 +58,12 @@ def models(shape: dict[str, Any], seed: int = 0) -> tuple[Any, Transformer, list
     config = GPT2Config(**shape)
     hf = GPT2LMHeadModel(config).eval()
     order = gpt2_order(config.vocab_size, config.eos_token_id)
-    tensors = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items()}
-    weights = _Tensors(tensors, Path("GPT2LMHeadModel"))
     model = build_model(gpt2_model_config(config, len(order)))
-    model.load_state_dict(gpt2_state(weights, config, order), strict=True)
+    with tempfile.TemporaryDirectory() as folder:
+        hf.save_pretrained(folder)
+        with open_weights(Path(folder)) as saved:
+            state = gpt2_state(unprefixed(saved, "transformer."), config, order)
+    model.load_state_dict(state, strict=True)
     return hf, model.eval(), order
 
 

@@ -25,11 +25,10 @@ from tformer.errors import CheckpointError, ConfigError
 from tformer.imports.marian import (
     CONFIG,
     INSTALL,
-    WEIGHTS,
     Imported,
     _Tensors,
+    open_weights,
     read_json,
-    read_weights,
     rows_in_order,
 )
 from tformer.model import build_model
@@ -105,10 +104,16 @@ def read_bert(folder: Path, *, source: str) -> Imported:
     tokenizer = reordered_tokenizer(
         hf_tokenizer.backend_tokenizer, order, mask=True, where=str(folder)
     )
-    weights = _Tensors(read_weights(folder), folder / WEIGHTS)
-    state = _state(weights, config, order)
-    # Buffers some versions save (position and token-type ids) are not weights.
-    weights.done({k for k in weights.left if k.endswith(("position_ids", "token_type_ids"))})
+    with open_weights(folder) as weights:
+        state = _state(weights, config, order)
+        # Buffers some versions save (position and token-type ids) are not weights, and a
+        # tied decoder is the word embedding (its bias, cls.predictions.bias).
+        tied = {"cls.predictions.decoder.weight"} if config.tie_word_embeddings else set()
+        weights.done(
+            {k for k in weights.left if k.endswith(("position_ids", "token_type_ids"))}
+            | tied
+            | {"cls.predictions.decoder.bias"}
+        )
     arch = ModelConfig(
         arch="encoder-only",
         src_vocab_size=len(order),
@@ -164,15 +169,9 @@ def _state(weights: _Tensors, config: Any, order: list[int | None]) -> dict[str,
         (f"{head}.transform.dense", "mlm_transform.dense", (d, d)),
         (f"{head}.transform.LayerNorm", "mlm_transform.norm", (d,)),
     ]
-    if config.tie_word_embeddings:
-        for name in (f"{head}.decoder.weight", f"{head}.decoder.bias"):
-            if name in weights.left:  # a copy of the tied matrix, or of the bias
-                weights.take(name, tuple(weights.left[name].shape))
-    else:
+    if not config.tie_word_embeddings:
         decoder = weights.take(f"{head}.decoder.weight", (size, d))
         state["output_projection.weight"] = rows_in_order(decoder, order)
-        if f"{head}.decoder.bias" in weights.left:
-            weights.take(f"{head}.decoder.bias", (size,))
     for i in range(config.num_hidden_layers):
         theirs, ours = f"bert.encoder.layer.{i}", f"encoder.layers.{i}"
         k = weights.take(f"{theirs}.attention.self.key.weight", (d, d))

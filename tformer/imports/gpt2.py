@@ -28,11 +28,10 @@ from tformer.imports.marian import (
     CONFIG,
     INSTALL,
     NEVER,
-    WEIGHTS,
     Imported,
     _Tensors,
+    open_weights,
     read_json,
-    read_weights,
     rows_in_order,
 )
 from tformer.model import build_model
@@ -107,13 +106,14 @@ def read_gpt2(folder: Path, *, source: str) -> Imported:
     tokenizer = reordered_tokenizer(
         hf_tokenizer.backend_tokenizer, order, mask=False, where=str(folder)
     )
-    weights = _Tensors(
-        {k.removeprefix("transformer."): v for k, v in read_weights(folder).items()},
-        folder / WEIGHTS,
-    )
-    state = gpt2_state(weights, config, order)
-    # The causal-mask buffers older versions saved are not weights.
-    weights.done({k for k in weights.left if k.endswith((".attn.bias", ".attn.masked_bias"))})
+    with open_weights(folder) as saved:
+        weights = unprefixed(saved, "transformer.")
+        state = gpt2_state(weights, config, order)
+        # The causal-mask buffers older versions saved are not weights; a tied lm_head is wte.
+        weights.done(
+            {k for k in weights.left if k.endswith((".attn.bias", ".attn.masked_bias"))}
+            | ({"lm_head.weight"} if config.tie_word_embeddings else set())
+        )
     model = build_model(gpt2_model_config(config, len(order)))
     model.load_state_dict(state, strict=True)
     origin = {
@@ -124,6 +124,30 @@ def read_gpt2(folder: Path, *, source: str) -> Imported:
         "tokenizer": type(hf_tokenizer).__name__,
     }
     return Imported(model.eval(), Tokenizers(tokenizer, tokenizer), origin)
+
+
+class _Unprefixed:
+    """A safetensors handle whose names lose ``prefix`` (GPT2LMHeadModel saves its body as
+    ``transformer.*``, GPT2Model without it)."""
+
+    def __init__(self, handle: Any, prefix: str) -> None:
+        self.handle = handle
+        self.names = {key.removeprefix(prefix): key for key in handle.keys()}
+
+    def keys(self) -> list[str]:
+        return list(self.names)
+
+    def get_slice(self, key: str) -> Any:
+        return self.handle.get_slice(self.names[key])
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        tensor: torch.Tensor = self.handle.get_tensor(self.names[key])
+        return tensor
+
+
+def unprefixed(weights: _Tensors, prefix: str) -> _Tensors:
+    """``weights`` with ``prefix`` left out of their names."""
+    return _Tensors(_Unprefixed(weights.handle, prefix), weights.path)
 
 
 def gpt2_model_config(config: Any, vocab_size: int) -> ModelConfig:
@@ -163,10 +187,7 @@ def gpt2_state(
         "decoder.final_norm.weight": weights.take("ln_f.weight", (d,)),
         "decoder.final_norm.bias": weights.take("ln_f.bias", (d,)),
     }
-    if config.tie_word_embeddings:
-        if "lm_head.weight" in weights.left:
-            weights.take("lm_head.weight", (size, d))
-    else:
+    if not config.tie_word_embeddings:
         head = weights.take("lm_head.weight", (size, d))
         state["output_projection.weight"] = rows_in_order(head, order)
     bias = torch.zeros(len(order))
