@@ -118,3 +118,10 @@ def test_import_speed_smoke() -> None:
     record = records[0]
     assert record["seconds"] > 0 and record["peak_rss_mb"] >= record["baseline_rss_mb"] > 0
     assert record["model_vocab"] == 2000 and record["weights_mb"] > 0
+
+
+def test_gpt2_decode_speed_smoke() -> None:
+    pytest.importorskip("transformers")
+    records = run_script("gpt2_decode_speed.py", "--smoke")
+    assert [r["implementation"] for r in records] == ["huggingface", "tformer", "tformer-int8"]
+    assert all(r["tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in records)

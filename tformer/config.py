@@ -23,7 +23,7 @@ from tformer.errors import ConfigError, DataError, TformerError
 
 Arch = Literal["encoder-decoder", "decoder-only", "encoder-only"]
 Norm = Literal["post", "pre"]
-Activation = Literal["relu", "gelu", "silu", "swiglu", "geglu"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 Positions = Literal["sinusoidal", "learned", "rope"]
 Normalization = Literal["layernorm", "rmsnorm"]
@@ -260,7 +260,8 @@ class ModelConfig:
     )
     activation: Activation = _field(
         "relu",
-        "relu (paper) | gelu | silu (Swish, Ramachandran et al. 2017: x * sigmoid(x), Marian's "
+        "relu (paper) | gelu | gelu_tanh (GELU's tanh approximation, GPT-2's 'gelu_new') | "
+        "silu (Swish, Ramachandran et al. 2017: x * sigmoid(x), Marian's "
         "and OPUS-MT's 'swish') | swiglu | geglu (gated, Shazeer 2020: hidden width 2/3 of "
         "--d-ff rounded up to a multiple of 8, so the parameters stay about equal).",
     )
@@ -286,12 +287,55 @@ class ModelConfig:
     output_bias: bool = _field(
         False,
         "Add a learned bias to the output projection's logits (Marian's "
-        "decoder_ff_logit_out_b / final_logits_bias; the paper has none).",
+        "decoder_ff_logit_out_b / final_logits_bias, BERT's cls.predictions.bias; the paper "
+        "has none).",
     )
     source_eos: bool = _field(
         False,
         "The encoder reads every source with <eos> appended (Marian and OPUS-MT models; the "
         "paper's sources carry none).",
+    )
+
+    # GPT-2 (Radford et al. 2019) and BERT (Devlin et al. 2019) differ from the paper in a few
+    # lines each; `tformer import` turns these on for their checkpoints, and each trains from
+    # scratch too. All off (or None) is the paper's model, so older checkpoints load unchanged.
+    embedding_scale: bool = _field(
+        True,
+        "Multiply token embeddings by sqrt(d_model) (paper, section 3.4); GPT-2 and BERT add "
+        "them unscaled (--no-embedding-scale).",
+    )
+    norm_eps: float | None = _field(
+        None,
+        "Epsilon of every layer norm (GPT-2: 1e-5, BERT: 1e-12); default: torch's 1e-5 for "
+        "LayerNorm, 1e-6 for RMSNorm.",
+    )
+    embedding_norm: bool = _field(
+        False,
+        "A layer norm on the embeddings (token + position) before the first layer (BERT's "
+        "embeddings.LayerNorm; the paper has none).",
+    )
+    segment_embedding: bool = _field(
+        False,
+        "A learned vector added to every token embedding: BERT's token-type embedding of "
+        "segment 0 (tformer reads single texts, never sentence pairs, so one vector is all "
+        "of it that is used).",
+    )
+    mlm_head: bool = _field(
+        False,
+        "Encoder-only: BERT's masked-LM head before the output projection: dense d_model x "
+        "d_model, the --activation, then a layer norm (cls.predictions.transform).",
+    )
+    document_bos: bool = _field(
+        True,
+        "Decoder-only: every document of a text starts with <bos>; --no-document-bos joins "
+        "documents with <eos> alone, which starts the next one (GPT-2's <|endoftext|>; the "
+        "text's first document keeps its <bos>).",
+    )
+    bos_first: bool = _field(
+        False,
+        "Encoder-only: the model reads <bos> before every text and gives logits for the "
+        "text's own positions (BERT's [CLS] ... [SEP]: texts end with <eos> already); the "
+        "position table holds --max-len + 1.",
     )
 
     def __post_init__(self) -> None:
@@ -321,11 +365,23 @@ class ModelConfig:
         one_of("--positions", self.positions, Positions)
         one_of("--arch", self.arch, Arch)
         self._check_variants()
-        for name in ("output_bias", "source_eos"):
+        _require(
+            not self.source_eos or self.is_seq2seq,
+            f"--source-eos is for encoder-decoder models, not --arch {self.arch}",
+        )
+        _require(
+            self.document_bos or self.arch == "decoder-only",
+            f"--no-document-bos is for decoder-only models, not --arch {self.arch}",
+        )
+        for name in ("mlm_head", "bos_first"):
             _require(
-                not getattr(self, name) or self.is_seq2seq,
-                f"{flag(name)} is for encoder-decoder models, not --arch {self.arch}",
+                not getattr(self, name) or self.arch == "encoder-only",
+                f"{flag(name)} is for encoder-only models, not --arch {self.arch}",
             )
+        _require(
+            self.norm_eps is None or 0.0 < self.norm_eps < 1.0,
+            f"--norm-eps {self.norm_eps} must be in (0, 1)",
+        )
         _require(
             not self.share_embeddings or self.src_vocab_size == self.tgt_vocab_size,
             "shared source/target embeddings need one vocabulary: source has "
@@ -351,6 +407,19 @@ class ModelConfig:
             f"--positions rope needs an even head size, but --d-model {self.d_model} / "
             f"--n-heads {self.n_heads} = {self.d_head}; change --d-model or --n-heads",
         )
+
+    @property
+    def layer_norm_eps(self) -> float:
+        """The epsilon of every layer norm: ``norm_eps``, or torch's LayerNorm default (1e-5)
+        and LLaMA's RMSNorm one (1e-6)."""
+        if self.norm_eps is not None:
+            return self.norm_eps
+        return 1e-6 if self.normalization == "rmsnorm" else 1e-5
+
+    @property
+    def positions_held(self) -> int:
+        """Positions the model's table holds: ``max_len``, one more with ``bos_first``."""
+        return self.max_len + int(self.bos_first)
 
     @property
     def d_head(self) -> int:
@@ -552,6 +621,42 @@ class TrainConfig:
     seed: int = _field(0, "Random seed: the same seed gives the same run.")
     device: str = _field("auto", "auto, cpu, cuda[:N], mps.")
 
+    # GPT-2 (Radford et al. 2019) and BERT (Devlin et al. 2019) differ from the paper in a few
+    # lines each; `tformer import` turns these on for their checkpoints, and each trains from
+    # scratch too. All off (or None) is the paper's model, so older checkpoints load unchanged.
+    embedding_scale: bool = _field(
+        True,
+        "Multiply token embeddings by sqrt(d_model) (paper, section 3.4); GPT-2 and BERT add "
+        "them unscaled (--no-embedding-scale).",
+    )
+    norm_eps: float | None = _field(
+        None,
+        "Epsilon of every layer norm (GPT-2: 1e-5, BERT: 1e-12); default: torch's 1e-5 for "
+        "LayerNorm, 1e-6 for RMSNorm.",
+    )
+    embedding_norm: bool = _field(
+        False,
+        "A layer norm on the embeddings (token + position) before the first layer (BERT's "
+        "embeddings.LayerNorm; the paper has none).",
+    )
+    segment_embedding: bool = _field(
+        False,
+        "A learned vector added to every token embedding: BERT's token-type embedding of "
+        "segment 0 (tformer reads single texts, never sentence pairs, so one vector is all "
+        "of it that is used).",
+    )
+    mlm_head: bool = _field(
+        False,
+        "Encoder-only: BERT's masked-LM head before the output projection: dense d_model x "
+        "d_model, the --activation, then a layer norm (cls.predictions.transform).",
+    )
+    bos_first: bool = _field(
+        False,
+        "Encoder-only: the model reads <bos> before every text and gives logits for the "
+        "text's own positions (BERT's [CLS] ... [SEP]: texts end with <eos> already); the "
+        "position table holds --max-len + 1.",
+    )
+
     def __post_init__(self) -> None:
         check_numbers(self)
         for name in ("max_tokens", "accumulate", "eval_every", "save_every", "log_every"):
@@ -623,7 +728,9 @@ class TrainConfig:
 # ModelConfig keys added after checkpoints were first written: a config.json without them is
 # a model of their defaults (the paper's), which is what such a checkpoint holds.
 ADDED_MODEL_KEYS = (
-    "kv_heads", "normalization", "positions", "arch", "output_bias", "source_eos"
+    "kv_heads", "normalization", "positions", "arch", "output_bias", "source_eos",
+    "embedding_scale", "norm_eps", "embedding_norm", "segment_embedding", "mlm_head",
+    "bos_first", "document_bos",
 )
 
 

@@ -19,7 +19,7 @@ from tformer.fast.accelerate import accelerate, plain
 from tformer.fast.attention import FoldingKVCache
 from tformer.fast.int8 import quantize_int8
 from tformer.fast.step import FastDecoderLayer, FastTransformer
-from tformer.model import Transformer
+from tformer.model import Transformer, build_model
 
 VARIANTS = {
     "learned": dict(positions="learned"),
@@ -32,12 +32,24 @@ VARIANTS = {
     "marian": dict(activation="silu", output_bias=True, source_eos=True),
     "all-pre": dict(positions="rope", kv_heads=2, activation="swiglu",
                     normalization="rmsnorm", norm="pre"),
+    "gpt2-bert": dict(activation="gelu_tanh", embedding_scale=False, norm_eps=1e-12,
+                      embedding_norm=True, segment_embedding=True, positions="learned",
+                      norm="pre", output_bias=True),
 }  # fmt: skip
+# GPT-2's variants on a decoder-only model (the family they come with).
+GPT2 = dict(arch="decoder-only", activation="gelu_tanh", embedding_scale=False, norm_eps=1e-5,
+            positions="learned", norm="pre", output_bias=True)  # fmt: skip
 
 
 def variant_model(name: str) -> Transformer:
     torch.manual_seed(0)
-    return randomise_biases(Transformer(tiny(**VARIANTS[name]))).eval()
+    config = tiny(**VARIANTS[name]) if name in VARIANTS else tiny(**GPT2)
+    model = randomise_biases(build_model(config))
+    with torch.no_grad():
+        for key, parameter in model.named_parameters():
+            if key.endswith("segment"):  # zeros to start: give it something to add
+                parameter.normal_(std=0.5)
+    return model.eval()
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -95,7 +107,7 @@ def test_accelerated_decoding_equals_plain(name: str, config: DecodingConfig) ->
         assert [[h.ids for h in row] for row in cached] == [[h.ids for h in row] for row in want]
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", [*VARIANTS, "gpt2"])  # gpt2: decoder-only, no cross-attention
 def test_int8_lean_steps_stay_within_the_int8_forwards_error(name: str) -> None:
     reference = variant_model(name)
     model = quantize_int8(variant_model(name))
@@ -137,3 +149,4 @@ def test_bf16_cpu_training_steps_of_accelerated_and_plain_agree(name: str) -> No
     torch.testing.assert_close(fast_loss, plain_loss, atol=2e-2, rtol=2e-2)
     cosine = torch.nn.functional.cosine_similarity(fast_grads, plain_grads, dim=0)
     assert cosine > 0.99, float(cosine)
+

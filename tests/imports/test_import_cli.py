@@ -152,7 +152,7 @@ def edit_config(**values: object) -> Callable[[Path], None]:
 
 
 REFUSALS: dict[str, tuple[Callable[[Path], None], str]] = {
-    "bart": (edit_config(model_type="bart"), "model_type 'bart' is not a Marian model"),
+    "bart": (edit_config(model_type="bart"), "model_type 'bart' is not supported"),
     "t5": (edit_config(model_type="t5"), "model_type 't5'"),
     "no-tokenizer": (lambda f: (f / "source.spm").unlink(), "tokenizer files source.spm"),
     "weights": (edit_config(encoder_ffn_dim=128, decoder_ffn_dim=128), "do not match"),
@@ -199,12 +199,12 @@ def test_an_existing_out_needs_overwrite_and_only_replaces_an_import(
     same_weights(imported, again)
 
 
-def test_a_hub_id_offline_says_to_pass_a_local_folder(tmp_path: Path) -> None:
+@pytest.mark.parametrize("hub_id", ["Helsinki-NLP/opus-mt-en-de", "gpt2"])
+def test_a_hub_id_offline_says_to_pass_a_local_folder(hub_id: str, tmp_path: Path) -> None:
     pytest.importorskip("huggingface_hub")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     done = subprocess.run(
-        [sys.executable, "-m", "tformer", "import", "Helsinki-NLP/opus-mt-en-de",
-         str(tmp_path / "out")],
+        [sys.executable, "-m", "tformer", "import", hub_id, str(tmp_path / "out")],
         capture_output=True, text=True, env=env, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr

@@ -4,20 +4,24 @@ RoPE (Su et al. 2021) against rotation matrices written from its formula and the
 property; grouped-query attention (Ainslie et al. 2023) against multi-head attention with the
 shared key/value weights repeated; SwiGLU / GeGLU (Shazeer 2020) against their formulas;
 RMSNorm against ``torch.nn.RMSNorm`` and the formula; learned positions by a round trip.
+GPT-2's and BERT's (Radford et al. 2019; Devlin et al. 2019): the tanh GELU, unscaled
+embeddings, a segment vector, the layer-norm epsilon, the embedding norm and the masked-LM
+head against formulas written out; their checkpoints end to end in tests/imports.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 from torch import nn
 
 from tests.model.test_model import tiny
-from tformer.config import ModelConfig
+from tformer.config import BOS_ID, PAD_ID, ModelConfig
 from tformer.errors import ConfigError
-from tformer.model import MultiHeadAttention, Transformer
+from tformer.model import MultiHeadAttention, Transformer, build_model
 from tformer.model.layers import GatedFeedForward, feed_forward, norm_layer
 from tformer.model.positions import (
     LearnedPositions,
@@ -319,7 +323,130 @@ def test_source_eos_appends_eos_after_each_source() -> None:
         )
 
 
-@pytest.mark.parametrize("name", ["output_bias", "source_eos"])
-def test_marian_variants_are_for_encoder_decoders(name: str) -> None:
-    with pytest.raises(ConfigError, match=f"--{name.replace('_', '-')} is for encoder-decoder"):
-        tiny(arch="decoder-only", **{name: True})
+def test_source_eos_is_for_encoder_decoders() -> None:
+    with pytest.raises(ConfigError, match="--source-eos is for encoder-decoder"):
+        tiny(arch="decoder-only", source_eos=True)
+
+
+# -- GPT-2's and BERT's variants -------------------------------------------------------------
+
+
+def test_gelu_tanh_is_the_tanh_formula_and_transformers_gelu_new() -> None:
+    torch.manual_seed(0)
+    ffn = feed_forward(tiny(activation="gelu_tanh", d_ff=48))
+    nn.init.normal_(ffn.w1.bias)
+    x = torch.randn(3, 4, 32) * 2
+    h = x @ ffn.w1.weight.T + ffn.w1.bias
+    # Hendrycks & Gimpel (2016): 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3)))
+    gelu = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
+    torch.testing.assert_close(ffn(x), gelu @ ffn.w2.weight.T + ffn.w2.bias)
+    activations = pytest.importorskip("transformers.activations")
+    torch.testing.assert_close(ffn(x), ffn.w2(activations.ACT2FN["gelu_new"](ffn.w1(x))))
+    exact = feed_forward(tiny(activation="gelu", d_ff=48))
+    exact.load_state_dict(ffn.state_dict())
+    assert not torch.equal(exact(x), ffn(x))  # the erf GELU differs from the approximation
+
+
+def test_unscaled_embeddings_with_a_segment_vector() -> None:
+    torch.manual_seed(0)
+    config = tiny(embedding_scale=False, segment_embedding=True)
+    model = Transformer(config)
+    embedding = model.encoder.embedding
+    assert embedding.segment is not None and not embedding.segment.any()  # zeros to start
+    with torch.no_grad():
+        embedding.segment.normal_()
+    ids = torch.tensor([[5, 6, 7]])
+    want = embedding.weight[ids] + embedding.segment  # no x sqrt(d_model)
+    torch.testing.assert_close(embedding(ids), want)
+    scaled = Transformer(tiny()).encoder.embedding
+    torch.testing.assert_close(scaled(ids), scaled.weight[ids] * math.sqrt(32))
+
+
+def layer_norm_by_hand(x: torch.Tensor, norm: nn.LayerNorm, eps: float) -> torch.Tensor:
+    mean = x.mean(-1, keepdim=True)
+    var = x.var(-1, unbiased=False, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * norm.weight + norm.bias
+
+
+def test_norm_eps_reaches_every_layer_norm() -> None:
+    model = Transformer(tiny(norm_eps=1e-12, embedding_norm=True, norm="pre"))
+    norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
+    assert len(norms) == 2 + 2 * 2 + 2 * 3 + 2  # embedding norms, layers' norms, final norms
+    assert {n.eps for n in norms} == {1e-12}
+    assert {m.eps for m in Transformer(tiny()).modules() if isinstance(m, nn.LayerNorm)} == {1e-5}
+    assert norm_layer(tiny(normalization="rmsnorm")).eps == 1e-6  # RMSNorm keeps LLaMA's
+    x = torch.randn(2, 3, 32) * 1e-4  # tiny variance: there the epsilon tells
+    torch.testing.assert_close(norms[0](x), layer_norm_by_hand(x, norms[0], 1e-12))
+
+
+def test_embedding_norm_normalises_token_plus_position_before_the_first_layer() -> None:
+    torch.manual_seed(0)
+    model = Transformer(
+        tiny(embedding_norm=True, positions="learned", embedding_scale=False, norm_eps=1e-12)
+    ).eval()
+    positions = model.encoder.positions
+    assert isinstance(positions.norm, nn.LayerNorm)
+    with torch.no_grad():
+        positions.norm.weight.normal_()
+        positions.norm.bias.normal_()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    x = model.encoder.embedding.weight[ids] + positions.table.weight[:4]  # type: ignore[union-attr]
+    want = layer_norm_by_hand(x, positions.norm, 1e-12)
+    torch.testing.assert_close(positions(model.encoder.embedding(ids)), want)
+
+
+def test_masked_lm_head_is_dense_activation_norm_then_the_tied_projection() -> None:
+    torch.manual_seed(0)
+    config = tiny(arch="encoder-only", mlm_head=True, output_bias=True, activation="gelu")
+    model = build_model(config).eval()
+    head = model.mlm_transform
+    assert head is not None and model.logits_bias is not None
+    with torch.no_grad():
+        model.logits_bias.normal_()
+        head.norm.weight.normal_()
+    hidden = torch.randn(2, 3, 32)
+    h = hidden @ head.dense.weight.T + head.dense.bias
+    h = 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))  # BERT's (exact) GELU
+    h = layer_norm_by_hand(h, head.norm, 1e-5)
+    want = h @ model.encoder.embedding.weight.T + model.logits_bias
+    torch.testing.assert_close(model.project(hidden), want)
+    counts = model.parameter_counts()
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+
+
+def test_bos_first_reads_bos_before_the_text_and_leaves_its_row_out() -> None:
+    torch.manual_seed(0)
+    model = build_model(tiny(arch="encoder-only", bos_first=True, positions="learned")).eval()
+    reference = build_model(tiny(arch="encoder-only", positions="learned", max_len=33)).eval()
+    reference.load_state_dict(model.state_dict())
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, PAD_ID]])
+    with torch.no_grad():
+        out = model(src, need_weights=True)
+        want = reference(torch.cat([torch.full((2, 1), BOS_ID), src], dim=1)).logits[:, 1:]
+    torch.testing.assert_close(out.logits, want)
+    assert out.attentions is not None and out.attentions.encoder[0].shape[-1] == 5  # <bos> too
+    full = torch.randint(5, 50, (1, 32))  # max_len tokens: <bos> takes the extra position
+    assert model(full).logits.shape == (1, 32, 50)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(mlm_head=True), "--mlm-head is for encoder-only models"),
+        (dict(arch="decoder-only", bos_first=True), "--bos-first is for encoder-only models"),
+        (dict(norm_eps=0.0), "--norm-eps 0.0 must be in (0, 1)"),
+    ],
+)
+def test_gpt2_and_bert_variants_refuse_what_they_cannot_be(
+    overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        tiny(**overrides)
+
+
+def test_a_config_without_the_gpt2_and_bert_keys_is_the_papers_model() -> None:
+    data = tiny().to_dict()
+    for key in ("embedding_scale", "norm_eps", "embedding_norm", "segment_embedding",
+                "mlm_head", "bos_first"):  # fmt: skip
+        del data[key]
+    assert ModelConfig.from_dict(data) == tiny()

@@ -28,6 +28,9 @@ OPTIONS = {
     "rmsnorm": dict(normalization="rmsnorm"),
     "all-pre": dict(positions="rope", kv_heads=2, activation="geglu",
                     normalization="rmsnorm", norm="pre"),
+    # GPT-2's and BERT's (tformer import sets them), on the paper's encoder-decoder
+    "gpt2-bert": dict(activation="gelu_tanh", embedding_scale=False, norm_eps=1e-12,
+                      embedding_norm=True, segment_embedding=True, output_bias=True),
 }  # fmt: skip
 STEPS = 8
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from tformer.analysis.language import encode_with_masks_of
+from tformer.analysis.language import as_read, encode_with_masks_of
 from tformer.checkpoint.store import Tokenizers
 from tformer.config import BOS_ID, EOS_ID, article
 from tformer.decoding.settings import DecodingConfig
@@ -222,8 +222,11 @@ def _stack(maps: list[Tensor]) -> Tensor:
 def _inspect_encoder(model: Transformer, tokenizers: Tokenizers, text: str) -> AttentionResult:
     """An encoder-only model's self-attention over ``text`` (whose ``<mask>`` are masks)."""
     device = next(model.parameters()).device
-    ids = encode_with_masks_of(tokenizers.source, text)[: model.config.max_len] or [EOS_ID]
+    ids = encode_with_masks_of(tokenizers.source, text)
+    ids = as_read(model.config, ids)[: model.config.max_len] or [EOS_ID]
     out = model(torch.tensor([ids], device=device), None, need_weights=True)
+    if model.config.bos_first:  # the maps hold the <bos> the model read first
+        ids = [BOS_ID, *ids]
     assert out.attentions is not None
     empty = torch.zeros(0, 0, 0, 0)
     return AttentionResult(

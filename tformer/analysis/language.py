@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tformer.checkpoint.store import Checkpoint
-from tformer.config import MASK, MASK_ID, PAD_ID
+from tformer.config import EOS_ID, MASK, MASK_ID, PAD_ID, ModelConfig
 from tformer.data.batching import BatchPlan
 from tformer.data.lm import lm_examples, objective_for
 from tformer.data.tokenizer import Tokenizer
@@ -66,7 +66,9 @@ def evaluate_language(ckpt: Checkpoint, docs: Sequence[str], *, split: str = "te
     ids = ckpt.tokenizers.source.encode_batch(list(docs))
     train = ckpt.train_config
     block = train.block_size or config.max_len
-    examples = lm_examples(ids, config.arch, block, pack=train.pack)
+    examples = lm_examples(
+        ids, config.arch, block, pack=train.pack, document_bos=config.document_bos
+    )
     objective = objective_for(config.arch, config.src_vocab_size, ckpt.train_config, seed=0)
     plan = BatchPlan(examples, EVAL_BATCH_TOKENS, seed=0, objective=objective)
     total, tokens, correct = 0.0, 0, 0
@@ -145,7 +147,22 @@ def encode_with_masks_of(tokenizer: Tokenizer, text: str) -> list[int]:
         if ids and ids[-1] == boundary and word_start and not before_digit:
             ids.pop()
         ids.append(MASK_ID)
+    if len(filled) < len(holes):
+        # A normaliser dropped the character (BERT's removes private-use ones): the literal
+        # <mask>, a special token of the vocabulary, is then cut out of the text as it is.
+        return tokenizer.inner.encode(text, add_special_tokens=False).ids
     return ids
+
+
+def as_read(config: ModelConfig, ids: list[int]) -> list[int]:
+    """An encoder-only model's input for the text ``ids``: with ``bos_first`` closed by <eos>
+    (the model puts <bos> before it: BERT's [CLS] text [SEP]); else the ids themselves."""
+    return [*ids, EOS_ID] if config.bos_first else ids
+
+
+def has_mask_token(tokenizer: Tokenizer) -> bool:
+    """Whether the vocabulary holds <mask> at the id an encoder-only model is trained with."""
+    return tokenizer.inner.token_to_id(MASK) == MASK_ID
 
 
 # A private-use character: in no training text, so each tokenizer makes it a token of its own.
@@ -163,7 +180,12 @@ def fill_mask(ckpt: Checkpoint, text: str, *, top_k: int = 5) -> list[FilledMask
     if MASK not in text:
         raise ConfigError(f"the input has no {MASK}: write {MASK} where a word is to be filled in")
     config = ckpt.model_config
-    ids = encode_with_masks(ckpt, text)
+    if not has_mask_token(ckpt.tokenizers.source):
+        raise ConfigError(
+            f"the checkpoint's tokenizer has no {MASK} token at id {MASK_ID}, so this model "
+            "cannot fill masks"
+        )
+    ids = as_read(config, encode_with_masks(ckpt, text))
     if len(ids) > config.max_len:
         raise ConfigError(
             f"the input is {len(ids)} tokens, over the model's --max-len {config.max_len}; "

@@ -154,7 +154,12 @@ def generate_command(
     require_family(checkpoint, "generate", "encoder-decoder", "decoder-only")
     loaded = load_checkpoint(checkpoint, resolve_device(device))
     _prepare(loaded.model, quantize, mask_heads)
-    warn_long_inputs(loaded.tokenizers.source, inputs, loaded.model_config.max_len)
+    warn_long_inputs(
+        loaded.tokenizers.source,
+        inputs,
+        loaded.model_config.max_len,
+        prompts=loaded.model_config.arch == "decoder-only",
+    )
     if compare:
         settings = default_settings(max_new_tokens=max_new_tokens, seed=seed or 0)
         print_comparison(loaded, inputs, settings, batch_size=batch_size, as_json=as_json)
@@ -314,7 +319,12 @@ def _interactive(
         except DataError as error:  # one bad line (bytes that are not UTF-8) ends nothing
             typer.echo(f"error: {error}", err=True)
             continue
-        warn_long_inputs(loaded.tokenizers.source, [text], loaded.model_config.max_len)
+        warn_long_inputs(
+            loaded.tokenizers.source,
+            [text],
+            loaded.model_config.max_len,
+            prompts=loaded.model_config.arch == "decoder-only",
+        )
         if _should_stream(stream, config, 1, as_json):
             _stream(loaded, text, config)
         else:

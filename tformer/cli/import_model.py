@@ -1,4 +1,5 @@
-"""``tformer import``: a Hugging Face Marian (OPUS-MT) model as a tformer checkpoint."""
+"""``tformer import``: a Hugging Face Marian (OPUS-MT), GPT-2 or BERT model as a tformer
+checkpoint."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from tformer.imports import import_model
 def import_command(
     source: str = typer.Argument(
         ...,
-        help="A folder written by save_pretrained (MarianMTModel + MarianTokenizer), or a hub "
-        "id such as Helsinki-NLP/opus-mt-en-de.",
+        help="A folder written by save_pretrained (MarianMTModel, GPT2LMHeadModel or "
+        "BertForMaskedLM with its tokenizer), or a hub id such as Helsinki-NLP/opus-mt-en-de, "
+        "gpt2 or bert-base-uncased.",
         show_default=False,
     ),
     out: Path = typer.Argument(
@@ -27,14 +29,17 @@ def import_command(
         False, "--overwrite", help="Replace an earlier import in OUT (nothing else)."
     ),
 ) -> None:
-    """Import an OPUS-MT / Marian translation model as an ordinary tformer checkpoint.
+    """Import an OPUS-MT / Marian translation model (encoder-decoder), GPT-2 (decoder-only) or
+    BERT (encoder-only) as an ordinary tformer checkpoint.
 
-    Every command then takes OUT: generate, score, inspect-attention, export, and
-    train --init-from OUT to fine-tune it on your data with its tokenizer. A hub id is
+    Every command of its family then takes OUT: generate, fill-mask, score, evaluate,
+    inspect-attention, ablate, export (Marian), and train --init-from OUT to fine-tune it on
+    your data with its tokenizer. A hub id is
     fetched through huggingface_hub's cache; offline, pass a local folder. Needs the
     "import" extra (pip install "tformer[import]"). See docs/finetune.md.
 
     Example: tformer import Helsinki-NLP/opus-mt-en-de checkpoints/opus-en-de
+    (or: tformer import gpt2 checkpoints/gpt2)
     """
     folder = import_model(source, out, overwrite=overwrite)
     console.print(f"imported {escape(source)} into {escape(str(folder))}", soft_wrap=True)

@@ -160,14 +160,17 @@ def check_batch_size(batch_size: int) -> None:
     check_rows("--batch-size", batch_size)
 
 
-def warn_long_inputs(tokenizer: Tokenizer, texts: Sequence[str], max_len: int) -> None:
+def warn_long_inputs(
+    tokenizer: Tokenizer, texts: Sequence[str], max_len: int, *, prompts: bool = False
+) -> None:
     """One warning line on stderr when inputs are longer than the model's ``max_len`` tokens.
 
     Decoding reads only the first ``max_len`` tokens of such an input (see
     ``tformer.decoding.api.decode``); this says so, with the first one cut and its length.
+    A decoder-only model's ``prompts`` keep their last ``max_len - 1`` tokens (after <bos>).
     """
     lengths = [len(ids) for ids in tokenizer.encode_batch(list(texts))]
-    _warn(long_inputs_warning(lengths, max_len))
+    _warn(long_inputs_warning(lengths, max_len, prompts=prompts))
 
 
 def warn_long_target(tokenizer: Tokenizer, target: str, max_len: int) -> None:

@@ -53,6 +53,13 @@ MODEL_OPTIONS = (
     "tie_embeddings",
     "output_bias",
     "source_eos",
+    "embedding_scale",
+    "norm_eps",
+    "embedding_norm",
+    "segment_embedding",
+    "mlm_head",
+    "bos_first",
+    "document_bos",
 )
 TRAIN_OPTIONS = (
     "data",

@@ -99,11 +99,17 @@ def _read_lines(path: Path) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def causal_examples(docs: Sequence[Sequence[int]], max_len: int, *, pack: bool) -> list[IdPair]:
-    """Decoder-only examples: ``([], x)``, x at most max_len + 1 ids (see the module text)."""
+def causal_examples(
+    docs: Sequence[Sequence[int]], max_len: int, *, pack: bool, document_bos: bool = True
+) -> list[IdPair]:
+    """Decoder-only examples: ``([], x)``, x at most max_len + 1 ids (see the module text).
+    Packed without ``document_bos``, only the first document has <bos>: each later one
+    follows the <eos> of the one before (GPT-2's <|endoftext|> between documents)."""
     rows = [[BOS_ID, *doc, EOS_ID] for doc in docs if len(doc)]
     if not pack:
         return [([], row[: max_len + 1]) for row in rows]
+    if not document_bos:
+        rows = rows[:1] + [row[1:] for row in rows[1:]]
     stream = [i for row in rows for i in row]
     return [
         ([], stream[start : start + max_len + 1])
@@ -121,11 +127,17 @@ def masked_examples(docs: Sequence[Sequence[int]], max_len: int, *, pack: bool) 
 
 
 def lm_examples(
-    docs: Sequence[Sequence[int]], arch: str, max_len: int, *, pack: bool = True
+    docs: Sequence[Sequence[int]],
+    arch: str,
+    max_len: int,
+    *,
+    pack: bool = True,
+    document_bos: bool = True,
 ) -> list[IdPair]:
     """The training examples of ``arch`` (decoder-only or encoder-only) from tokenised docs."""
-    make = causal_examples if arch == "decoder-only" else masked_examples
-    return make(docs, max_len, pack=pack)
+    if arch == "decoder-only":
+        return causal_examples(docs, max_len, pack=pack, document_bos=document_bos)
+    return masked_examples(docs, max_len, pack=pack)
 
 
 class CausalObjective:

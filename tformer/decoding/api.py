@@ -105,16 +105,21 @@ def fit_source(src_ids: Sequence[int], max_len: int) -> list[int]:
     return list(src_ids[:max_len]) or [EOS_ID]
 
 
-def long_inputs_warning(lengths: Sequence[int], max_len: int) -> str | None:
+def long_inputs_warning(
+    lengths: Sequence[int], max_len: int, *, prompts: bool = False
+) -> str | None:
     """What to tell a user whose inputs (of ``lengths`` tokens) are longer than the model's
-    ``max_len``, of which ``fit_source`` reads only the first ``max_len``; None when all fit."""
-    cut = [(n, length) for n, length in enumerate(lengths, start=1) if length > max_len]
+    ``max_len``, of which ``fit_source`` reads only the first ``max_len`` (a decoder-only
+    model's ``prompts``: the last ``max_len - 1``, after <bos>); None when all fit."""
+    room = max_len - 1 if prompts else max_len
+    cut = [(n, length) for n, length in enumerate(lengths, start=1) if length > room]
     if not cut:
         return None
     n, length = cut[0]
+    kept = f"last {room} tokens (after <bos>)" if prompts else f"first {room} tokens"
     return (
         f"{len(cut)} of {len(lengths)} inputs are longer than the model's max_len of {max_len} "
-        f"tokens (input {n} has {length}); only their first {max_len} tokens were read"
+        f"tokens (input {n} has {length}); only their {kept} were read"
     )
 
 

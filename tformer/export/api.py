@@ -14,7 +14,7 @@ from pathlib import Path
 from tformer.checkpoint.files import WEIGHTS, read_manifest
 from tformer.checkpoint.run_dir import resolve
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
-from tformer.config import ModelConfig
+from tformer.config import ModelConfig, flag
 from tformer.errors import ConfigError
 from tformer.export.ctranslate2 import export_ctranslate2
 from tformer.export.folder import MARKER, check_out, marker_text, staging, written_files
@@ -77,6 +77,19 @@ def variant_flags(config: ModelConfig) -> list[str]:
         found.append(f"--activation {config.activation}")
     if config.normalization != "layernorm":
         found.append(f"--normalization {config.normalization}")
+    return found + unexported_flags(config)
+
+
+def unexported_flags(config: ModelConfig) -> list[str]:
+    """The variants of GPT-2 and BERT ``config`` uses, which neither export writes."""
+    found = [f"--activation {config.activation}"] if config.activation == "gelu_tanh" else []
+    if not config.embedding_scale:
+        found.append("--no-embedding-scale")
+    found += [
+        flag(name) for name in ("embedding_norm", "segment_embedding") if getattr(config, name)
+    ]
+    if config.norm_eps is not None:
+        found.append(f"--norm-eps {config.norm_eps}")
     return found
 
 
@@ -104,15 +117,15 @@ def check_variants(config: ModelConfig, to: str) -> None:
             for f in found
             if f.startswith("--positions rope")
             or (f.startswith("--kv-heads") and config.n_kv_heads != 1)
-        ]
+        ] + unexported_flags(config)
     if not found:
         return
     why = (
         "Marian has only sinusoidal positions, multi-head attention, relu/gelu feed-forward "
         "layers and LayerNorm"
         if to == "huggingface"
-        else "CTranslate2's encoder-decoder has no rotary positions, and of grouped key/value "
-        "heads only one (--kv-heads 1)"
+        else "CTranslate2's encoder-decoder has no rotary positions, of grouped key/value "
+        "heads only one (--kv-heads 1), and the paper's embeddings"
     )
     raise ConfigError(
         f"--to {to}: the checkpoint was trained with {', '.join(found)}, which the export "

@@ -26,6 +26,7 @@ from tformer.device import cpuinfo
 from tformer.errors import ConfigError
 from tformer.fast.attention import FastMultiHeadAttention
 from tformer.fast.step import FastTransformer
+from tformer.model.families import DecoderOnlyTransformer
 from tformer.model.transformer import Transformer
 
 QUANTIZE_CHOICES = ("none", "int8")
@@ -101,6 +102,11 @@ class Int8Transformer(FastTransformer):
         return self.int8_projection(hidden)
 
 
+class Int8DecoderOnlyTransformer(Int8Transformer, DecoderOnlyTransformer):
+    """A decoder-only model (GPT) with int8 layers: its own ``encode`` / ``decode``, the lean
+    step and the int8 projection."""
+
+
 def check_quantize(quantize: str, device: torch.device) -> bool:
     """``--quantize``: True for int8 (CPU only), False for none; anything else is refused."""
     if quantize not in QUANTIZE_CHOICES:
@@ -129,10 +135,10 @@ def quantize_int8(model: Transformer) -> Int8Transformer:
         return model
     if next(model.parameters()).device.type != "cpu":
         raise ConfigError("int8 decoding runs on the CPU only: load the model with --device cpu")
-    if not model.config.is_seq2seq:
+    if model.config.arch == "encoder-only":
         raise ConfigError(
-            f"--quantize int8 decodes encoder-decoder models; this is a --arch "
-            f"{model.config.arch} model: leave out --quantize"
+            "--quantize int8 decodes encoder-decoder and decoder-only models; this is a "
+            "--arch encoder-only model: leave out --quantize"
         )
     accelerate(model).eval().requires_grad_(False)
     forget_fast_weights(model)
@@ -147,7 +153,7 @@ def quantize_int8(model: Transformer) -> Int8Transformer:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child.weight, child.bias))
-    model.__class__ = Int8Transformer
+    model.__class__ = Int8Transformer if model.config.is_seq2seq else Int8DecoderOnlyTransformer
     model.int8_projection = projection
     return model  # type: ignore[return-value]
 

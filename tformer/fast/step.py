@@ -8,6 +8,8 @@ only). They keep the model's parameters and ``forward``; the tests hold ``step``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -65,11 +67,15 @@ class FastDecoderLayer(DecoderLayer):
         self, x: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: LayerCache
     ) -> Tensor:
         """``forward`` for one new position per row (B, 1, D), at inference, with a cache."""
-        sublayers = (
-            (self.norm1, lambda h: self.self_attn.step(h, cache.self_attn)),
-            (self.norm2, lambda h: self.cross_attn.step(h, cache.cross_attn, memory, memory_mask)),
-            (self.norm3, self.feed_forward.step),
-        )
+        sublayers: list[tuple[nn.LayerNorm | nn.RMSNorm, Callable[[Tensor], Tensor]]] = [
+            (self.norm1, lambda h: self.self_attn.step(h, cache.self_attn))
+        ]
+        if self.has_cross:  # a decoder-only model's block has none
+            cross = self.cross_attn
+            sublayers.append(
+                (self.norm2, lambda h: cross.step(h, cache.cross_attn, memory, memory_mask))
+            )
+        sublayers.append((self.norm3, self.feed_forward.step))
         for norm, sublayer in sublayers:
             if self.pre_norm:
                 x = x + sublayer(layer_norm(norm, x))

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from tformer.checkpoint.files import foreign_files, written_files
 from tformer.checkpoint.store import write_checkpoint
 from tformer.config import TrainConfig
-from tformer.errors import ConfigError
+from tformer.errors import CheckpointError, ConfigError
+from tformer.imports.bert import read_bert
+from tformer.imports.gpt2 import read_gpt2
 from tformer.imports.hub import local_folder
-from tformer.imports.marian import read_marian
+from tformer.imports.marian import CONFIG, Imported, read_json, read_marian
 from tformer.paths import file_kind, inside
 from tformer.version import __version__
 
@@ -38,13 +41,39 @@ def check_out(out: Path, *, overwrite: bool) -> None:
         )
 
 
+# config.json's model_type -> the reader of that architecture (one module each).
+READERS: dict[str, Callable[..., Imported]] = {
+    "marian": read_marian,  # MarianMTModel (OPUS-MT): encoder-decoder
+    "gpt2": read_gpt2,  # GPT2LMHeadModel: decoder-only
+    "bert": read_bert,  # BertForMaskedLM: encoder-only
+}
+MODELS = "MarianMTModel (marian), GPT2LMHeadModel (gpt2), BertForMaskedLM (bert)"
+
+
+def read_model(folder: Path, *, source: str) -> Imported:
+    """The model of ``folder`` by its config.json's ``model_type``.
+
+    Raises:
+        CheckpointError: config.json is missing or names a model type tformer does not read.
+    """
+    model_type = read_json(folder / CONFIG).get("model_type")
+    reader = READERS.get(model_type) if isinstance(model_type, str) else None
+    if reader is None:
+        raise CheckpointError(
+            f"{folder / CONFIG}: model_type {model_type!r} is not supported; tformer import "
+            f"reads {MODELS}"
+        )
+    return reader(folder, source=source)
+
+
 def import_model(source: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
-    """Import a Hugging Face ``MarianMTModel`` (OPUS-MT) as a tformer checkpoint.
+    """Import a Hugging Face ``MarianMTModel`` (OPUS-MT), ``GPT2LMHeadModel`` or
+    ``BertForMaskedLM`` as a tformer checkpoint (encoder-decoder, decoder-only, encoder-only).
 
     Args:
-        source: a folder written by ``save_pretrained`` (the model and its ``MarianTokenizer``
-            or a tformer export), or a hub id such as ``Helsinki-NLP/opus-mt-en-de``
-            (fetched through ``huggingface_hub``'s cache).
+        source: a folder written by ``save_pretrained`` (the model and its tokenizer, or a
+            tformer export), or a hub id such as ``Helsinki-NLP/opus-mt-en-de``, ``gpt2`` or
+            ``bert-base-uncased`` (fetched through ``huggingface_hub``'s cache).
         out: the checkpoint folder to create (absent or empty; with ``overwrite``, an
             earlier import).
         overwrite: replace an earlier import in ``out``.
@@ -56,14 +85,14 @@ def import_model(source: str | Path, out: str | Path, *, overwrite: bool = False
     Raises:
         ConfigError: OUT may not be written, a package is missing, or the hub is unreachable.
         CheckpointError: another model type, missing tokenizer files, weights that do not
-            match their config, or a Marian variant tformer cannot express.
+            match their config, or a variant tformer cannot express.
     """
     out = Path(out).expanduser()
     check_out(out, overwrite=overwrite)
     folder = local_folder(str(source))
     if inside(folder, out):
         raise ConfigError(f"OUT {out}: lies inside SOURCE {folder}; choose a folder outside it")
-    imported = read_marian(folder, source=str(source))
+    imported = read_model(folder, source=str(source))
     origin = {**imported.origin, "tformer_version": __version__}
     return write_checkpoint(
         out,

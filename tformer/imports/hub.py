@@ -20,11 +20,15 @@ FILES = [
     "model.safetensors",
     "*.spm",
     "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.json",
     "target_vocab.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
 ]
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# owner/name, or a bare name of the hub's oldest models (gpt2, bert-base-uncased).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def local_folder(source: str) -> Path:
@@ -44,7 +48,8 @@ def local_folder(source: str) -> Path:
         return path
     if not _HUB_ID.match(source):
         raise CheckpointError(
-            f"SOURCE {source}: no such folder, and not a hub id (owner/name) either"
+            f"SOURCE {source}: no such folder, and not a hub id (owner/name, or a name such "
+            "as gpt2) either"
         )
     return download(source)
 

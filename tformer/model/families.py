@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer.config import PAD_ID, ModelConfig
+from tformer.config import BOS_ID, PAD_ID, ModelConfig
 from tformer.model.attention import padding_mask
 from tformer.model.cache import DecoderCache
-from tformer.model.layers import TokenEmbedding
+from tformer.model.layers import ACTIVATIONS, norm_layer, token_embedding
 from tformer.model.transformer import (
     AttentionMaps,
     Decoder,
@@ -44,6 +44,11 @@ def _one_stack_counts(
     embeddings = count_parameters(stack.embedding, seen)
     if model.output_projection is not None:
         embeddings += count_parameters(model.output_projection, seen)
+    head = getattr(model, "mlm_transform", None)  # BERT's masked-LM head counts with them
+    if head is not None:
+        embeddings += count_parameters(head, seen)
+    if model.logits_bias is not None:
+        embeddings += model.logits_bias.numel()
     layers = count_parameters(stack, seen, skip="embedding")
     attention, ff = attention_and_feed_forward(stack.layers)
     return {
@@ -66,14 +71,14 @@ class DecoderOnlyTransformer(Transformer):
     def __init__(self, config: ModelConfig) -> None:
         nn.Module.__init__(self)
         self.config = config
-        embedding = TokenEmbedding(config.tgt_vocab_size, config.d_model)
+        embedding = token_embedding(config, config.tgt_vocab_size)
         self.decoder = Decoder(config, embedding, cross_attention=False)
         self.output_projection = (
             None
             if config.tie_embeddings
             else nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
         )
-        self.logits_bias = None  # Marian's logits bias is an encoder-decoder option
+        self.logits_bias = logits_bias(config, config.tgt_vocab_size)
         self._init_linear_weights()
 
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
@@ -122,26 +127,34 @@ class EncoderOnlyTransformer(Transformer):
     def __init__(self, config: ModelConfig) -> None:
         nn.Module.__init__(self)
         self.config = config
-        embedding = TokenEmbedding(config.src_vocab_size, config.d_model)
+        embedding = token_embedding(config, config.src_vocab_size)
         self.encoder = Encoder(config, embedding)
+        self.mlm_transform = MaskedLMTransform(config) if config.mlm_head else None
         self.output_projection = (
             None
             if config.tie_embeddings
             else nn.Linear(config.d_model, config.src_vocab_size, bias=False)
         )
+        self.logits_bias = logits_bias(config, config.src_vocab_size)
         self._init_linear_weights()
 
     def forward(
         self, src: Tensor, tgt_in: Tensor | None = None, need_weights: bool = False
     ) -> Seq2SeqOutput:
-        """(B, L) ids (some of them ``<mask>``) -> (B, L, V) logits for every position."""
+        """(B, L) ids (some of them ``<mask>``) -> (B, L, V) logits for every position.
+
+        With ``bos_first`` the attention maps have one more row and column: the <bos> read
+        first, whose logits are left out."""
         encoded = self.encode(src, need_weights)
-        logits = self.project(encoded.memory)
+        memory = encoded.memory[:, 1:] if self.config.bos_first else encoded.memory
+        logits = self.project(memory)
         if not need_weights:
             return Seq2SeqOutput(logits)
         return Seq2SeqOutput(logits, AttentionMaps(encoder=encoded.attentions or []))
 
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
+        if self.config.bos_first:  # BERT's [CLS] before every text
+            src = F.pad(src, (1, 0), value=BOS_ID)
         mask = padding_mask(src, PAD_ID)
         memory, maps = self.encoder(src, mask, need_weights)
         return EncoderOutput(memory, mask, maps if need_weights else None)
@@ -152,11 +165,32 @@ class EncoderOnlyTransformer(Transformer):
         return self.output_projection.weight
 
     def project(self, hidden: Tensor) -> Tensor:
-        return F.linear(hidden, self.output_weight())
+        if self.mlm_transform is not None:
+            hidden = self.mlm_transform(hidden)
+        return F.linear(hidden, self.output_weight(), self.logits_bias)
 
     @torch.no_grad()
     def parameter_counts(self) -> dict[str, int]:
         return _one_stack_counts(self, self.encoder, "encoder")
+
+
+class MaskedLMTransform(nn.Module):
+    """BERT's masked-LM head before the (tied) output projection: LayerNorm(act(h W + b))
+    (Devlin et al. 2019; ``cls.predictions.transform`` in its published checkpoints)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.activation = ACTIVATIONS[config.activation]
+        self.norm = norm_layer(config)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.norm(self.activation(self.dense(hidden)))  # (B, L, D)
+
+
+def logits_bias(config: ModelConfig, vocab_size: int) -> nn.Parameter | None:
+    """The learned logits bias of ``output_bias`` (zeros to start), or None (the paper)."""
+    return nn.Parameter(torch.zeros(vocab_size)) if config.output_bias else None
 
 
 def build_model(config: ModelConfig) -> Transformer:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -21,9 +22,16 @@ from tformer.model.attention import MultiHeadAttention
 from tformer.model.cache import LayerCache
 from tformer.model.positions import RotaryEmbedding
 
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GELU's tanh approximation (Hendrycks & Gimpel 2016), GPT-2's "gelu_new"."""
+    return F.gelu(x, approximate="tanh")
+
+
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
+    "gelu_tanh": gelu_tanh,
     "silu": F.silu,  # Swish with beta = 1 (Ramachandran et al. 2017); Marian's "swish"
     "swiglu": F.silu,  # Swish with beta = 1
     "geglu": F.gelu,
@@ -32,22 +40,43 @@ RMS_NORM_EPS = 1e-6  # LLaMA's; LayerNorm keeps torch's 1e-5
 
 
 class TokenEmbedding(nn.Module):
-    """Token ids -> vectors, multiplied by √D (section 3.4) so they are not drowned by positions."""
+    """Token ids -> vectors, multiplied by √D (section 3.4) so they are not drowned by positions.
 
-    def __init__(self, vocab_size: int, d_model: int) -> None:
+    Variants: ``scale=False`` adds them unscaled (GPT-2, BERT); ``segment`` adds one learned
+    vector to every token (BERT's token-type embedding of segment 0: tformer has no pairs).
+    """
+
+    def __init__(
+        self, vocab_size: int, d_model: int, *, scale: bool = True, segment: bool = False
+    ) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, d_model)
-        self.scale = math.sqrt(d_model)
+        self.scale = math.sqrt(d_model) if scale else 1.0
         # With a √D scale, N(0, D^-1/2) entries give embeddings of unit scale per dimension;
-        # the same matrix then doubles as a well-scaled output projection when tied.
-        nn.init.normal_(self.embedding.weight, mean=0.0, std=d_model**-0.5)
+        # the same matrix then doubles as a well-scaled output projection when tied. Unscaled,
+        # GPT-2's and BERT's N(0, 0.02) keeps them on the scale of their learned positions.
+        nn.init.normal_(self.embedding.weight, mean=0.0, std=d_model**-0.5 if scale else 0.02)
+        self.segment = nn.Parameter(torch.zeros(d_model)) if segment else None
 
     @property
     def weight(self) -> Tensor:
         return self.embedding.weight
 
     def forward(self, ids: Tensor) -> Tensor:
-        return self.embedding(ids) * self.scale  # (B, L, D)
+        x = self.embedding(ids)
+        if self.scale != 1.0:
+            x = x * self.scale
+        return x if self.segment is None else x + self.segment  # (B, L, D)
+
+
+def token_embedding(config: ModelConfig, vocab_size: int) -> TokenEmbedding:
+    """The token embedding ``config`` asks for (scaled or not, with a segment vector or not)."""
+    return TokenEmbedding(
+        vocab_size,
+        config.d_model,
+        scale=config.embedding_scale,
+        segment=config.segment_embedding,
+    )
 
 
 class FeedForward(nn.Module):
@@ -92,15 +121,14 @@ def norm_layer(config: ModelConfig) -> nn.LayerNorm | nn.RMSNorm:
     """LayerNorm (Ba et al. 2016, the paper) or RMSNorm (Zhang & Sennrich 2019): x / RMS(x) · g,
     no centring and no bias."""
     if config.normalization == "rmsnorm":
-        return nn.RMSNorm(config.d_model, eps=RMS_NORM_EPS)
-    return nn.LayerNorm(config.d_model)
+        return nn.RMSNorm(config.d_model, eps=config.layer_norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
 
 def self_attention(config: ModelConfig) -> MultiHeadAttention:
     """Self-attention: grouped-query with ``kv_heads``, rotary with ``positions`` rope."""
-    rotary = (
-        RotaryEmbedding(config.d_head, config.max_len) if config.positions == "rope" else None
-    )
+    held = config.positions_held
+    rotary = RotaryEmbedding(config.d_head, held) if config.positions == "rope" else None
     return MultiHeadAttention(
         config.d_model,
         config.n_heads,

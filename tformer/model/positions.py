@@ -36,10 +36,12 @@ class AddedPositions(nn.Module):
     The base of the three: with no table (RoPE) only the dropout and the length check remain.
     """
 
-    def __init__(self, max_len: int, dropout: float) -> None:
+    def __init__(self, max_len: int, dropout: float, norm: nn.Module | None = None) -> None:
         super().__init__()
         self.max_len = max_len
         self.dropout = nn.Dropout(dropout)
+        # BERT's embeddings.LayerNorm (``embedding_norm``): on the sum, before the dropout.
+        self.norm = norm if norm is not None else nn.Identity()
 
     def positions(self, start: int, length: int) -> Tensor | None:
         """The (L, D) vectors added at positions start .. start + L - 1; None: nothing added."""
@@ -52,14 +54,16 @@ class AddedPositions(nn.Module):
                 f"sequence of {start + length} positions exceeds max_len {self.max_len}"
             )
         table = self.positions(start, length)
-        return self.dropout(x if table is None else x + table.to(x.dtype))
+        return self.dropout(self.norm(x if table is None else x + table.to(x.dtype)))
 
 
 class PositionalEncoding(AddedPositions):
     """The paper's fixed sinusoids (section 3.5)."""
 
-    def __init__(self, d_model: int, max_len: int, dropout: float) -> None:
-        super().__init__(max_len, dropout)
+    def __init__(
+        self, d_model: int, max_len: int, dropout: float, norm: nn.Module | None = None
+    ) -> None:
+        super().__init__(max_len, dropout, norm)
         # Not persistent: the table is a pure function of the config, so it stays out of the
         # checkpoint and cannot disagree with it.
         self.table: Tensor
@@ -72,8 +76,10 @@ class PositionalEncoding(AddedPositions):
 class LearnedPositions(AddedPositions):
     """A trained vector per position, ``nn.Embedding(max_len, D)`` (BERT, Devlin et al. 2019)."""
 
-    def __init__(self, d_model: int, max_len: int, dropout: float) -> None:
-        super().__init__(max_len, dropout)
+    def __init__(
+        self, d_model: int, max_len: int, dropout: float, norm: nn.Module | None = None
+    ) -> None:
+        super().__init__(max_len, dropout, norm)
         self.table = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.table.weight, std=0.02)  # BERT's and GPT-2's initialisation
 
@@ -81,13 +87,15 @@ class LearnedPositions(AddedPositions):
         return self.table.weight[start : start + length]
 
 
-def positional_encoding(config: ModelConfig) -> AddedPositions:
-    """What is added to the embeddings for ``config.positions`` (nothing for RoPE)."""
+def positional_encoding(config: ModelConfig, norm: nn.Module | None = None) -> AddedPositions:
+    """What is added to the embeddings for ``config.positions`` (nothing for RoPE), with
+    ``norm`` (BERT's embedding LayerNorm) applied to the sum."""
+    held = config.positions_held
     if config.positions == "learned":
-        return LearnedPositions(config.d_model, config.max_len, config.dropout)
+        return LearnedPositions(config.d_model, held, config.dropout, norm)
     if config.positions == "rope":
-        return AddedPositions(config.max_len, config.dropout)
-    return PositionalEncoding(config.d_model, config.max_len, config.dropout)
+        return AddedPositions(held, config.dropout, norm)
+    return PositionalEncoding(config.d_model, held, config.dropout, norm)
 
 
 def rotary_angles(max_len: int, d_k: int, base: float = 10000.0) -> Tensor:

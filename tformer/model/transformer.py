@@ -20,7 +20,13 @@ from torch import Tensor, nn
 from tformer.config import EOS_ID, PAD_ID, ModelConfig
 from tformer.model.attention import padding_mask
 from tformer.model.cache import DecoderCache, LayerCache
-from tformer.model.layers import DecoderLayer, EncoderLayer, TokenEmbedding, norm_layer
+from tformer.model.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    TokenEmbedding,
+    norm_layer,
+    token_embedding,
+)
 from tformer.model.positions import positional_encoding
 
 
@@ -59,7 +65,7 @@ class Encoder(nn.Module):
     def __init__(self, config: ModelConfig, embedding: TokenEmbedding) -> None:
         super().__init__()
         self.embedding = embedding
-        self.positions = positional_encoding(config)
+        self.positions = positional_encoding(config, embedding_norm(config))
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
         # Pre-norm leaves the residual stream un-normalised; one LayerNorm at the end fixes that.
         self.final_norm = norm_layer(config) if config.norm == "pre" else nn.Identity()
@@ -85,7 +91,7 @@ class Decoder(nn.Module):
     ) -> None:
         super().__init__()
         self.embedding = embedding
-        self.positions = positional_encoding(config)
+        self.positions = positional_encoding(config, embedding_norm(config))
         self.layers = nn.ModuleList(
             DecoderLayer(config, cross_attention=cross_attention)
             for _ in range(config.n_decoder_layers)
@@ -128,11 +134,11 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        src_embedding = TokenEmbedding(config.src_vocab_size, config.d_model)
+        src_embedding = token_embedding(config, config.src_vocab_size)
         tgt_embedding = (
             src_embedding
             if config.share_embeddings
-            else TokenEmbedding(config.tgt_vocab_size, config.d_model)
+            else token_embedding(config, config.tgt_vocab_size)
         )
         self.encoder = Encoder(config, src_embedding)
         self.decoder = Decoder(config, tgt_embedding)
@@ -240,6 +246,11 @@ class Transformer(nn.Module):
             "feed_forward": enc_ff + dec_ff,
             "total": embeddings + encoder + decoder,
         }
+
+
+def embedding_norm(config: ModelConfig) -> nn.Module | None:
+    """BERT's layer norm on the embeddings (``embedding_norm``), or None (the paper)."""
+    return norm_layer(config) if config.embedding_norm else None
 
 
 def append_eos(src: Tensor, max_len: int) -> Tensor:

@@ -157,6 +157,8 @@ IMPORTED_DEFAULTS: dict[str, Any] = {
     "best_metric": "bleu",
     "patience": 5,
 }
+# A language model (an imported GPT-2 or BERT) has no pairs to translate: the best by loss.
+TRANSLATION_ONLY = ("val_bleu", "best_metric")
 
 
 def resolve(
@@ -211,7 +213,12 @@ def _resolve(
     if init_from is not None:
         saved, _ = _checked_against(init_from, settings, sections, "--init-from")
         if ckpt.read_origin(ckpt.resolve(init_from)) is not None:  # an imported model
-            train_values = _layered(IMPORTED_DEFAULTS, recipe["train"], file_train, given_train)
+            defaults = {
+                k: v
+                for k, v in IMPORTED_DEFAULTS.items()
+                if saved.is_seq2seq or k not in TRANSLATION_ONLY
+            }
+            train_values = _layered(defaults, recipe["train"], file_train, given_train)
         return Resolved(saved, TrainConfig(**train_values), tokenizer)
     base = PRESETS[_preset_name(settings.preset)] if settings.preset else None
     model_values = {

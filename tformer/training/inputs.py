@@ -214,7 +214,9 @@ def lm_splits(
     block = block_size or config.max_len
     for name, rows in texts.items():
         docs = tokenizer.encode_batch([doc for doc, _ in rows])
-        examples = lm_examples(docs, config.arch, block, pack=pack)
+        examples = lm_examples(
+            docs, config.arch, block, pack=pack, document_bos=config.document_bos
+        )
         splits[name] = EncodedSplit(as_store(examples), [], 0)
     if not splits["train"].pairs:
         where = f"--data {data}" if data else "the bundled text"

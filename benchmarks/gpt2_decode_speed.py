@@ -1,0 +1,143 @@
+"""Decoding speed of a GPT-2-small-shaped decoder-only model: tformer against Hugging Face
+``generate`` with the same weights, greedy at batch 1.
+
+The model is a ``GPT2LMHeadModel`` of GPT-2 small's published config (124M parameters: 12
+layers, d_model 768, 12 heads, 50,257 tokens, 1,024 positions) with random weights, built
+locally (no hub), and the same weights mapped into tformer by ``tformer.imports.gpt2`` (what
+``tformer import`` does, without a tokenizer: the workload is token ids). Each row decodes a
+prompt of ``--prompt`` random tokens to exactly ``--new`` new tokens (min = max, so <eos>
+cannot end early) and reports new tokens per second (best of ``--repeats`` after one warm-up,
+the implementations taking turns) and the process's peak resident memory after it. Target
+(issue 38): tformer at least 2x Hugging Face ``generate`` on 2 CPU cores.
+
+Prints one JSON line per measurement, then a Markdown table.
+
+    python benchmarks/gpt2_decode_speed.py                 # GPT-2 small, 3 repeats
+    python benchmarks/gpt2_decode_speed.py --smoke         # a tiny config (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tformer.decoding.api import decode_texts  # noqa: E402
+from tformer.decoding.settings import DecodingConfig  # noqa: E402
+from tformer.fast.accelerate import accelerate  # noqa: E402
+from tformer.fast.int8 import quantize_int8  # noqa: E402
+from tformer.imports.gpt2 import (  # noqa: E402
+    gpt2_model_config,
+    gpt2_order,
+    gpt2_state,
+    unprefixed,
+)
+from tformer.imports.marian import open_weights  # noqa: E402
+from tformer.model import Transformer, build_model  # noqa: E402
+
+SMALL: dict[str, Any] = {}  # GPT2Config's defaults are GPT-2 small's
+SMOKE = dict(vocab_size=1000, n_positions=64, n_embd=32, n_layer=2, n_head=4, bos_token_id=999,
+             eos_token_id=999)
+
+
+def models(shape: dict[str, Any], seed: int = 0) -> tuple[Any, Transformer, list[int | None]]:
+    """The Hugging Face GPT-2 (random weights) and tformer's copy of it (eval mode)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(**shape)
+    hf = GPT2LMHeadModel(config).eval()
+    order = gpt2_order(config.vocab_size, config.eos_token_id)
+    model = build_model(gpt2_model_config(config, len(order)))
+    with tempfile.TemporaryDirectory() as folder:
+        hf.save_pretrained(folder)
+        with open_weights(Path(folder)) as saved:
+            state = gpt2_state(unprefixed(saved, "transformer."), config, order)
+    model.load_state_dict(state, strict=True)
+    return hf, model.eval(), order
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    hf, model, order = models(SMOKE if args.smoke else SMALL)
+    eot = hf.config.eos_token_id
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, eot, (1, args.prompt), generator=generator)  # GPT-2 ids
+    ours_prompt = [order.index(int(i)) for i in prompt[0]]
+    settings = DecodingConfig(max_new_tokens=args.new, min_new_tokens=args.new)
+    hf_prompt = torch.cat([torch.tensor([[eot]]), prompt], dim=1)  # tformer reads <bos> first
+    int8 = quantize_int8(models(SMOKE if args.smoke else SMALL)[1])
+    accelerate(model)
+
+    def hf_generate() -> None:
+        hf.generate(hf_prompt, do_sample=False, max_new_tokens=args.new,
+                    min_new_tokens=args.new, pad_token_id=eot)  # fmt: skip
+
+    cases: dict[str, Callable[[], object]] = {
+        "huggingface": hf_generate,
+        "tformer": lambda: decode_texts(model, [ours_prompt], settings),
+        "tformer-int8": lambda: decode_texts(int8, [ours_prompt], settings),
+    }
+    best = {name: float("inf") for name in cases}
+    with torch.inference_mode():
+        for case in cases.values():
+            case()  # warm-up
+        for _ in range(args.repeats):
+            for name, case in cases.items():
+                start = time.perf_counter()
+                case()
+                best[name] = min(best[name], time.perf_counter() - start)
+    records = []
+    for name, seconds in best.items():
+        record = {
+            "benchmark": "gpt2_decode_speed",
+            "implementation": name,
+            "shape": "smoke" if args.smoke else "gpt2-small",
+            "parameters": sum(p.numel() for p in hf.parameters()),
+            "threads": torch.get_num_threads(),
+            "prompt": args.prompt,
+            "new_tokens": args.new,
+            "tokens_per_s": round(args.new / seconds, 2),
+            "peak_rss_mb": round(peak_mb(), 1),
+        }
+        records.append(record)
+        print(json.dumps(record), flush=True)
+    return records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompt", type=int, default=16, help="prompt tokens")
+    parser.add_argument("--new", type=int, default=64, help="new tokens per run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
+    parser.add_argument("--smoke", action="store_true", help="a tiny config, one repeat (CI)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.repeats, args.new = 1, 8
+    records = run(args)
+    hf_speed = next(r["tokens_per_s"] for r in records if r["implementation"] == "huggingface")
+    print("\n| implementation | new tokens/s | x Hugging Face | peak RSS (MB, process) |")
+    print("|---|---|---|---|")
+    for r in records:
+        ratio = r["tokens_per_s"] / hf_speed
+        print(f"| {r['implementation']} | {r['tokens_per_s']} | {ratio:.2f} | {r['peak_rss_mb']} |")
+
+
+if __name__ == "__main__":
+    main()
