@@ -131,7 +131,7 @@ def inspect_attention_command(
     warn_long_inputs(loaded.tokenizers.source, [text], loaded.model_config.max_len)
     if target is not None:
         warn_long_target(loaded.tokenizers.target, target, loaded.model_config.max_len)
-    result = inspect_attention(loaded.model, loaded.tokenizers, text, target, decoding)
+    result = inspect_attention(loaded, text, target, decoding)
     selection = result.selection(kind, which_layer, which_head, checkpoint=str(loaded.path))
     origin = "model output" if result.generated else "given target"
     if arch == "encoder-only":
