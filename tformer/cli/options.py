@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import sys
@@ -273,6 +274,34 @@ def with_parameters(extra: list[Parameter]) -> Callable[[F], F]:
         return command
 
     return decorate
+def in_panels(panels: dict[str, tuple[str, ...]]) -> Callable[[F], F]:
+    """Group a command's options in ``--help`` panels: panel title -> parameter names.
+
+    Applied after ``with_parameters``; an option left out of every panel is a ``ConfigError``
+    at import time, so a new option cannot fall into the default panel unnoticed.
+    """
+    where = {name: title for title, names in panels.items() for name in names}
+    order = {name: n for n, name in enumerate(where)}  # panels, and options in them, in order
+
+    def decorate(command: F) -> F:
+        signature = inspect.signature(command, eval_str=True)
+        placed = []
+        for parameter in signature.parameters.values():
+            info = parameter.default
+            if isinstance(info, typer.models.ParameterInfo):
+                if parameter.name not in where:
+                    raise ConfigError(f"--help: {parameter.name} is in no panel")
+                info = copy.copy(info)  # shared options keep their own panel elsewhere
+                info.rich_help_panel = where[parameter.name]
+                parameter = parameter.replace(default=info, kind=Parameter.KEYWORD_ONLY)
+            placed.append(parameter)
+        placed.sort(key=lambda p: order.get(p.name, -1))  # ctx first
+        command.__signature__ = signature.replace(parameters=placed)  # type: ignore[attr-defined]
+        return command
+
+    return decorate
+
+
 def read_inputs(texts: list[str] | None, input_file: Path | None) -> list[str]:
     """Inputs from arguments, else ``--input-file``, else stdin; one input a line."""
     if texts and input_file is not None:
