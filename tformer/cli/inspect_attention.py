@@ -21,6 +21,7 @@ from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (
     CHECKPOINT,
+    CHECKPOINT_CHOICE,
     DEVICE,
     MASK_HEADS,
     SEED,
@@ -63,6 +64,7 @@ def parse_head(text: str) -> Head:
 @app.command("inspect-attention")
 def inspect_attention_command(
     checkpoint: Path = CHECKPOINT,
+    checkpoint_choice: str = CHECKPOINT_CHOICE,
     text: str = typer.Argument(..., help="The source text.", show_default=False),
     target: str | None = typer.Option(
         None,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
+from rich.markup import escape
 
 from tformer import checkpoint as ckpt
 from tformer.cli.console import err_console
@@ -34,11 +35,37 @@ def default(cls: type, name: str) -> Any:
     return {f.name: f.default for f in dataclasses.fields(cls)}[name]
 
 
+def chosen_checkpoint(ctx: typer.Context, path: Path) -> Path:
+    """A run folder -> the checkpoint a command uses (``--checkpoint latest|best``), said in
+    one line on stderr; a checkpoint folder is used as given. Commands without
+    ``--checkpoint`` resolve the run folder themselves, as before."""
+    if "checkpoint_choice" not in {p.name for p in ctx.command.params}:
+        return path
+    choice = str(ctx.params.get("checkpoint_choice") or "latest")
+    folder = ckpt.resolve(path, choice)
+    if folder == path:
+        return path  # a checkpoint folder
+    used = "best" if folder.parent == path / ckpt.BEST else "latest"
+    note = "; the run has no best/" if used != choice else ""
+    if used == "latest" and ckpt.is_run_dir(path / ckpt.BEST):
+        note = "; --checkpoint best for best/"
+    err_console.print(f"using {escape(str(folder))} ({used}{note})", highlight=False)
+    return folder
+
+
 CHECKPOINT = typer.Argument(
     ...,
-    help="A run folder written by `tformer train` (its latest checkpoint is used) "
-    "or one checkpoint folder.",
+    help="A run folder written by `tformer train` (its latest checkpoint, or best/ with "
+    "--checkpoint best, where a command has it) or one checkpoint folder.",
     show_default=False,
+    callback=chosen_checkpoint,
+)
+CHECKPOINT_CHOICE = typer.Option(
+    "latest",
+    "--checkpoint",
+    is_eager=True,  # read before the run folder argument is resolved
+    help="Which checkpoint of a run folder: latest | best (best/: the best validation so far, "
+    "as --best-metric says). The one used is named on stderr.",
 )
 
 
