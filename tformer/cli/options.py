@@ -49,7 +49,9 @@ def chosen_checkpoint(ctx: typer.Context, path: Path) -> Path:
     note = "; the run has no best/" if used != choice else ""
     if used == "latest" and ckpt.is_run_dir(path / ckpt.BEST):
         note = "; --checkpoint best for best/"
-    err_console.print(f"using {escape(str(folder))} ({used}{note})", highlight=False)
+    err_console.print(
+        f"using {escape(str(folder))} ({used}{note})", highlight=False, soft_wrap=True
+    )
     return folder
 
 
@@ -301,6 +303,8 @@ def with_parameters(extra: list[Parameter]) -> Callable[[F], F]:
         return command
 
     return decorate
+
+
 def in_panels(panels: dict[str, tuple[str, ...]]) -> Callable[[F], F]:
     """Group a command's options in ``--help`` panels: panel title -> parameter names.
 
@@ -449,8 +453,7 @@ def require_family(checkpoint: Path, command: str, *allowed: str) -> str:
         hint = _FAMILY_TOOLS.get(arch, "")
         raise ConfigError(
             f"tformer {command} works on {needs} models; {checkpoint} is "
-            f"{article(arch)} {arch} model"
-            + (f" ({hint})" if hint else "")
+            f"{article(arch)} {arch} model" + (f" ({hint})" if hint else "")
         )
     return arch
 

@@ -142,7 +142,7 @@ class RichReporter(Reporter):
         return clock(min(left)) if left else "-"
 
     def message(self, text: str) -> None:
-        err_console.print(escape(text))
+        err_console.print(escape(text), soft_wrap=True)  # one line, as a log reader greps it
 
     def finish(self, result: TrainResult) -> None:
         if self.progress is not None:
