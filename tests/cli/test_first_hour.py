@@ -43,8 +43,8 @@ def test_the_final_validation_reports_bleu_and_exact_match_for_short_targets(
     run, out, _ = short_run
     assert re.search(r"validation BLEU \d+\.\d chrF \d+\.\d", out)
     assert "exact match on validation" in out  # digit words: a few words a target
-    final = [r for r in ckpt.read_metrics(run) if "validation_bleu" in r]
-    assert len(final) == 1 and final[0]["validation_pairs"] == 100
+    final = [r for r in ckpt.read_metrics(run) if "validation_final_bleu" in r]
+    assert len(final) == 1 and final[0]["validation_final_pairs"] == 100
     assert "validation_exact_match" in final[0]
 
 

@@ -425,9 +425,9 @@ class TrainingLoop:
         result.exact_match_split = "validation"
         record: dict[str, Any] = {
             "step": step,
-            "validation_bleu": scores.bleu,
-            "validation_chrf": scores.chrf,
-            "validation_pairs": scores.pairs,
+            "validation_final_bleu": scores.bleu,
+            "validation_final_chrf": scores.chrf,
+            "validation_final_pairs": scores.pairs,
         }
         if scores.exact_match is not None:
             record["validation_exact_match"] = scores.exact_match
