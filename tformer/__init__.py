@@ -161,7 +161,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    """The public API only (not this module's own imports, such as ``importlib``)."""
+    return sorted(__all__)
 
 
 __all__ = [

@@ -30,6 +30,7 @@ Normalization = Literal["layernorm", "rmsnorm"]
 Schedule = Literal["inverse-sqrt", "cosine", "linear", "constant"]
 PrecisionName = Literal["auto", "fp32", "bf16", "fp16"]
 BestMetric = Literal["val_loss", "bleu", "chrf"]
+FinalEval = Literal["auto", "full", "none"]
 
 
 def flag(name: str) -> str:
@@ -585,7 +586,11 @@ class TrainConfig:
     # Stopping: whichever limit comes first; with none set, training runs for 10 epochs.
     max_steps: int | None = _field(None, "Stop after this many optimizer steps.")
     epochs: float | None = _field(None, "Stop after this many epochs (10 when no limit is set).")
-    time_budget: float | None = _field(None, "Stop after this long, e.g. 90s, 3m, 1h.")
+    time_budget: float | None = _field(
+        None,
+        "Stop after this long, e.g. 90s, 4m30s, 1h (the final validation included: see "
+        "--final-eval).",
+    )
     precision: PrecisionName = _field(
         "auto",
         "auto | fp32 | bf16 | fp16. auto: bf16 autocast on GPUs that have it (else fp16 with a "
@@ -605,6 +610,13 @@ class TrainConfig:
     best_metric: BestMetric = _field(
         "val_loss",
         "What best/ keeps and --patience watches: val_loss | bleu | chrf (needs --val-bleu).",
+    )
+    final_eval: FinalEval = _field(
+        "auto",
+        "After the last step, translate the validation split (greedy) and report BLEU and "
+        "chrF, and exact match where the targets are a few words (dates, codes). auto: under "
+        "--time-budget stop decoding 5% of the budget after training; full: the whole split; "
+        "none: skip it (the last validation loss is still reported).",
     )
     patience: int | None = _field(
         None, "Stop after this many evaluations without a better --best-metric."
@@ -701,6 +713,7 @@ class TrainConfig:
         one_of("--precision", self.precision, PrecisionName)
         _require(self.val_bleu >= 0, f"--val-bleu {self.val_bleu} must be >= 0 (0 = off)")
         one_of("--best-metric", self.best_metric, BestMetric)
+        one_of("--final-eval", self.final_eval, FinalEval)
         _require(
             self.best_metric == "val_loss" or self.val_bleu > 0,
             f"--best-metric {self.best_metric} needs --val-bleu N (validation pairs to translate)",

@@ -27,7 +27,7 @@ from tformer.analysis.align import (
     token_words,
     word_spans,
 )
-from tformer.analysis.attention import inspect_attention
+from tformer.analysis.attention import attention_maps
 from tformer.checkpoint.store import Checkpoint
 from tformer.cli.commands import app
 from tformer.data.sources import load_text_pairs
@@ -167,7 +167,7 @@ def test_batched_maps_equal_one_pair_at_a_time(date_model: Checkpoint) -> None:
                for layer, head in selections]
     for n, (source, target) in enumerate(SOME_PAIRS):
         n_src, n_tgt = len(tok.source.encode(source)), len(tok.target.encode(target))
-        cross = inspect_attention(model, tok, source, target).cross  # (L, H, T+1, S)
+        cross = attention_maps(model, tok, source, target).cross  # (L, H, T+1, S)
         for (layer, head), maps in zip(selections, batched, strict=True):
             got = maps[n]
             assert got.weights.shape == (n_tgt, n_src)

@@ -15,6 +15,7 @@ from torch import Tensor
 from tests.conftest import ALIGNMENT_STEPS, numeric_dates, token_at
 from tformer.analysis.attention import (
     AttentionResult,
+    attention_maps,
     inspect_attention,
 )
 from tformer.analysis.attention_files import load_attention, save_attention
@@ -37,7 +38,7 @@ def digits(trained: TrainResult) -> Checkpoint:
 
 @pytest.fixture(scope="module")
 def result(digits: Checkpoint) -> AttentionResult:
-    return inspect_attention(digits.model, digits.tokenizers, "3 1 4 1", "three one four one")
+    return inspect_attention(digits, "3 1 4 1", "three one four one")
 
 
 def random_model(norm: str = "post") -> Transformer:
@@ -134,7 +135,7 @@ def test_maps_equal_an_independent_recomputation(norm: str) -> None:
 
 
 def test_inspect_attention_matches_the_trained_models_own_layers(digits: Checkpoint) -> None:
-    res = inspect_attention(digits.model, digits.tokenizers, "2 7 1 8", "two seven one eight")
+    res = inspect_attention(digits, "2 7 1 8", "two seven one eight")
     tok = digits.tokenizers
     src = torch.tensor([tok.source.encode("2 7 1 8")])
     tgt_in = torch.tensor([[1, *tok.target.encode("two seven one eight")]])
@@ -154,7 +155,7 @@ def test_inspection_changes_nothing(digits: Checkpoint) -> None:
 
     model.train()
     try:
-        inspect_attention(model, digits.tokenizers, "3 1 4")  # generates its own target
+        attention_maps(model, digits.tokenizers, "3 1 4")  # generates its own target
         assert model.training  # its mode is given back
     finally:
         model.eval()
@@ -163,9 +164,9 @@ def test_inspection_changes_nothing(digits: Checkpoint) -> None:
 
 
 def test_target_is_the_models_greedy_output_unless_given(digits: Checkpoint) -> None:
-    res = inspect_attention(digits.model, digits.tokenizers, "3 1 4")
+    res = inspect_attention(digits, "3 1 4")
     assert res.generated and res.target_text == "three one four"
-    given = inspect_attention(digits.model, digits.tokenizers, "3 1 4", "one")
+    given = inspect_attention(digits, "3 1 4", "one")
     assert not given.generated and given.target_tokens[0] == "<bos>"
     assert given.cross.shape[2] == 1 + len(digits.tokenizers.target.encode("one"))
 
@@ -340,7 +341,7 @@ def test_cross_attention_aligns_year_digits_on_the_date_task(date_model: Checkpo
         year_cols = [token_at(src_offsets, start + k) for k in range(4)]
         # Row i of a cross map predicts target token i (row 0 reads <bos>).
         year_rows = [token_at(tgt_offsets, k) for k in range(4)]
-        mean_over_heads = inspect_attention(date_model.model, tok, source, target).cross.mean(1)
+        mean_over_heads = inspect_attention(date_model, source, target).cross.mean(1)
         for row, col in zip(year_rows, year_cols, strict=True):
             strongest = mean_over_heads[:, row].argmax(-1)  # (L,)
             on_year += torch.tensor([int(c) in year_cols for c in strongest]).float()
@@ -354,3 +355,29 @@ def test_cross_attention_aligns_year_digits_on_the_date_task(date_model: Checkpo
     # of 9-11 tokens.
     assert year_share >= 0.65
     assert digit_share >= 0.4
+
+
+def test_inspect_attention_takes_a_checkpoint_as_generate_does(digits: Checkpoint) -> None:
+    new = inspect_attention(digits, "3 1 4", "three one four")
+    with pytest.warns(DeprecationWarning, match="inspect_attention\\(ckpt, source"):
+        old = inspect_attention(digits.model, digits.tokenizers, "3 1 4", "three one four")
+    core = attention_maps(digits.model, digits.tokenizers, "3 1 4", "three one four")
+    for kind in ("encoder", "decoder", "cross"):
+        torch.testing.assert_close(new.maps(kind), old.maps(kind))
+        torch.testing.assert_close(new.maps(kind), core.maps(kind))
+    assert new.target_text == old.target_text == "three one four"
+
+
+def test_decoder_rows_are_labelled_by_the_token_they_predict(digits: Checkpoint) -> None:
+    res = inspect_attention(digits, "3 1 4")  # greedy: each row's argmax is the next token
+    tok = digits.tokenizers.target
+    tgt_in = [1, *tok.encode(res.target_text)]
+    with torch.no_grad():
+        src = torch.tensor([digits.tokenizers.source.encode("3 1 4")])
+        logits = digits.model(src, torch.tensor([tgt_in])).logits[0]
+    argmax = tok.tokens(logits.argmax(-1).tolist())
+    for kind in ("decoder", "cross"):
+        selection = res.selection(kind, -1, "mean")
+        assert selection.rows == argmax == res.predicted_tokens
+        assert selection.rows[-1] == "<eos>" and selection.rows[:-1] == res.target_tokens[1:]
+    assert res.selection("decoder", 0, 0).columns == res.target_tokens  # what each row reads

@@ -135,7 +135,8 @@ def test_generate_json_samples_and_seed(cli_run: Path) -> None:
 def test_inspect_attention_renders_and_saves(cli_run: Path, tmp_path: Path) -> None:
     result = invoke("inspect-attention", str(cli_run), "3 1 4", "--kind", "cross")
     assert result.exit_code == 0, result.output
-    assert "cross attention" in result.stdout and "<bos>" in result.stdout
+    assert "cross attention" in result.stdout and "<eos>" in result.stdout
+    assert "row: the token it predicts" in result.stdout
     for kind in ("encoder", "decoder"):
         r = invoke(
             "inspect-attention",
@@ -170,7 +171,9 @@ def test_inspect_attention_renders_and_saves(cli_run: Path, tmp_path: Path) -> N
     weights = torch.tensor(record["weights"])
     assert weights.shape == (len(record["rows"]), len(record["columns"]))
     torch.testing.assert_close(weights.sum(-1), torch.ones(weights.size(0)))
-    assert record["rows"][0] == "<bos>" and record["target"] == "three one four"
+    # The row that produced "three" is labelled "three"; the last one predicts <eos>.
+    assert record["rows"][0].endswith("three") and record["rows"][-1] == "<eos>"
+    assert record["target"] == "three one four"
 
     png = tmp_path / "map.png"
     assert invoke("inspect-attention", str(cli_run), "3 1 4", "--save", str(png)).exit_code == 0

@@ -226,5 +226,5 @@ def test_html_renders_the_selected_map_in_headless_chromium(tmp_path: Path) -> N
     columns = re.findall(r'<th class="col[^"]*">([^<]*)</th>', dom)
     assert columns == res.source_tokens * 4
     rows = re.findall(r'<th class="row[^"]*">([^<]*)</th>', dom)
-    assert rows[:5] == ["&lt;bos&gt;", *res.target_tokens[1:]]
+    assert rows[:5] == [*res.target_tokens[1:], "&lt;eos&gt;"]  # what each row predicts
     assert len(re.findall(r"<td [^>]*\bdata-weight=", dom)) == 4 * 5 * 7

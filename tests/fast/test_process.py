@@ -99,3 +99,13 @@ def test_every_public_name_resolves() -> None:
         assert getattr(tformer, name) is not None, name
     with pytest.raises(AttributeError, match="no_such_name"):
         tformer.no_such_name  # noqa: B018
+
+
+def test_dir_lists_the_public_api_only() -> None:
+    import importlib
+
+    fresh = importlib.reload(tformer)
+    names = dir(fresh)
+    assert names == sorted(fresh.__all__)
+    assert {"Any", "importlib", "annotations", "TYPE_CHECKING"}.isdisjoint(names)
+    assert {"generate", "inspect_attention", "load_checkpoint", "__version__"} <= set(names)

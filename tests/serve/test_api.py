@@ -112,7 +112,7 @@ def test_stream_sends_the_same_tokens(client: Client, settings: dict) -> None:
 def test_attention_equals_inspect_attention(client: Client, reference: Checkpoint) -> None:
     body = {"source": "3 1 4", "kind": "cross", "layer": -1, "head": "all"}
     answer = client.post("/v1/attention", body).json()
-    result = inspect_attention(reference.model, reference.tokenizers, "3 1 4")
+    result = inspect_attention(reference, "3 1 4")
     selection = result.selection("cross", -1, "all")
     assert answer["target"] == result.target_text == "three one four"
     assert answer["rows"] == selection.rows and answer["columns"] == selection.columns
@@ -122,8 +122,10 @@ def test_attention_equals_inspect_attention(client: Client, reference: Checkpoin
     forced = client.post(
         "/v1/attention", {"source": "3 1", "target": "nine", "kind": "decoder", "head": 1}
     ).json()
-    assert forced["target_generated"] is False and forced["rows"][0] == "<bos>"
-    assert len(forced["rows"]) == 2 and forced["rows"][1].endswith("nine")
+    # Rows are labelled by what they predict, columns by what they read.
+    assert forced["target_generated"] is False and forced["columns"][0] == "<bos>"
+    assert len(forced["rows"]) == 2 and forced["rows"][0].endswith("nine")
+    assert forced["rows"][1] == "<eos>" and forced["columns"][1] == forced["rows"][0]
     assert len(forced["weights"]) == 2
 
 

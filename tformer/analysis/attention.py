@@ -2,8 +2,9 @@
 
 Shape legend: L layers, H heads, S source tokens, T decoder positions (BOS + target),
 R / C the rows / columns of one map (queries / keys).
-Rows of decoder and cross maps are decoder *input* positions: row i is the position that
-predicts target token i (row 0 reads BOS).
+Rows of decoder and cross maps are decoder positions, labelled by what each predicts: row i
+reads BOS + target[:i] and predicts target token i (the last row predicts EOS). Columns of
+decoder maps are the tokens read (BOS + target).
 
 ``inspect_attention`` runs the pass and returns an ``AttentionResult``, whose ``selection``
 picks the maps a user asked for. ``head_stats`` summarises each head and names its dominant
@@ -12,15 +13,16 @@ pattern; ``attention_files`` writes and reads a selection as JSON or NumPy ``.np
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
 
 from tformer.analysis.language import as_read, encode_with_masks_of
-from tformer.checkpoint.store import Tokenizers
-from tformer.config import BOS_ID, EOS_ID, article
+from tformer.checkpoint.store import Checkpoint, Tokenizers
+from tformer.config import BOS_ID, EOS, EOS_ID, article
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
 from tformer.errors import ConfigError
@@ -119,13 +121,21 @@ class AttentionResult:
             )
         return getattr(self, kind)
 
+    @property
+    def predicted_tokens(self) -> list[str]:
+        """What each decoder position predicts: the next token it reads, then EOS (the labels
+        of the rows of decoder and cross maps)."""
+        return [*self.target_tokens[1:], EOS] if self.target_tokens else []
+
     def labels(self, kind: str) -> tuple[list[str], list[str]]:
-        """(row labels, column labels) of a kind's maps."""
+        """(row labels, column labels) of a kind's maps: a decoder row is labelled by the
+        token it predicts (the row that produced "Zwei" reads "Zwei"), a column by the token
+        read there."""
         if kind == "encoder":
             return self.source_tokens, self.source_tokens
         if kind == "decoder":
-            return self.target_tokens, self.target_tokens
-        return self.target_tokens, self.source_tokens
+            return self.predicted_tokens, self.target_tokens
+        return self.predicted_tokens, self.source_tokens
 
     def select(self, kind: str, layer: Layer, head: Head) -> Tensor:
         """The maps of ``layer`` (a number or "all") and ``head`` (a number, "all" or "mean").
@@ -185,20 +195,71 @@ def _in_range(index: object, size: int) -> bool:
     return isinstance(index, int) and not isinstance(index, bool) and -size <= index < size
 
 
-@torch.no_grad()
+@overload
 def inspect_attention(
+    checkpoint: Checkpoint,
+    source: str,
+    target: str | None = None,
+    decoding: DecodingConfig | None = None,
+) -> AttentionResult: ...
+
+
+@overload
+def inspect_attention(
+    checkpoint: Transformer,
+    source: Tokenizers,
+    target: str,
+    decoding: str | None = None,
+    legacy_decoding: DecodingConfig | None = None,
+) -> AttentionResult: ...
+
+
+def inspect_attention(
+    checkpoint: Checkpoint | Transformer,
+    source: str | Tokenizers,
+    target: str | None = None,
+    decoding: DecodingConfig | str | None = None,
+    legacy_decoding: DecodingConfig | None = None,
+) -> AttentionResult:
+    """Attention maps for ``source`` with ``target`` teacher-forced, or the model's own output.
+
+    Called like ``generate``: ``inspect_attention(load_checkpoint(run), "6 Mar. 2025")``.
+    The older form ``inspect_attention(model, tokenizers, source, target, decoding)`` still
+    works and warns (DeprecationWarning); ``attention_maps`` takes a model and tokenizers.
+
+    Args:
+        checkpoint: a loaded checkpoint (``load_checkpoint``).
+        target: the target text; None decodes one with ``decoding`` (greedy by default).
+    """
+    if isinstance(checkpoint, Checkpoint):
+        if not isinstance(source, str) or isinstance(decoding, str):
+            raise TypeError("inspect_attention(checkpoint, source, target=None, decoding=None)")
+        return attention_maps(
+            checkpoint.model, checkpoint.tokenizers, source, target, decoding
+        )
+    warnings.warn(
+        "inspect_attention(model, tokenizers, source, ...) is deprecated; pass the checkpoint "
+        "as generate() takes it: inspect_attention(ckpt, source, target=None, decoding=None)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    if not isinstance(source, Tokenizers) or not isinstance(target, str):
+        raise TypeError("inspect_attention(model, tokenizers, source, target, decoding)")
+    given = decoding if isinstance(decoding, str) else None
+    return attention_maps(checkpoint, source, target, given, legacy_decoding)
+
+
+@torch.no_grad()
+def attention_maps(
     model: Transformer,
     tokenizers: Tokenizers,
     source: str,
     target: str | None = None,
     decoding: DecodingConfig | None = None,
 ) -> AttentionResult:
-    """Attention maps for ``source`` with ``target`` teacher-forced, or the model's own output.
+    """``inspect_attention`` for a model and its tokenizers (what a server holds).
 
     The model runs in eval mode (no dropout) and is put back in the mode it was in.
-
-    Args:
-        target: the target text; None decodes one with ``decoding`` (greedy by default).
     """
     was_training = model.training
     model.eval()

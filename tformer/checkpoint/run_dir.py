@@ -182,6 +182,10 @@ def _remove_if_empty(folder: Path) -> None:
 # -- finding checkpoints ---------------------------------------------------------------------
 
 
+# What a run folder resolves to: its latest checkpoint, or the one in best/.
+CHOICES = ("latest", "best")
+
+
 def is_run_dir(path: Path) -> bool:
     """A run folder written by tformer: a regular ``latest`` file names a ``step-*`` checkpoint
     of this folder (not a link out of it) that has a manifest. A folder that merely holds a
@@ -212,13 +216,22 @@ def is_checkpoint_dir(path: Path) -> bool:
     return isinstance(config, dict) and config.get("format") == FORMAT
 
 
-def resolve(path: str | Path) -> Path:
+def resolve(path: str | Path, prefer: str = "latest") -> Path:
     """A run folder or checkpoint folder -> the checkpoint folder to load.
+
+    A run folder gives its latest checkpoint, or with ``prefer="best"`` the one in its
+    ``best/`` (the best validation so far) when there is one.
 
     Raises:
         CheckpointError: the path is missing or holds no tformer checkpoint.
     """
     path = Path(path).expanduser()
+    if prefer not in CHOICES:
+        raise CheckpointError(f"--checkpoint {prefer!r} must be one of {', '.join(CHOICES)}")
+    if prefer == "best" and path.is_dir() and not (path / CONFIG).is_file():
+        best = path / BEST
+        if is_run_dir(best) and inside(path, best):
+            return resolve(best)
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint folder; train one with `tformer train`")
     if not path.is_dir():

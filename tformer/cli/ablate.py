@@ -23,6 +23,7 @@ from tformer.cli.console import console, err_console
 from tformer.cli.options import (
     BATCH_SIZE,
     CHECKPOINT,
+    CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
     LIMIT,
@@ -49,6 +50,7 @@ SAVE_SUFFIXES = (*PLOT_SUFFIXES, ".json")
 @app.command("ablate")
 def ablate_command(
     checkpoint: Path = CHECKPOINT,
+    checkpoint_choice: str = CHECKPOINT_CHOICE,
     data: str | None = DATA,
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,

@@ -24,6 +24,7 @@ from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (
     CHECKPOINT,
+    CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
     LIMIT,
@@ -84,6 +85,7 @@ def read_pairs(
 @app.command("align")
 def align_command(
     checkpoint: Path = CHECKPOINT,
+    checkpoint_choice: str = CHECKPOINT_CHOICE,
     data: str | None = DATA,
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,

@@ -11,7 +11,8 @@ import logging
 import os
 import sys
 import warnings
-from typing import NoReturn
+from collections.abc import Iterable
+from typing import Any, NoReturn
 
 import typer
 from rich.markup import escape
@@ -103,8 +104,38 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
+def tidy_help(params: Iterable[Any]) -> None:
+    """Show a switch as a switch (``--overwrite``, not ``--overwrite <bool>``) and keep help
+    text literal: Rich would read ``pip install "tformer[tensorboard]"`` as a markup tag."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""  # typer shows the metavar, when set, in place of <bool>
+        if getattr(param, "help", None) and not getattr(param, "_tidy", False):
+            param.help = escape(param.help)
+            param._tidy = True  # escaped once, however often the app is built
+
+
+def _tidy_command(command: Any) -> None:
+    """``tidy_help`` on every option of ``command`` when it is asked for them, so those typer
+    and click add late (``--help``, ``--install-completion``) are tidied too."""
+    get_params = command.get_params
+
+    def tidied(ctx: Any) -> Any:
+        params = get_params(ctx)
+        tidy_help(params)
+        return params
+
+    command.get_params = tidied
+
+
 class TformerGroup(TyperGroup):
     """Turns user-facing errors into one clear line and an exit code."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _tidy_command(self)
+        for command in self.commands.values():
+            _tidy_command(command)
 
     # typer hands every command its own Context subclass, which is what is annotated here.
     def invoke(self, ctx: typer.Context) -> object:  # type: ignore[override]

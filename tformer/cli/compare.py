@@ -16,6 +16,7 @@ from tformer.cli.console import console
 from tformer.cli.options import (
     BATCH_SIZE,
     CHECKPOINT,
+    CHECKPOINT_CHOICE,
     DEVICE,
     INPUT_FILE,
     MAX_NEW_TOKENS,
@@ -140,6 +141,7 @@ def print_comparison(
 @app.command("compare")
 def compare_command(
     checkpoint: Path = CHECKPOINT,
+    checkpoint_choice: str = CHECKPOINT_CHOICE,
     texts: list[str] | None = TEXTS,
     input_file: Path | None = INPUT_FILE,
     beam_size: int = typer.Option(4, "--beam-size", "-b", help="Beam row; 1 leaves it out."),

@@ -23,6 +23,7 @@ from tformer.cli.console import console, err_console
 from tformer.cli.options import (
     BEAM_SIZE,
     CHECKPOINT,
+    CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
     LENGTH_PENALTY,
@@ -62,6 +63,7 @@ from tformer.errors import CheckpointError, DataError
 def evaluate_command(
     ctx: typer.Context,
     checkpoint: Path = CHECKPOINT,
+    checkpoint_choice: str = CHECKPOINT_CHOICE,
     data: str | None = DATA,
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,

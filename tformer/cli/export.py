@@ -9,13 +9,14 @@ from rich.markup import escape
 
 from tformer.cli.app import app
 from tformer.cli.console import console
-from tformer.cli.options import CHECKPOINT
+from tformer.cli.options import CHECKPOINT, CHECKPOINT_CHOICE
 from tformer.export import QUANTIZATIONS, TARGETS, export_checkpoint
 
 
 @app.command("export")
 def export_command(
     checkpoint: Path = CHECKPOINT,
+    checkpoint_choice: str = CHECKPOINT_CHOICE,
     out: Path = typer.Argument(
         ..., help="The folder to create (absent or empty).", show_default=False
     ),

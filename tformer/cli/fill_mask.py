@@ -13,7 +13,7 @@ from tformer.analysis.language import fill_mask
 from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console
-from tformer.cli.options import CHECKPOINT, DEVICE, require_family
+from tformer.cli.options import CHECKPOINT, CHECKPOINT_CHOICE, DEVICE, require_family
 from tformer.device import resolve_device
 from tformer.errors import ConfigError
 
@@ -23,6 +23,7 @@ MAX_TOP_K = 1000
 @app.command("fill-mask")
 def fill_mask_command(
     checkpoint: Path = CHECKPOINT,
+    checkpoint_choice: str = CHECKPOINT_CHOICE,
     text: str = typer.Argument(
         ..., help='A sentence with one or more <mask>, e.g. "6 <mask> 2025 = 2025-03-06".'
     ),

@@ -21,6 +21,7 @@ from tformer.cli.options import (
     BATCH_SIZE,
     BEAM_SIZE,
     CHECKPOINT,
+    CHECKPOINT_CHOICE,
     DEVICE,
     INPUT_FILE,
     LENGTH_PENALTY,
@@ -74,6 +75,7 @@ def _prepare(model: Transformer, quantize: str, mask_heads: str | None) -> None:
 def generate_command(
     ctx: typer.Context,
     checkpoint: Path = CHECKPOINT,
+    checkpoint_choice: str = CHECKPOINT_CHOICE,
     texts: list[str] | None = TEXTS,
     input_file: Path | None = INPUT_FILE,
     temperature: float = TEMPERATURE,

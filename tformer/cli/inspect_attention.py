@@ -21,6 +21,7 @@ from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (
     CHECKPOINT,
+    CHECKPOINT_CHOICE,
     DEVICE,
     MASK_HEADS,
     SEED,
@@ -63,6 +64,7 @@ def parse_head(text: str) -> Head:
 @app.command("inspect-attention")
 def inspect_attention_command(
     checkpoint: Path = CHECKPOINT,
+    checkpoint_choice: str = CHECKPOINT_CHOICE,
     text: str = typer.Argument(..., help="The source text.", show_default=False),
     target: str | None = typer.Option(
         None,
@@ -131,7 +133,7 @@ def inspect_attention_command(
     warn_long_inputs(loaded.tokenizers.source, [text], loaded.model_config.max_len)
     if target is not None:
         warn_long_target(loaded.tokenizers.target, target, loaded.model_config.max_len)
-    result = inspect_attention(loaded.model, loaded.tokenizers, text, target, decoding)
+    result = inspect_attention(loaded, text, target, decoding)
     selection = result.selection(kind, which_layer, which_head, checkpoint=str(loaded.path))
     origin = "model output" if result.generated else "given target"
     if arch == "encoder-only":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import sys
@@ -36,11 +37,39 @@ def default(cls: type, name: str) -> Any:
     return {f.name: f.default for f in dataclasses.fields(cls)}[name]
 
 
+def chosen_checkpoint(ctx: typer.Context, path: Path) -> Path:
+    """A run folder -> the checkpoint a command uses (``--checkpoint latest|best``), said in
+    one line on stderr; a checkpoint folder is used as given. Commands without
+    ``--checkpoint`` resolve the run folder themselves, as before."""
+    if "checkpoint_choice" not in {p.name for p in ctx.command.params}:
+        return path
+    choice = str(ctx.params.get("checkpoint_choice") or "latest")
+    folder = ckpt.resolve(path, choice)
+    if folder == path:
+        return path  # a checkpoint folder
+    used = "best" if folder.parent == path / ckpt.BEST else "latest"
+    note = "; the run has no best/" if used != choice else ""
+    if used == "latest" and ckpt.is_run_dir(path / ckpt.BEST):
+        note = "; --checkpoint best for best/"
+    err_console.print(
+        f"using {escape(str(folder))} ({used}{note})", highlight=False, soft_wrap=True
+    )
+    return folder
+
+
 CHECKPOINT = typer.Argument(
     ...,
-    help="A run folder written by `tformer train` (its latest checkpoint is used) "
-    "or one checkpoint folder.",
+    help="A run folder written by `tformer train` (its latest checkpoint, or best/ with "
+    "--checkpoint best, where a command has it) or one checkpoint folder.",
     show_default=False,
+    callback=chosen_checkpoint,
+)
+CHECKPOINT_CHOICE = typer.Option(
+    "latest",
+    "--checkpoint",
+    is_eager=True,  # read before the run folder argument is resolved
+    help="Which checkpoint of a run folder: latest | best (best/: the best validation so far, "
+    "as --best-metric says). The one used is named on stderr.",
 )
 
 
@@ -270,6 +299,36 @@ def with_parameters(extra: list[Parameter]) -> Callable[[F], F]:
         return command
 
     return decorate
+
+
+def in_panels(panels: dict[str, tuple[str, ...]]) -> Callable[[F], F]:
+    """Group a command's options in ``--help`` panels: panel title -> parameter names.
+
+    Applied after ``with_parameters``; an option left out of every panel is a ``ConfigError``
+    at import time, so a new option cannot fall into the default panel unnoticed.
+    """
+    where = {name: title for title, names in panels.items() for name in names}
+    order = {name: n for n, name in enumerate(where)}  # panels, and options in them, in order
+
+    def decorate(command: F) -> F:
+        signature = inspect.signature(command, eval_str=True)
+        placed = []
+        for parameter in signature.parameters.values():
+            info = parameter.default
+            if isinstance(info, typer.models.ParameterInfo):
+                if parameter.name not in where:
+                    raise ConfigError(f"--help: {parameter.name} is in no panel")
+                info = copy.copy(info)  # shared options keep their own panel elsewhere
+                info.rich_help_panel = where[parameter.name]
+                parameter = parameter.replace(default=info, kind=Parameter.KEYWORD_ONLY)
+            placed.append(parameter)
+        placed.sort(key=lambda p: order.get(p.name, -1))  # ctx first
+        command.__signature__ = signature.replace(parameters=placed)  # type: ignore[attr-defined]
+        return command
+
+    return decorate
+
+
 def read_inputs(texts: list[str] | None, input_file: Path | None) -> list[str]:
     """Inputs from arguments, else ``--input-file``, else stdin; one input a line."""
     if texts and input_file is not None:
@@ -455,8 +514,7 @@ def require_family(checkpoint: Path, command: str, *allowed: str) -> str:
         hint = _FAMILY_TOOLS.get(arch, "")
         raise ConfigError(
             f"tformer {command} works on {needs} models; {checkpoint} is "
-            f"{article(arch)} {arch} model"
-            + (f" ({hint})" if hint else "")
+            f"{article(arch)} {arch} model" + (f" ({hint})" if hint else "")
         )
     return arch
 

@@ -12,7 +12,6 @@ from rich.progress import (
     Progress,
     TaskID,
     TextColumn,
-    TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.table import Table
@@ -81,14 +80,14 @@ class RichReporter(Reporter):
                     "loss {task.fields[loss]}  val {task.fields[val]}  "
                     "lr {task.fields[lr]}  {task.fields[tps]} tok/s"
                 ),
-                TimeElapsedColumn(),
-                TextColumn("eta"),
-                TimeRemainingColumn(),
+                # The run's own clock: it goes on from the saved time after --resume.
+                TextColumn("{task.fields[elapsed]}  eta {task.fields[eta]}"),
                 console=err_console,
             )
             self.progress.start()
             self.task = self.progress.add_task(
-                "train", total=_UNITS, step=0, loss="-", val="-", lr="-", tps="-"
+                "train", total=_UNITS, step=0, loss="-", val="-", lr="-", tps="-",
+                elapsed=clock(summary.get("elapsed") or 0.0), eta="-",
             )
 
     def _fraction(self, record: dict[str, Any]) -> float:
@@ -118,6 +117,8 @@ class RichReporter(Reporter):
             loss=f"{record['loss']:.3f}",
             lr=f"{record['lr']:.2e}",
             tps=f"{record['tokens_per_s']:,.0f}",
+            elapsed=clock(record["elapsed"]),
+            eta=self._eta(record),
         )
         if self.progress is not None and self.task is not None:
             self.progress.update(
@@ -126,11 +127,22 @@ class RichReporter(Reporter):
         else:
             err_console.print(
                 f"step {fields['step']:>6}  loss {fields['loss']}  lr {fields['lr']}  "
-                f"{fields['tps']} tok/s  {record['elapsed']:.0f}s"
+                f"{fields['tps']} tok/s  {fields['elapsed']}  eta {fields['eta']}"
             )
 
+    def _eta(self, record: dict[str, Any]) -> str:
+        """Time left: to the end of --time-budget, or of the steps at the speed so far
+        (whichever comes first); "-" while neither is known."""
+        left = []
+        elapsed, step = float(record["elapsed"]), int(record["step"])
+        if self.time_budget:
+            left.append(max(self.time_budget - elapsed, 0.0))
+        if self.total_steps and step > 0 and elapsed > 0:
+            left.append(max(self.total_steps - step, 0) * elapsed / step)
+        return clock(min(left)) if left else "-"
+
     def message(self, text: str) -> None:
-        err_console.print(escape(text))
+        err_console.print(escape(text), soft_wrap=True)  # one line, as a log reader greps it
 
     def finish(self, result: TrainResult) -> None:
         if self.progress is not None:
@@ -154,8 +166,22 @@ class RichReporter(Reporter):
         )
         if result.val_loss is not None:
             err_console.print(f"validation loss {result.val_loss:.4f}")
+        if result.final_pairs is not None:
+            done, total = result.final_pairs
+            share = "" if done == total else f" (first {done:,} of {total:,} pairs: time budget)"
+            console.print(
+                f"{result.exact_match_split} BLEU {result.final['bleu']:.1f} chrF "
+                f"{result.final['chrf']:.1f}{share}"
+            )
         if result.exact_match is not None:
             console.print(f"exact match on {result.exact_match_split}: {result.exact_match:.2%}")
+
+
+def clock(seconds: float) -> str:
+    """Seconds as h:mm:ss (or m:ss under an hour)."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def _global_batch(batch: dict[str, int]) -> str:

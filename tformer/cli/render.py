@@ -269,6 +269,8 @@ def render_selection(
     """The right view for a selection: one heatmap, a grid of heads, or the layer overview."""
     s = selection
     title = f"{s.kind} attention · layer {s.layer} · head {s.head}"
+    if s.kind != "encoder":
+        title += " · row: the token it predicts"
     if "layer" in s.dims:
         return overview(s.weights, s.rows, s.columns, width=width, title=title)
     if "head" in s.dims:

@@ -110,8 +110,8 @@ def save_png(path: Path, selection: AttentionSelection, *, values: bool = False)
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
     fig.suptitle(
         f"{selection.kind} attention, layer {selection.layer}, head {selection.head}\n"
-        f"rows: {'source' if selection.kind == 'encoder' else 'decoder positions'}, "
-        f"columns: {'target' if selection.kind == 'decoder' else 'source'}",
+        f"rows: {'source' if selection.kind == 'encoder' else 'the token each predicts'}, "
+        f"columns: {'target read' if selection.kind == 'decoder' else 'source'}",
         fontsize=9,
     )
     fig.savefig(path, dpi=120)

@@ -22,8 +22,8 @@ DECIMALS = 4  # weights are stored rounded: enough for colours and hover values,
 
 _AXES = {
     "encoder": ("source", "source"),
-    "decoder": ("target", "target"),
-    "cross": ("target", "source"),
+    "decoder": ("predicted", "target"),
+    "cross": ("predicted", "source"),
 }
 
 
@@ -35,7 +35,11 @@ def _rounded(maps: Tensor) -> list[Any]:
 def page_data(result: AttentionResult, selection: AttentionSelection) -> dict[str, Any]:
     """What the page's script reads: tokens, every map, and the selection to open at."""
     return {
-        "tokens": {"source": result.source_tokens, "target": result.target_tokens},
+        "tokens": {
+            "source": result.source_tokens,
+            "target": result.target_tokens,
+            "predicted": result.predicted_tokens,
+        },
         "special": list(SPECIAL_TOKENS),
         "kinds": {
             kind: {

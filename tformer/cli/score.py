@@ -32,6 +32,7 @@ from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (
     CHECKPOINT,
+    CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
     MASK_HEADS,
@@ -55,6 +56,7 @@ MARKER = "≠"  # a position whose top choice is not the label
 @app.command("score")
 def score_command(
     checkpoint: Path = CHECKPOINT,
+    checkpoint_choice: str = CHECKPOINT_CHOICE,
     source: str | None = typer.Argument(None, help="The source text.", show_default=False),
     reference: str | None = typer.Argument(
         None, help="Its reference translation, teacher-forced.", show_default=False

@@ -12,6 +12,7 @@ from tformer.cli.app import app
 from tformer.cli.console import err_console
 from tformer.cli.options import (
     CHECKPOINT,
+    CHECKPOINT_CHOICE,
     DEVICE,
     QUANTIZE,
     apply_quantize,
@@ -43,6 +44,7 @@ _SETTINGS = [
 @with_parameters([config_parameter(ServeSettings, name) for name in _SETTINGS])
 def serve_command(
     checkpoint: Path = CHECKPOINT,
+    checkpoint_choice: str = CHECKPOINT_CHOICE,
     device: str = DEVICE,
     quantize: str = QUANTIZE,
     **values: Any,

@@ -21,6 +21,7 @@ from tformer.cli.options import (
     VOCAB_SIZE,
     config_parameter,
     existing_file,
+    in_panels,
     with_parameters,
 )
 from tformer.cli.progress import RichReporter, show_dry_run
@@ -91,6 +92,7 @@ TRAIN_OPTIONS = (
     "val_bleu",
     "best_metric",
     "patience",
+    "final_eval",
     "ema_decay",
     "seed",
     "device",
@@ -112,6 +114,36 @@ _CONFIG_PARAMETERS = [
         for name in TRAIN_OPTIONS
     ),
 ]
+# `tformer train --help` groups its options by what they are for.
+PANELS: dict[str, tuple[str, ...]] = {
+    "Data": (
+        "data", "source_field", "target_field", "text_field", "streaming", "strict",
+        "num_proc", "cache_dir", "no_cache",
+    ),
+    "Tokenizer": ("tokenizer", "tokenizer_kind", "vocab_size", "separate_vocab",
+                  "tokenizer_sample"),
+    "Model": (
+        "recipe", "preset", "arch", "d_model", "n_heads", "n_layers", "n_encoder_layers",
+        "n_decoder_layers", "d_ff", "dropout", "attention_dropout", "max_len",
+        "tie_embeddings",
+    ),
+    "Variants": ("kv_heads", "norm", "normalization", "activation", "positions"),
+    "Optimisation & schedule": (
+        "lr", "warmup_steps", "schedule", "min_lr", "label_smoothing", "clip_norm",
+        "weight_decay", "ema_decay", "seed",
+    ),
+    "Batching": ("max_tokens", "accumulate"),
+    "How long, and validation": (
+        "max_steps", "epochs", "time_budget", "eval_every", "val_bleu", "best_metric",
+        "patience", "final_eval",
+    ),
+    "Precision & devices": ("device", "precision", "compile", "threads", "nproc"),
+    "Language models only": ("pack", "block_size", "mlm_probability", "mlm_mask",
+                             "mlm_random"),
+    "Logging & checkpoints": ("out", "log_every", "save_every", "keep_last", "log_to"),
+    "Run": ("config", "print_config", "resume", "init_from", "allow_data_change",
+            "overwrite", "dry_run_"),
+}
 _TOKENIZER_OPTIONS = {
     "tokenizer_kind": "kind",
     "vocab_size": "vocab_size",
@@ -120,6 +152,7 @@ _TOKENIZER_OPTIONS = {
 
 
 @app.command("train")
+@in_panels(PANELS)
 @with_parameters(_CONFIG_PARAMETERS)
 def train_command(
     ctx: typer.Context,

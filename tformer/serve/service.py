@@ -7,7 +7,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from tformer.analysis.attention import inspect_attention
+from tformer.analysis.attention import attention_maps
 from tformer.analysis.explain import explain
 from tformer.checkpoint.store import Checkpoint
 from tformer.config import EOS_ID, SEED_LIMIT, check_text
@@ -156,7 +156,7 @@ class Service:
     def attention(self, request: AttentionRequest, decoding: DecodingConfig) -> dict[str, Any]:
         """Runs in the worker: the maps ``tformer inspect-attention`` computes."""
         loaded = self.loaded
-        result = inspect_attention(
+        result = attention_maps(
             loaded.model, loaded.tokenizers, request.source, request.target, decoding
         )
         selection = result.selection(

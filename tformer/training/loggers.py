@@ -2,9 +2,10 @@
 
 Every record of ``metrics.jsonl`` goes to each logger as scalars keyed by step (``train/loss``,
 ``train/lr``, ``train/tokens_per_s``, ``train/skipped_steps`` ...; ``validation/loss``,
-``validation/bleu``, ``validation/chrf``, ``validation/exact_match`` ...), and at each
-evaluation the mean attention entropy of every layer (``attention_entropy/encoder/layer_0``,
-``.../decoder/...``, ``.../cross/...``) on a fixed batch of validation pairs. Only rank 0 logs.
+``validation/bleu``, ``validation/chrf``, ``validation/exact_match``,
+``validation/final_bleu`` ...), and at each evaluation the mean attention entropy of every
+layer (``attention_entropy/encoder/layer_0``, ``.../decoder/...``, ``.../cross/...``) on a
+fixed batch of validation pairs. Only rank 0 logs.
 The packages are optional extras, imported only when a run asks for them; a missing one is
 refused before anything is loaded or written.
 """

@@ -45,9 +45,11 @@ from tformer.training.saving import RunSaver
 from tformer.training.signals import StopOnSignal, exit_code
 from tformer.training.state import Position, batch_stream
 from tformer.training.threads import threads_state
-from tformer.training.validation import exact_match
+from tformer.training.validation import final_scores
 
 Micro = tuple[int, int, np.ndarray]  # (epoch, batch index, example indices)
+# The share of --time-budget the final validation may take after training (--final-eval auto).
+FINAL_EVAL_SHARE = 0.05
 
 
 def wrap_for_training(
@@ -115,6 +117,7 @@ class TrainingLoop:
         self.last_train: float | None = None
         self.time_used = 0.0  # seconds of the time budget used, agreed by every rank
         self.saved_step: int | None = None
+        self.warmup_warned = False
 
     def restore(self, state: dict[str, Any], extra: dict[str, torch.Tensor]) -> None:
         """Take back the bookkeeping saved in a checkpoint's trainer state."""
@@ -156,6 +159,8 @@ class TrainingLoop:
         self.time_used = pos.elapsed
         window_start, window_tokens_seen = time.perf_counter(), 0
         stop = self._should_stop(pos, total_steps)
+        if total_steps is not None:
+            self._warn_long_warmup(total_steps, "")
         while not stop:
             # One optimizer step takes ranks x accumulate batches of the one global order;
             # rank r computes every world-th of them, so the step equals a single process
@@ -182,6 +187,9 @@ class TrainingLoop:
                     pos, plan, total_steps, window_tokens_seen / max(now - window_start, 1e-9)
                 )
                 window_start, window_tokens_seen = now, 0
+                if cfg.time_budget is not None and pos.elapsed > 0:
+                    reach = int(pos.step * cfg.time_budget / pos.elapsed)
+                    self._warn_long_warmup(reach, " (about, at this speed, in --time-budget)")
                 if on_cadence:  # a final off-cadence line leaves the window to a resumed run
                     self.window.reset()
             if pos.step % cfg.eval_every == 0 or stop:
@@ -192,6 +200,19 @@ class TrainingLoop:
                 self._save(pos)
             if signalled is not None and not stop:
                 self._stop_on_signal(pos, signalled)
+
+    def _warn_long_warmup(self, steps: int, how: str) -> None:
+        """One warning line when the run ends before its learning-rate warm-up does: the
+        schedule would never reach its peak (almost always a mistake)."""
+        warmup = self.cfg.warmup_steps
+        if self.warmup_warned or steps >= warmup or not self.world.is_main:
+            return
+        self.warmup_warned = True
+        self.report.message(
+            f"warning: --warmup-steps {warmup:,} is longer than the run ({steps:,} steps"
+            f"{how}): the learning rate never reaches its peak; give --warmup-steps "
+            f"{max(1, steps // 10):,} (a tenth of the run) or a longer run"
+        )
 
     def _agree(
         self, stop: bool, signals: StopOnSignal | None, *, elapsed: float | None = None
@@ -383,12 +404,31 @@ class TrainingLoop:
         return result
 
     def _measure_exact_match(self, result: TrainResult, step: int) -> None:
-        """Exact match on the validation split; the test split is for ``tformer evaluate``."""
+        """``--final-eval``: BLEU / chrF (and exact match for short targets) of greedy outputs
+        on the validation split; the test split is for ``tformer evaluate``. Under a time
+        budget (auto) decoding stops 5% of the budget after training."""
         split = self.splits.get("validation")
         if split is None or not split.pairs or not self.model_config.is_seq2seq:
             return  # a language model has no output to compare: its loss says it
-        self.report.message(f"measuring exact match on the validation split ({len(split.pairs)})")
+        if self.cfg.final_eval == "none":
+            return
+        budget = self.cfg.time_budget
+        deadline = None
+        if budget is not None and self.cfg.final_eval == "auto":
+            deadline = time.perf_counter() + FINAL_EVAL_SHARE * budget
+        self.report.message(f"translating the validation split ({len(split.pairs)} pairs)")
         with averaged(self.ema):
-            result.exact_match, result.samples = exact_match(self.model, split, self.tokenizers)
+            scores = final_scores(self.model, split, self.tokenizers, deadline=deadline)
+        result.exact_match, result.samples = scores.exact_match, scores.samples
+        result.final = {"bleu": scores.bleu, "chrf": scores.chrf}
+        result.final_pairs = (scores.pairs, scores.of)
         result.exact_match_split = "validation"
-        self.records.write({"step": step, "validation_exact_match": result.exact_match})
+        record: dict[str, Any] = {
+            "step": step,
+            "validation_final_bleu": scores.bleu,
+            "validation_final_chrf": scores.chrf,
+            "validation_final_pairs": scores.pairs,
+        }
+        if scores.exact_match is not None:
+            record["validation_exact_match"] = scores.exact_match
+        self.records.write(record)

@@ -45,11 +45,14 @@ class TrainResult:
     skipped_steps: int = 0
     # The trained model in memory (on rank 0 with EMA: the raw, not the averaged, weights).
     model: Transformer | None = field(default=None, repr=False)
-    # Exact match of greedy outputs on the validation split (the test split is left to
-    # ``tformer evaluate``).
+    # Exact match of greedy outputs on the validation split where the targets are a few words
+    # (the test split is left to ``tformer evaluate``; --final-eval).
     exact_match: float | None = None
     exact_match_split: str | None = None
     samples: list[dict[str, str]] = field(default_factory=list)
+    # BLEU and chrF of the same greedy outputs, on (pairs translated, pairs in the split).
+    final: dict[str, float] = field(default_factory=dict)
+    final_pairs: tuple[int, int] | None = None
 
 
 class LossWindow:

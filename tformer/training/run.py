@@ -348,6 +348,7 @@ def _summary(
         "total_steps": total_steps,
         "time_budget": cfg.time_budget,
         "resumed_from": pos.step if setup.resumed else None,
+        "elapsed": pos.elapsed,  # a resumed run's clock goes on from here
     }
 
 
