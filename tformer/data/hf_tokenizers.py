@@ -3,7 +3,7 @@ tokenizers.
 
 The folder's own ``tokenizers`` pipeline (normaliser, pre-tokeniser, model, decoder) is kept,
 so a text is cut into the pieces ``transformers`` chooses; only the ids change, as for
-SentencePiece models (:mod:`tformer.data.sentencepiece`): tformer's ``<pad> <bos> <eos>
+SentencePiece models (:mod:`tformer.data.spm`): tformer's ``<pad> <bos> <eos>
 <unk>`` (and an encoder-only model's ``<mask>``) take ids 0..3 (4) under those names, and every
 other piece keeps its order. tformer id ``i`` is the folder's id ``order[i]``; None is a new
 row. One foreign id may stand at two tformer ids (GPT-2's ``<|endoftext|>`` is both its

@@ -20,7 +20,7 @@ import torch
 from tformer.checkpoint.store import Tokenizers
 from tformer.config import ModelConfig
 from tformer.data.hf_tokenizers import fast_tokenizer, reordered_tokenizer
-from tformer.data.sentencepiece import special_first_order
+from tformer.data.spm import special_first_order
 from tformer.errors import CheckpointError, ConfigError
 from tformer.imports.marian import (
     CONFIG,
