@@ -127,7 +127,12 @@ PANELS: dict[str, tuple[str, ...]] = {
         "n_decoder_layers", "d_ff", "dropout", "attention_dropout", "max_len",
         "tie_embeddings",
     ),
-    "Variants": ("kv_heads", "norm", "normalization", "activation", "positions"),
+    "Variants": (
+        "kv_heads", "norm", "normalization", "activation", "positions", "output_bias",
+        "source_eos", "embedding_scale", "norm_eps", "embedding_norm", "segment_embedding",
+        "mlm_head", "bos_first", "document_bos", "relative_buckets", "relative_max_distance",
+        "attention_scale", "linear_bias", "output_scale",
+    ),
     "Optimisation & schedule": (
         "lr", "warmup_steps", "schedule", "min_lr", "label_smoothing", "clip_norm",
         "weight_decay", "ema_decay", "seed",
