@@ -141,3 +141,16 @@ def test_int8_refuses_the_t5_variants_in_one_line() -> None:
 def test_bad_relative_settings_are_refused() -> None:
     with pytest.raises(ConfigError, match="--relative-buckets 1 must be >= 2"):
         tiny(**{**T5, "relative_buckets": 1})
+
+
+@pytest.mark.parametrize("to", ["huggingface", "ctranslate2"])
+def test_exports_refuse_the_t5_variants_naming_them(to: str) -> None:
+    from tformer.export.api import check_variants
+
+    with pytest.raises(ConfigError) as refused:
+        check_variants(tiny(**T5), to)
+    message = str(refused.value)
+    assert "\n" not in message
+    for named in ("--positions relative", "--no-attention-scale", "--no-linear-bias",
+                  "--output-scale"):  # fmt: skip
+        assert named in message
