@@ -168,6 +168,19 @@ def test_packed_causal_blocks_predict_every_token_of_the_stream_once() -> None:
     assert [len(x) for x, _ in masked_examples(docs, 4, pack=True)] == [4, 4, 4, 3]
 
 
+def test_without_document_bos_documents_are_joined_by_eos_alone() -> None:
+    """GPT-2's framing: <|endoftext|> (tformer's <eos>) ends each document and starts the
+    next; only the text's first document has <bos>."""
+    docs = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+    stream = [BOS_ID, 5, 6, 7, EOS_ID, 8, EOS_ID, 9, 10, 11, 12, 13, EOS_ID]
+    examples = causal_examples(docs, 4, pack=True, document_bos=False)
+    batch = CausalObjective().collate(examples, [0] * 99)
+    assert [int(t) for row in batch.tgt_out for t in row if t != PAD_ID] == stream[1:]
+    assert [int(t) for row in batch.tgt_in for t in row if t != PAD_ID] == stream[:-1]
+    # unpacked, each document is a row of its own and starts with <bos> as before
+    assert causal_examples(docs, 4, pack=False, document_bos=False)[1][1] == [BOS_ID, 8, EOS_ID]
+
+
 def test_masking_follows_the_stated_proportions_and_never_touches_special_tokens() -> None:
     rng = np.random.default_rng(0)
     vocab = 200

@@ -130,13 +130,11 @@ def open_weights(folder: Path) -> Iterator[_Tensors]:
     """
     path = folder / WEIGHTS
     if not path.is_file():
-        extra = (
-            f"; {PICKLED} is a pickle, which tformer does not load: save it again with "
-            "save_pretrained (safe_serialization, the default)"
-            if (folder / PICKLED).exists()
-            else ""
+        why = f"{PICKLED} is a pickle, which" if (folder / PICKLED).exists() else "a pickle"
+        raise CheckpointError(
+            f"{path}: missing; {why} tformer does not load: load the model with transformers, "
+            "save it with save_pretrained (safetensors, the default) and import that folder"
         )
-        raise CheckpointError(f"{path}: missing{extra}")
     try:
         with safe_open(str(path), framework="pt") as handle:
             yield _Tensors(handle, path)
