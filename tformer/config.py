@@ -25,7 +25,7 @@ Arch = Literal["encoder-decoder", "decoder-only", "encoder-only"]
 Norm = Literal["post", "pre"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
 GATED_ACTIVATIONS = ("swiglu", "geglu")
-Positions = Literal["sinusoidal", "learned", "rope"]
+Positions = Literal["sinusoidal", "learned", "rope", "relative"]
 Normalization = Literal["layernorm", "rmsnorm"]
 Schedule = Literal["inverse-sqrt", "cosine", "linear", "constant"]
 PrecisionName = Literal["auto", "fp32", "bf16", "fp16"]
@@ -270,7 +270,9 @@ class ModelConfig:
     positions: Positions = _field(
         "sinusoidal",
         "sinusoidal (paper) | learned (an embedding per position) | rope (rotary, Su et al. "
-        "2021, on self-attention's queries and keys; needs an even head size).",
+        "2021, on self-attention's queries and keys; needs an even head size) | relative "
+        "(T5's bucketed relative position bias, Raffel et al. 2020: a learned scalar per head "
+        "and bucket added to self-attention's scores, shared by every layer of a stack).",
     )
     # Section 3.4: the two embedding layers and the pre-softmax projection share one matrix.
     tie_embeddings: bool = _field(
@@ -339,6 +341,33 @@ class ModelConfig:
         "position table holds --max-len + 1.",
     )
 
+    # T5 (Raffel et al. 2020) differs from the paper in a few more lines; `tformer import`
+    # turns these on for its checkpoints (with --positions relative, pre-norm RMSNorm and
+    # unscaled embeddings), and each trains from scratch too.
+    relative_buckets: int = _field(
+        32, "With --positions relative: buckets of relative distance (T5's num_buckets)."
+    )
+    relative_max_distance: int = _field(
+        128,
+        "With --positions relative: distance beyond which offsets share the last bucket "
+        "(T5's relative_attention_max_distance).",
+    )
+    attention_scale: bool = _field(
+        True,
+        "Divide attention scores by sqrt(d_k) (paper, section 3.2.1); T5 folds it into its "
+        "initialisation and leaves scores unscaled (--no-attention-scale).",
+    )
+    linear_bias: bool = _field(
+        True,
+        "Biases on the attention and feed-forward linear layers (paper); T5 has none "
+        "(--no-linear-bias).",
+    )
+    output_scale: bool = _field(
+        False,
+        "Multiply the decoder's output by d_model^-0.5 before the tied output projection "
+        "(T5 v1.0's rescaling; the paper has none).",
+    )
+
     def __post_init__(self) -> None:
         check_numbers(self)
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
@@ -403,6 +432,11 @@ class ModelConfig:
                 f"--kv-heads {self.kv_heads} must divide --n-heads {self.n_heads} "
                 "(each key/value head serves n_heads / kv_heads query heads)",
             )
+        _require(
+            self.relative_buckets >= 2 and self.relative_max_distance >= 1,
+            f"--relative-buckets {self.relative_buckets} must be >= 2 and "
+            f"--relative-max-distance {self.relative_max_distance} >= 1",
+        )
         _require(
             self.positions != "rope" or self.d_head % 2 == 0,
             f"--positions rope needs an even head size, but --d-model {self.d_model} / "
@@ -743,7 +777,8 @@ class TrainConfig:
 ADDED_MODEL_KEYS = (
     "kv_heads", "normalization", "positions", "arch", "output_bias", "source_eos",
     "embedding_scale", "norm_eps", "embedding_norm", "segment_embedding", "mlm_head",
-    "bos_first", "document_bos",
+    "bos_first", "document_bos", "relative_buckets", "relative_max_distance",
+    "attention_scale", "linear_bias", "output_scale",
 )
 
 

@@ -153,7 +153,6 @@ def edit_config(**values: object) -> Callable[[Path], None]:
 
 REFUSALS: dict[str, tuple[Callable[[Path], None], str]] = {
     "bart": (edit_config(model_type="bart"), "model_type 'bart' is not supported"),
-    "t5": (edit_config(model_type="t5"), "model_type 't5'"),
     "no-tokenizer": (lambda f: (f / "source.spm").unlink(), "tokenizer files source.spm"),
     "weights": (edit_config(encoder_ffn_dim=128, decoder_ffn_dim=128), "do not match"),
     "pre-norm": (edit_config(normalize_before=True), "normalize_before"),

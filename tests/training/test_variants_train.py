@@ -31,6 +31,10 @@ OPTIONS = {
     # GPT-2's and BERT's (tformer import sets them), on the paper's encoder-decoder
     "gpt2-bert": dict(activation="gelu_tanh", embedding_scale=False, norm_eps=1e-12,
                       embedding_norm=True, segment_embedding=True, output_bias=True),
+    # T5's (Raffel et al. 2020)
+    "t5": dict(positions="relative", relative_buckets=8, relative_max_distance=16,
+               attention_scale=False, linear_bias=False, normalization="rmsnorm", norm="pre",
+               embedding_scale=False, output_scale=True),
 }  # fmt: skip
 STEPS = 8
 

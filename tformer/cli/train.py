@@ -61,6 +61,11 @@ MODEL_OPTIONS = (
     "mlm_head",
     "bos_first",
     "document_bos",
+    "relative_buckets",
+    "relative_max_distance",
+    "attention_scale",
+    "linear_bias",
+    "output_scale",
 )
 TRAIN_OPTIONS = (
     "data",

@@ -22,7 +22,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken
 
-from tformer.config import MASK, SPECIAL_TOKENS
+from tformer.config import MASK, SPECIAL_TOKENS, UNK_ID
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
 from tformer.paths import first_line
@@ -57,9 +57,16 @@ def fast_tokenizer(folder: Path, kind: str) -> Any:
 
 
 def reordered_tokenizer(
-    inner: tokenizers.Tokenizer, order: Sequence[int | None], *, mask: bool, where: str
+    inner: tokenizers.Tokenizer,
+    order: Sequence[int | None],
+    *,
+    mask: bool,
+    where: str,
+    keep: Sequence[str] = (),
 ) -> Tokenizer:
-    """``inner`` (a BPE or WordPiece pipeline) with its vocabulary in tformer's id ``order``.
+    """``inner`` (a BPE, WordPiece or Unigram pipeline) with its vocabulary in tformer's id
+    ``order``; the added tokens named in ``keep`` (T5's sentinels) stay whole, as ordinary
+    tokens that decoding shows.
 
     The first four rows (five with ``mask``) are named ``<pad> <bos> <eos> <unk>`` (``<mask>``)
     and registered as special tokens; the folder's own added tokens and post-processor
@@ -71,7 +78,13 @@ def reordered_tokenizer(
     """
     data = json.loads(inner.to_str())
     model = data["model"]
-    pieces: dict[int, str] = {i: piece for piece, i in model["vocab"].items()}
+    unigram = model["type"] == "Unigram"  # vocab: [piece, score] in id order
+    scores: dict[str, float] = {}
+    if unigram:
+        scores = {piece: score for piece, score in model["vocab"]}
+        pieces: dict[int, str] = {i: entry[0] for i, entry in enumerate(model["vocab"])}
+    else:
+        pieces = {i: piece for piece, i in model["vocab"].items()}
     pieces.update({token["id"]: token["content"] for token in data.get("added_tokens") or []})
     specials = [*SPECIAL_TOKENS, *((MASK,) if mask else ())]
     names = [*specials, *(pieces[i] for i in order[len(specials) :] if i is not None)]
@@ -81,7 +94,11 @@ def reordered_tokenizer(
             f"{where}: the piece {clash[0]} is an ordinary piece here, but tformer reserves that "
             "name for its special token; such a tokenizer cannot be used"
         )
-    model["vocab"] = {name: i for i, name in enumerate(names)}
+    if unigram:
+        model["vocab"] = [[name, scores.get(name, 0.0)] for name in names]
+        model["unk_id"] = UNK_ID
+    else:
+        model["vocab"] = {name: i for i, name in enumerate(names)}
     if model.get("unk_token") is not None:
         model["unk_token"] = SPECIAL_TOKENS[3]
     data["added_tokens"] = []
@@ -92,6 +109,7 @@ def reordered_tokenizer(
     built.add_special_tokens(
         [AddedToken(name, normalized=False, special=True) for name in specials]
     )
+    built.add_tokens([AddedToken(name, normalized=False, special=False) for name in keep])
     return Tokenizer.from_str(built.to_str(), source=where)
 
 

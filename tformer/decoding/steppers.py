@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from tformer.decoding.settings import DecodingConfig
-from tformer.fast.step import FastTransformer, step_mask
+from tformer.fast.step import FastTransformer, lean_step_fits, step_mask
 from tformer.model import Transformer
 from tformer.model.transformer import EncoderOutput
 
@@ -46,7 +46,11 @@ class CachedStepper:
             first = torch.cat([tokens[:, None], self.prompts], dim=1)
             self.prompts = None
             return model.decode(first, self.encoded, cache=self.cache).logits[:, -1].float()
-        if isinstance(model, FastTransformer) and not model.training:
+        if (
+            isinstance(model, FastTransformer)
+            and not model.training
+            and lean_step_fits(model.config)
+        ):
             logits = model.step(tokens[:, None], self.encoded.memory, self._mask(), self.cache)
         else:
             logits = model.decode(tokens[:, None], self.encoded, cache=self.cache).logits

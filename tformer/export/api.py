@@ -81,7 +81,7 @@ def variant_flags(config: ModelConfig) -> list[str]:
 
 
 def unexported_flags(config: ModelConfig) -> list[str]:
-    """The variants of GPT-2 and BERT ``config`` uses, which neither export writes."""
+    """The variants of GPT-2, BERT and T5 ``config`` uses, which neither export writes."""
     found = [f"--activation {config.activation}"] if config.activation == "gelu_tanh" else []
     if not config.embedding_scale:
         found.append("--no-embedding-scale")
@@ -90,6 +90,10 @@ def unexported_flags(config: ModelConfig) -> list[str]:
     ]
     if config.norm_eps is not None:
         found.append(f"--norm-eps {config.norm_eps}")
+    unset = ("attention_scale", "linear_bias")
+    found += [flag("no_" + name) for name in unset if not getattr(config, name)]
+    if config.output_scale:
+        found.append(flag("output_scale"))
     return found
 
 
@@ -115,7 +119,7 @@ def check_variants(config: ModelConfig, to: str) -> None:
         found = [
             f
             for f in found
-            if f.startswith("--positions rope")
+            if f.startswith(("--positions rope", "--positions relative"))
             or (f.startswith("--kv-heads") and config.n_kv_heads != 1)
         ] + unexported_flags(config)
     if not found:
@@ -124,8 +128,8 @@ def check_variants(config: ModelConfig, to: str) -> None:
         "Marian has only sinusoidal positions, multi-head attention, relu/gelu feed-forward "
         "layers and LayerNorm"
         if to == "huggingface"
-        else "CTranslate2's encoder-decoder has no rotary positions, of grouped key/value "
-        "heads only one (--kv-heads 1), and the paper's embeddings"
+        else "CTranslate2's encoder-decoder has no rotary or relative positions, of grouped "
+        "key/value heads only one (--kv-heads 1), and the paper's embeddings"
     )
     raise ConfigError(
         f"--to {to}: the checkpoint was trained with {', '.join(found)}, which the export "

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from tformer.device import cpuinfo
 from tformer.errors import ConfigError
 from tformer.fast.attention import FastMultiHeadAttention
-from tformer.fast.step import FastTransformer
+from tformer.fast.step import FastTransformer, lean_step_fits
 from tformer.model.families import DecoderOnlyTransformer
 from tformer.model.transformer import Transformer
 
@@ -139,6 +139,11 @@ def quantize_int8(model: Transformer) -> Int8Transformer:
         raise ConfigError(
             "--quantize int8 decodes encoder-decoder and decoder-only models; this is a "
             "--arch encoder-only model: leave out --quantize"
+        )
+    if not lean_step_fits(model.config):
+        raise ConfigError(
+            "--quantize int8 decodes through the lean step, which has no relative position "
+            "bias, unscaled attention or bias-free layers (T5's); leave out --quantize"
         )
     accelerate(model).eval().requires_grad_(False)
     forget_fast_weights(model)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tformer.config import ModelConfig
 from tformer.fast.attention import FastMultiHeadAttention, FoldingKVCache
 from tformer.fast.linear import direct, fast_linear
 from tformer.model.cache import DecoderCache, LayerCache
@@ -26,6 +27,12 @@ def layer_norm(norm: nn.LayerNorm | nn.RMSNorm, x: Tensor) -> Tensor:
     if isinstance(norm, nn.RMSNorm):
         return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def lean_step_fits(config: ModelConfig) -> bool:
+    """Whether the lean step's attention (the paper's, with biases) is ``config``'s: T5's
+    relative bias, unscaled scores and bias-free layers decode through ``decode`` instead."""
+    return config.positions != "relative" and config.attention_scale and config.linear_bias
 
 
 def step_mask(mask: Tensor) -> Tensor | None:
@@ -100,7 +107,7 @@ class FastTransformer(Transformer):
             assert isinstance(layer, FastDecoderLayer)  # accelerate() swapped every layer
             x = layer.step(x, memory, memory_mask, layer_cache)
         cache.length += 1
-        return self.project(decoder.final_norm(x))
+        return self.project(decoder.finish(x))
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache([LayerCache(cross_attn=FoldingKVCache()) for _ in self.decoder.layers])

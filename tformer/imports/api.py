@@ -13,6 +13,7 @@ from tformer.imports.bert import read_bert
 from tformer.imports.gpt2 import read_gpt2
 from tformer.imports.hub import local_folder
 from tformer.imports.marian import CONFIG, Imported, read_json, read_marian
+from tformer.imports.t5 import read_t5
 from tformer.paths import file_kind, inside
 from tformer.version import __version__
 
@@ -46,8 +47,12 @@ READERS: dict[str, Callable[..., Imported]] = {
     "marian": read_marian,  # MarianMTModel (OPUS-MT): encoder-decoder
     "gpt2": read_gpt2,  # GPT2LMHeadModel: decoder-only
     "bert": read_bert,  # BertForMaskedLM: encoder-only
+    "t5": read_t5,  # T5ForConditionalGeneration (v1.0): encoder-decoder
 }
-MODELS = "MarianMTModel (marian), GPT2LMHeadModel (gpt2), BertForMaskedLM (bert)"
+MODELS = (
+    "MarianMTModel (marian), GPT2LMHeadModel (gpt2), BertForMaskedLM (bert), "
+    "T5ForConditionalGeneration (t5)"
+)
 
 
 def read_model(folder: Path, *, source: str) -> Imported:

@@ -52,6 +52,8 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
     fused: bool = True,
+    bias: Tensor | None = None,
+    scale: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V  (section 3.2.1).
 
@@ -71,21 +73,28 @@ def scaled_dot_product_attention(
     if causal and q_len == 1:
         causal = False  # one new query at the end sees every key: nothing to hide
     explicit = need_weights or not fused
-    if causal and (mask is not None or q_len != k_len or explicit):
+    if causal and (mask is not None or q_len != k_len or explicit or bias is not None):
         # Fold causality into one explicit mask; the fused kernel's is_causal flag only
         # covers the square, unmasked case.
         cmask = causal_mask(q_len, k_len, q.device)
         mask = cmask if mask is None else mask & cmask
         causal = False
+    if bias is not None:
+        # One additive float mask: the bias where a key may be seen, -inf where not.
+        bias = bias.to(q.dtype)
+        mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
 
     if not explicit:
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=scale
         )
         return out, None
 
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Q, K)
-    if mask is not None:
+    scores = q @ k.transpose(-2, -1) * scale  # (B, H, Q, K)
+    if mask is not None and mask.dtype != torch.bool:
+        scores = scores + mask
+    elif mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
@@ -130,6 +139,8 @@ class MultiHeadAttention(nn.Module):
         *,
         kv_heads: int | None = None,
         rotary: RotaryEmbedding | None = None,
+        bias: bool = True,
+        scaled: bool = True,
     ) -> None:
         super().__init__()
         if d_model % n_heads:
@@ -140,9 +151,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"kv_heads {self.kv_heads} must divide n_heads {n_heads}")
         self.d_k = d_model // n_heads
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.kv_proj = nn.Linear(d_model, 2 * self.kv_heads * self.d_k)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.kv_proj = nn.Linear(d_model, 2 * self.kv_heads * self.d_k, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        # T5 leaves scores unscaled (its initialisation absorbs 1 / sqrt(d_k)).
+        self.scale: float | None = None if scaled else 1.0
         self.rotary = rotary
         # A buffer so it follows the model's device; not persistent: checkpoints never hold it.
         self.register_buffer("head_gate", None, persistent=False)
@@ -172,6 +185,7 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         static_kv: bool = False,
         need_weights: bool = False,
+        position_bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` (B, Q, D) to ``key_value`` (B, K, D).
 
@@ -179,7 +193,8 @@ class MultiHeadAttention(nn.Module):
         appended to it; for cross-attention (``static_kv=True``) they are computed on the first
         call and reused afterwards, so the encoder output is projected once per source.
         With rotary positions the new queries and keys sit at the cache's length onwards, and
-        the cache holds keys already rotated.
+        the cache holds keys already rotated. ``position_bias`` (1, H, Q, K) is added to the
+        scores (T5's relative positions).
 
         Returns:
             (output (B, Q, D), weights (B, H, Q, K) or None).
@@ -199,7 +214,9 @@ class MultiHeadAttention(nn.Module):
                     k, v = cache.append(k, v)
         assert k is not None and v is not None
         k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, H, K, d_k)
-        out, weights = self.attend(q, k, v, mask, causal=causal, need_weights=need_weights)
+        out, weights = self.attend(
+            q, k, v, mask, causal=causal, need_weights=need_weights, bias=position_bias
+        )
         out = self.gate_heads(out)
         b, _, q_len, _ = out.shape
         out = out.transpose(1, 2).reshape(b, q_len, self.n_heads * self.d_k)  # (B, Q, D)
@@ -220,8 +237,9 @@ class MultiHeadAttention(nn.Module):
         *,
         causal: bool,
         need_weights: bool,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """:func:`scaled_dot_product_attention` with this layer's dropout."""
+        """:func:`scaled_dot_product_attention` with this layer's dropout and scale."""
         return scaled_dot_product_attention(
             q,
             k,
@@ -231,6 +249,8 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights,
             fused=self.fused_kernel(q),
+            bias=bias,
+            scale=self.scale,
         )
 
     def fused_kernel(self, q: Tensor) -> bool:

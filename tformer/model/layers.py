@@ -82,10 +82,10 @@ def token_embedding(config: ModelConfig, vocab_size: int) -> TokenEmbedding:
 class FeedForward(nn.Module):
     """FFN(x) = act(x W1 + b1) W2 + b2, applied to each position alike (section 3.3)."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool = True) -> None:
         super().__init__()
-        self.w1 = nn.Linear(d_model, d_ff)
-        self.w2 = nn.Linear(d_ff, d_model)
+        self.w1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
         self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -100,11 +100,11 @@ class GatedFeedForward(nn.Module):
     (2/3 of d_ff, rounded up to a multiple of 8) to keep the parameters about equal.
     """
 
-    def __init__(self, d_model: int, d_ff: int, activation: str) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool = True) -> None:
         super().__init__()
-        self.w1 = nn.Linear(d_model, d_ff)  # W: the gate
-        self.v = nn.Linear(d_model, d_ff)  # V: the gated value
-        self.w2 = nn.Linear(d_ff, d_model)
+        self.w1 = nn.Linear(d_model, d_ff, bias=bias)  # W: the gate
+        self.v = nn.Linear(d_model, d_ff, bias=bias)  # V: the gated value
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
         self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -114,7 +114,7 @@ class GatedFeedForward(nn.Module):
 def feed_forward(config: ModelConfig) -> FeedForward | GatedFeedForward:
     """The position-wise feed-forward sub-layer ``config.activation`` asks for."""
     kind = GatedFeedForward if config.gated else FeedForward
-    return kind(config.d_model, config.ffn_hidden, config.activation)
+    return kind(config.d_model, config.ffn_hidden, config.activation, config.linear_bias)
 
 
 def norm_layer(config: ModelConfig) -> nn.LayerNorm | nn.RMSNorm:
@@ -135,6 +135,8 @@ def self_attention(config: ModelConfig) -> MultiHeadAttention:
         config.attention_dropout,
         kv_heads=config.kv_heads,
         rotary=rotary,
+        bias=config.linear_bias,
+        scaled=config.attention_scale,
     )
 
 
@@ -142,7 +144,12 @@ def _cross_attention(config: ModelConfig) -> MultiHeadAttention:
     """Cross-attention: grouped-query with ``kv_heads``, never rotary (its queries and keys
     come from two sequences, whose positions have no offset to one another)."""
     return MultiHeadAttention(
-        config.d_model, config.n_heads, config.attention_dropout, kv_heads=config.kv_heads
+        config.d_model,
+        config.n_heads,
+        config.attention_dropout,
+        kv_heads=config.kv_heads,
+        bias=config.linear_bias,
+        scaled=config.attention_scale,
     )
 
 
@@ -164,10 +171,16 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
-        self, x: Tensor, mask: Tensor, need_weights: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor,
+        need_weights: bool = False,
+        position_bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         h = self.norm1(x) if self.pre_norm else x
-        attended, weights = self.self_attn(h, h, mask, need_weights=need_weights)
+        attended, weights = self.self_attn(
+            h, h, mask, need_weights=need_weights, position_bias=position_bias
+        )
         x = x + self.dropout(attended)
         if not self.pre_norm:
             x = self.norm1(x)
@@ -214,6 +227,7 @@ class DecoderLayer(nn.Module):
         *,
         cache: LayerCache | None = None,
         need_weights: bool = False,
+        position_bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         h = self.norm1(x) if self.pre_norm else x
         # Causality alone suffices: with right-padded targets a real position never sees a
@@ -224,6 +238,7 @@ class DecoderLayer(nn.Module):
             causal=True,
             cache=cache.self_attn if cache else None,
             need_weights=need_weights,
+            position_bias=position_bias,
         )
         x = x + self.dropout(attended)
         if not self.pre_norm:

@@ -7,9 +7,13 @@ Shape legend: B batch, L length, D d_model, H heads, d_k D / H (the size of one 
 - ``rope`` (RoFormer, Su et al. 2021): nothing is added to the embeddings; self-attention
   rotates each query and key by an angle proportional to its position, so a query-key score
   depends only on their relative offset (:func:`rotate`).
+- ``relative`` (T5, Raffel et al. 2020): nothing is added either; a learned scalar per head and
+  bucket of relative distance is added to self-attention's scores (:class:`RelativePositionBias`).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor, nn
@@ -93,7 +97,7 @@ def positional_encoding(config: ModelConfig, norm: nn.Module | None = None) -> A
     held = config.positions_held
     if config.positions == "learned":
         return LearnedPositions(config.d_model, held, config.dropout, norm)
-    if config.positions == "rope":
+    if config.positions in ("rope", "relative"):
         return AddedPositions(held, config.dropout, norm)
     return PositionalEncoding(config.d_model, held, config.dropout, norm)
 
@@ -137,3 +141,54 @@ class RotaryEmbedding(nn.Module):
         """(B, H, L, d_k) at positions start .. start + L - 1 -> the same, rotated."""
         end = start + x.size(-2)
         return rotate(x, self.cos[start:end], self.sin[start:end])
+
+
+def relative_bucket(
+    offset: Tensor, *, bidirectional: bool, buckets: int, max_distance: int
+) -> Tensor:
+    """Bucket of each key-minus-query ``offset`` (T5's ``_relative_position_bucket``).
+
+    Half the buckets (all of them when causal) hold small distances exactly; the rest cover
+    distances up to ``max_distance`` logarithmically. Bidirectional: the upper half is for keys
+    after the query. Causal: keys after the query all fall in bucket 0 (they are masked anyway).
+    """
+    bucket = torch.zeros_like(offset)
+    if bidirectional:
+        buckets //= 2
+        bucket = (offset > 0).long() * buckets
+        distance = offset.abs()
+    else:
+        distance = (-offset).clamp(min=0)
+    exact = buckets // 2
+    far = exact + (
+        torch.log(distance.float().clamp(min=1) / exact)
+        / math.log(max_distance / exact)
+        * (buckets - exact)
+    ).long()  # truncated toward zero, as T5's .to(torch.long)
+    far = far.clamp(max=buckets - 1)
+    return bucket + torch.where(distance < exact, distance, far)
+
+
+class RelativePositionBias(nn.Module):
+    """T5's relative position bias: a learned scalar per (bucket, head), added to the scores of
+    every self-attention layer of one stack (computed once, in T5's first layer, and shared)."""
+
+    def __init__(self, config: ModelConfig, *, bidirectional: bool) -> None:
+        super().__init__()
+        self.bidirectional = bidirectional
+        self.buckets = config.relative_buckets
+        self.max_distance = config.relative_max_distance
+        self.table = nn.Embedding(config.relative_buckets, config.n_heads)
+
+    def forward(self, q_len: int, k_len: int, start: int = 0) -> Tensor:
+        """(1, H, Q, K) bias for queries at positions start .. start + Q - 1 and keys 0 .. K - 1."""
+        device = self.table.weight.device
+        queries = torch.arange(start, start + q_len, device=device)[:, None]
+        keys = torch.arange(k_len, device=device)[None, :]
+        bucket = relative_bucket(
+            keys - queries,
+            bidirectional=self.bidirectional,
+            buckets=self.buckets,
+            max_distance=self.max_distance,
+        )
+        return self.table(bucket).permute(2, 0, 1)[None]  # (Q, K, H) -> (1, H, Q, K)

@@ -27,7 +27,7 @@ from tformer.model.layers import (
     norm_layer,
     token_embedding,
 )
-from tformer.model.positions import positional_encoding
+from tformer.model.positions import RelativePositionBias, positional_encoding
 
 
 @dataclass
@@ -66,6 +66,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.embedding = embedding
         self.positions = positional_encoding(config, embedding_norm(config))
+        self.relative = relative_bias(config, bidirectional=True)
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
         # Pre-norm leaves the residual stream un-normalised; one LayerNorm at the end fixes that.
         self.final_norm = norm_layer(config) if config.norm == "pre" else nn.Identity()
@@ -74,9 +75,11 @@ class Encoder(nn.Module):
         self, src: Tensor, mask: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, list[Tensor]]:
         x = self.positions(self.embedding(src))  # (B, S, D)
+        length = src.size(1)
+        bias = self.relative(length, length) if self.relative is not None else None
         maps: list[Tensor] = []
         for layer in self.layers:
-            x, weights = layer(x, mask, need_weights)
+            x, weights = layer(x, mask, need_weights, bias)
             if weights is not None:
                 maps.append(weights)
         return self.final_norm(x), maps
@@ -92,11 +95,20 @@ class Decoder(nn.Module):
         super().__init__()
         self.embedding = embedding
         self.positions = positional_encoding(config, embedding_norm(config))
+        self.relative = relative_bias(config, bidirectional=False)
         self.layers = nn.ModuleList(
             DecoderLayer(config, cross_attention=cross_attention)
             for _ in range(config.n_decoder_layers)
         )
         self.final_norm = norm_layer(config) if config.norm == "pre" else nn.Identity()
+        # T5 v1.0 rescales the output by d_model^-0.5 before its tied projection.
+        self.output_scale = config.d_model**-0.5 if config.output_scale else 1.0
+
+    def finish(self, x: Tensor) -> Tensor:
+        """The last layer's output (B, T, D) as the output projection reads it: the final
+        norm (pre-norm), then T5's rescaling (``output_scale``)."""
+        x = self.final_norm(x)
+        return x if self.output_scale == 1.0 else x * self.output_scale
 
     def forward(
         self,
@@ -109,6 +121,10 @@ class Decoder(nn.Module):
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         start = cache.length if cache is not None else 0
         x = self.positions(self.embedding(tgt), start)  # (B, T, D)
+        length = tgt.size(1)
+        bias = (
+            self.relative(length, start + length, start) if self.relative is not None else None
+        )
         self_maps: list[Tensor] = []
         cross_maps: list[Tensor] = []
         for i, layer in enumerate(self.layers):
@@ -118,6 +134,7 @@ class Decoder(nn.Module):
                 memory_mask,
                 cache=cache.layers[i] if cache is not None else None,
                 need_weights=need_weights,
+                position_bias=bias,
             )
             if self_w is not None:
                 self_maps.append(self_w)
@@ -125,7 +142,7 @@ class Decoder(nn.Module):
                 cross_maps.append(cross_w)
         if cache is not None:
             cache.length += tgt.size(1)
-        return self.final_norm(x), self_maps, cross_maps
+        return self.finish(x), self_maps, cross_maps
 
 
 class Transformer(nn.Module):
@@ -246,6 +263,13 @@ class Transformer(nn.Module):
             "feed_forward": enc_ff + dec_ff,
             "total": embeddings + encoder + decoder,
         }
+
+
+def relative_bias(config: ModelConfig, *, bidirectional: bool) -> RelativePositionBias | None:
+    """T5's relative position bias of one stack (``positions`` relative), or None."""
+    if config.positions != "relative":
+        return None
+    return RelativePositionBias(config, bidirectional=bidirectional)
 
 
 def embedding_norm(config: ModelConfig) -> nn.Module | None:

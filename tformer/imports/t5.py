@@ -1,0 +1,216 @@
+"""A Hugging Face ``T5ForConditionalGeneration`` folder (T5 v1.0) as an encoder-decoder model.
+
+T5 (Raffel et al. 2020) is tformer's encoder-decoder with variants: pre-norm RMSNorm layers
+and a final norm per stack (T5LayerNorm, eps 1e-6), unscaled embeddings shared by both sides,
+the relative position bias (``positions: relative``, one table per stack), unscaled attention
+scores, linear layers without biases, and with the tied output the rescaling by
+d_model^-0.5 (``output_scale``). It reads sources closed by ``</s>`` (``source_eos``).
+
+Its SentencePiece vocabulary has ``<pad> </s> <unk>`` at 0..2, no ``<s>``, and starts decoding
+from ``<pad>``; so tformer's ``<bos>`` is T5's ``<pad>``, ``<eos>`` its ``</s>``, ``<unk>`` its
+``<unk>``, and tformer's ``<pad>`` a new row (zeros, never predicted). The sentinels
+``<extra_id_N>`` at the end of the vocabulary stay whole tokens. T5 v1.1 (gated GELU, untied
+output) and configurations tformer cannot express are refused in one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tformer.checkpoint.store import Tokenizers
+from tformer.config import ModelConfig
+from tformer.data.hf_tokenizers import reordered_tokenizer
+from tformer.errors import CheckpointError, ConfigError
+from tformer.imports.marian import (
+    CONFIG,
+    INSTALL,
+    Imported,
+    _Tensors,
+    open_weights,
+    read_json,
+    rows_in_order,
+)
+from tformer.model import build_model
+from tformer.paths import first_line
+
+# T5 has no position table, so no limit of its own; tformer's model needs one.
+MAX_LEN = 512
+
+
+def t5_config(folder: Path) -> Any:
+    """The folder's checked ``T5Config``.
+
+    Raises:
+        CheckpointError: naming every setting tformer cannot express, in one line.
+        ConfigError: transformers is not installed.
+    """
+    try:
+        from transformers import T5Config
+    except ImportError as error:
+        raise ConfigError(f"tformer import needs transformers; {INSTALL}") from error
+    raw = read_json(folder / CONFIG)
+    config = T5Config.from_dict(raw)
+    problems = []
+    if config.feed_forward_proj != "relu":
+        problems.append(
+            f"feed_forward_proj {config.feed_forward_proj!r} (T5 v1.1's gated feed-forward; "
+            "tformer imports T5 v1.0's relu)"
+        )
+    if not raw.get("tie_word_embeddings", True):  # read as written: T5Config may reset it
+        problems.append("tie_word_embeddings false (T5 v1.1's untied output)")
+    if config.num_heads * config.d_kv != config.d_model:
+        problems.append(f"num_heads x d_kv {config.num_heads * config.d_kv} != d_model")
+    if not config.is_encoder_decoder:
+        problems.append("is_encoder_decoder false")
+    starts = (config.pad_token_id, config.eos_token_id, config.decoder_start_token_id)
+    if starts != (0, 1, 0):
+        problems.append(f"pad/eos/decoder_start ids {starts} (T5's are 0, 1, 0)")
+    if problems:
+        raise CheckpointError(
+            f"{folder / CONFIG}: {'; '.join(problems)}: tformer has no equivalent, so this "
+            "model cannot be imported"
+        )
+    return config
+
+
+def t5_order(size: int) -> list[int | None]:
+    """T5's ids in tformer's order: <pad> new, <bos> T5's <pad> (its decoder start), <eos>
+    its </s>, <unk> its <unk>, then every other id in its order."""
+    return [None, 0, 1, 2, *range(3, size)]
+
+
+def t5_tokenizer(folder: Path, size: int) -> tuple[Any, list[int | None], list[str]]:
+    """The folder's T5 tokenizer, tformer's id order over it, and its sentinels.
+
+    Raises:
+        CheckpointError: no readable tokenizer, or one that does not fit the model.
+    """
+    from transformers import T5Tokenizer
+
+    try:
+        hf = T5Tokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise CheckpointError(
+            f"{folder}: no readable T5Tokenizer (tokenizer.json or spiece.model): "
+            f"{first_line(error)[:160]}"
+        ) from error
+    ids = (hf.pad_token_id, hf.eos_token_id, hf.unk_token_id)
+    if ids != (0, 1, 2) or len(hf) > size:
+        raise CheckpointError(
+            f"{folder}: the tokenizer ({len(hf)} tokens, <pad> </s> <unk> at {ids}) does not "
+            f"fit the model (vocab_size {size}, specials at 0, 1, 2)"
+        )
+    sentinels = [t for t in hf.get_vocab() if t.startswith("<extra_id_")]
+    return hf, t5_order(len(hf)), sentinels
+
+
+def read_t5(folder: Path, *, source: str) -> Imported:
+    """Read a ``save_pretrained`` T5ForConditionalGeneration folder (with its tokenizer).
+
+    Rows of the embedding beyond the tokenizer's vocabulary (t5-small pads 32,100 tokens to
+    32,128 rows) stand for no token and are left out.
+
+    Raises:
+        CheckpointError: a setting tformer cannot express, missing tokenizer files, or weights
+            that do not match their config.
+        ConfigError: transformers is not installed.
+    """
+    config = t5_config(folder)
+    hf, order, sentinels = t5_tokenizer(folder, config.vocab_size)
+    tokenizer = reordered_tokenizer(
+        hf.backend_tokenizer, order, mask=False, where=str(folder), keep=sentinels
+    )
+    arch = t5_model_config(config, len(order))
+    with open_weights(folder) as weights:
+        state = t5_state(weights, config, order)
+        weights.done({"encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
+                      "lm_head.weight"})  # fmt: skip
+    model = build_model(arch)
+    model.load_state_dict(state, strict=True)
+    origin = {
+        "source": source,
+        "folder": str(folder.resolve()),
+        "model_type": config.model_type,
+        "transformers_version": getattr(config, "transformers_version", None),
+        "tokenizer": type(hf).__name__,
+    }
+    return Imported(model.eval(), Tokenizers(tokenizer, tokenizer), origin)
+
+
+def t5_model_config(config: Any, vocab_size: int) -> ModelConfig:
+    """tformer's architecture of a (checked) T5 v1.0 config."""
+    return ModelConfig(
+        src_vocab_size=vocab_size,
+        tgt_vocab_size=vocab_size,
+        d_model=config.d_model,
+        n_heads=config.num_heads,
+        n_encoder_layers=config.num_layers,
+        n_decoder_layers=config.num_decoder_layers,
+        d_ff=config.d_ff,
+        dropout=config.dropout_rate,
+        attention_dropout=config.dropout_rate,
+        norm="pre",
+        normalization="rmsnorm",
+        norm_eps=config.layer_norm_epsilon,
+        activation="relu",
+        max_len=MAX_LEN,
+        positions="relative",
+        relative_buckets=config.relative_attention_num_buckets,
+        relative_max_distance=config.relative_attention_max_distance,
+        attention_scale=False,
+        linear_bias=False,
+        embedding_scale=False,
+        tie_embeddings=True,
+        share_embeddings=True,
+        output_scale=True,
+        source_eos=True,
+    )
+
+
+def t5_state(weights: _Tensors, config: Any, order: list[int | None]) -> dict[str, torch.Tensor]:
+    """tformer's state dict from the T5 tensors."""
+    d, f, h = config.d_model, config.d_ff, config.num_heads
+    shared = weights.take(
+        "shared.weight", (config.vocab_size, d), "encoder.embed_tokens.weight", "lm_head.weight"
+    )
+    embedding = rows_in_order(shared, order)
+    state = {
+        "encoder.embedding.embedding.weight": embedding,
+        "decoder.embedding.embedding.weight": embedding,
+    }
+    for side, count in (("encoder", config.num_layers), ("decoder", config.num_decoder_layers)):
+        bias = f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+        state[f"{side}.relative.table.weight"] = weights.take(
+            bias, (config.relative_attention_num_buckets, h)
+        )
+        state[f"{side}.final_norm.weight"] = weights.take(f"{side}.final_layer_norm.weight", (d,))
+        # T5's sub-layers in order: self-attention, (cross-attention,) feed-forward.
+        parts = [("SelfAttention", "self_attn", "norm1")]
+        if side == "decoder":
+            parts.append(("EncDecAttention", "cross_attn", "norm2"))
+        ff_norm = "norm3" if side == "decoder" else "norm2"
+        for i in range(count):
+            theirs, ours = f"{side}.block.{i}.layer", f"{side}.layers.{i}"
+            for j, (name, mine, norm) in enumerate(parts):
+                at = f"{theirs}.{j}.{name}"
+                q, k, v, o = (weights.take(f"{at}.{x}.weight", (d, d)) for x in "qkvo")
+                state[f"{ours}.{mine}.q_proj.weight"] = q
+                state[f"{ours}.{mine}.kv_proj.weight"] = torch.cat([k, v])
+                state[f"{ours}.{mine}.out_proj.weight"] = o
+                state[f"{ours}.{norm}.weight"] = weights.take(
+                    f"{theirs}.{j}.layer_norm.weight", (d,)
+                )
+            j = len(parts)
+            state[f"{ours}.feed_forward.w1.weight"] = weights.take(
+                f"{theirs}.{j}.DenseReluDense.wi.weight", (f, d)
+            )
+            state[f"{ours}.feed_forward.w2.weight"] = weights.take(
+                f"{theirs}.{j}.DenseReluDense.wo.weight", (d, f)
+            )
+            state[f"{ours}.{ff_norm}.weight"] = weights.take(
+                f"{theirs}.{j}.layer_norm.weight", (d,)
+            )
+    return state
