@@ -45,6 +45,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (bad / "misnamed.jsonl").write_text('{"src": "1", "tgt": "one"}\n')
     (bad / "row.jsonl").write_text('{"source": "1", "target": "one"}\n{"source": "2"}\n')
     (bad / "cells.tsv").write_text("source\ttarget\n1\tone\n2\n")
+    (bad / "broken.spm").write_bytes(b"\x0a\xff\xff\xff not a model")
+    (bad / "text.model").write_text("a text file, not a SentencePiece model\n")
     long = [{"source": " ".join(["7"] * 40), "target": "seven"}, *digit_pairs(20, seed=1)]
     write_jsonl(bad / "long.jsonl", long)
     paired = bad / "paired"
@@ -110,6 +112,13 @@ CASES = [
     ("too-long-with-strict", "train --data {w}/bad/long.jsonl --strict --max-len 16", 3,
      "(train split): pair 1: the source is"),
     ("no-data-there", "train --data {w}/bad/nothing.jsonl", 3, "no such file"),
+    # tokenizer files
+    ("corrupt-spm-train", "train --data {w}/good --tokenizer {w}/bad/broken.spm", 4,
+     "broken.spm: not a SentencePiece model"),
+    ("corrupt-spm-prepare", "prepare --data {w}/good --tokenizer {w}/bad/text.model --out p", 4,
+     "text.model: not a SentencePiece model"),
+    ("corrupt-spm-convert", "train-tokenizer --sentencepiece {w}/bad/broken.spm --out t.json",
+     4, "broken.spm: not a SentencePiece model"),
     # options
     ("vocab-too-small", "train --data {w}/good --vocab-size 3", 2, "--vocab-size 3 is too small"),
     ("heads-do-not-divide", "train --d-model 64 --n-heads 3", 2,

@@ -32,7 +32,10 @@ def prepare_command(
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,
     tokenizer: Path | None = typer.Option(
-        None, "--tokenizer", help="tokenizer.json to use (default: train one on a sample)."
+        None,
+        "--tokenizer",
+        help="tokenizer.json or SentencePiece model (.model / .spm) to use (default: train "
+        "one on a sample).",
     ),
     tokenizer_kind: str = TOKENIZER_KIND,
     vocab_size: int = VOCAB_SIZE,

@@ -10,11 +10,19 @@ from rich.markup import escape
 
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
-from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD, TEXT_FIELD, file_option
+from tformer.cli.options import (
+    DATA,
+    SOURCE_FIELD,
+    TARGET_FIELD,
+    TEXT_FIELD,
+    existing_file,
+    file_option,
+)
 from tformer.config import MASK, Arch, one_of
 from tformer.data.lm import load_texts
 from tformer.data.prepared import is_prepared
 from tformer.data.sources import load_text_pairs
+from tformer.data.spm import spm_tokenizer
 from tformer.data.tokenizer import TOKENIZER_KINDS, check_tokenizer_options, train_tokenizer
 from tformer.errors import ConfigError, DataError
 from tformer.paths import check_output_file
@@ -46,14 +54,25 @@ def train_tokenizer_command(
         "encoder-only adds the <mask> token (id 4) its training needs.",
     ),
     text_field: str = TEXT_FIELD,
+    sentencepiece: Path | None = typer.Option(
+        None,
+        "--sentencepiece",
+        help="Convert this SentencePiece model (.model / .spm) into --out instead of training: "
+        "the same pieces, its ids with the special tokens moved to 0-3.",
+        show_default=False,
+    ),
 ) -> None:
     """Train a BPE (default), unigram or WordPiece tokenizer on the training split.
 
     Special tokens <pad> <bos> <eos> <unk> get ids 0-3; text is NFKC-normalised; digits are
     split one per token. An existing --out is replaced only with --overwrite.
+    --sentencepiece converts a SentencePiece model into --out instead of training.
     Example: tformer train-tokenizer --vocab-size 4000 -o tok.json
     """
     file_option(out, "--out")
+    if sentencepiece is not None:
+        _convert(sentencepiece, out, overwrite, separate, arch)
+        return
     check_tokenizer_options(vocab_size, min_frequency)
     suffixes = [".source", ".target"] if separate else [""]
     paths = {s: out.with_name(out.stem + s + out.suffix) if s else out for s in suffixes}
@@ -102,3 +121,23 @@ def train_tokenizer_command(
             f"wrote {escape(str(path))}: {tok.kind}, {tok.vocab_size:,} tokens "
             f"(trained on {count:,} texts)"
         )
+
+
+def _convert(model: Path, out: Path, overwrite: bool, separate: bool, arch: str) -> None:
+    """--sentencepiece: write ``model`` as a tformer tokenizer.json at ``out``."""
+    existing_file(model, "--sentencepiece")
+    if separate:
+        raise ConfigError("--sentencepiece converts one model; leave out --separate-vocab")
+    if arch == "encoder-only":
+        raise ConfigError(
+            "--sentencepiece: a SentencePiece model has no <mask> token, which --arch "
+            "encoder-only needs; train a tokenizer for it instead"
+        )
+    check_output_file(out, "--out", overwrite=overwrite)
+    tok = spm_tokenizer(model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(out)
+    console.print(
+        f"wrote {escape(str(out))}: {tok.kind}, {tok.vocab_size:,} tokens "
+        f"(from {escape(str(model))})"
+    )

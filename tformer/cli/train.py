@@ -188,7 +188,8 @@ def train_command(
     tokenizer: Path | None = typer.Option(
         None,
         "--tokenizer",
-        help="tokenizer.json to use (default: train one on the data).",
+        help="tokenizer.json or SentencePiece model (.model / .spm) to use (default: train "
+        "one on the data).",
         show_default=False,
     ),
     tokenizer_kind: str = TOKENIZER_KIND,

@@ -34,6 +34,7 @@ from tformer.data.prepared import (
     write_split,
 )
 from tformer.data.sources import SPLITS, TextPair, bundled_data_dir, load_text_pairs
+from tformer.data.spm import load_tokenizer
 from tformer.data.streaming import stream_splits
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, Tokenizer, train_tokenizer
 from tformer.errors import CheckpointError, ConfigError, DataError
@@ -100,8 +101,9 @@ def prepare(
     """Tokenise ``data`` (as ``train --data`` reads it) into the prepared folder ``out``.
 
     Args:
-        tokenizer: a tokenizer.json to use; else one is trained on ``tokenizer_sample``
-            training pairs as ``tokenizer_kind``, ``vocab_size`` and ``shared_vocab`` say.
+        tokenizer: a tokenizer.json or SentencePiece model to use; else one is trained on
+            ``tokenizer_sample`` training pairs as ``tokenizer_kind``, ``vocab_size`` and
+            ``shared_vocab`` say.
         max_len: pairs whose source, or target + <eos>, is longer are dropped (refused when
             ``strict``), as training drops them; train with the same ``--max-len`` or less.
         overwrite: replace an earlier prepared folder at ``out`` (nothing else is replaced).
@@ -119,7 +121,7 @@ def prepare(
     _check_out(data, out, overwrite)
     source = TextSource(data, source_field, target_field)
     spec = TokenizerRequest(tokenizer_kind, vocab_size, shared_vocab, tokenizer_sample)
-    loaded = Tokenizer.load(tokenizer) if tokenizer is not None else None
+    loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
     given = (loaded, loaded) if loaded is not None else None
     texts, tokenizers = _texts_and_tokenizers(source, streaming, given, spec)
     options = PrepareOptions(max_len, strict, progress=progress, num_proc=num_proc)

@@ -20,7 +20,7 @@ import torch
 
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.prepared import is_prepared, open_prepared
-from tformer.data.tokenizer import Tokenizer
+from tformer.data.spm import load_tokenizer
 from tformer.device import resolve_device, seed_everything
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer, build_model
@@ -79,7 +79,7 @@ def measure_batch_limits(
     """Run ``steps`` timed optimizer steps (after one warm-up) on the worst-case batch."""
     # The vocabulary of the given tokenizer, else the size an automatic one is trained to.
     if tokenizer is not None:
-        vocab_size = Tokenizer.load(tokenizer).vocab_size
+        vocab_size = load_tokenizer(tokenizer).vocab_size
     model_config = dataclasses.replace(
         model_config, src_vocab_size=vocab_size, tgt_vocab_size=vocab_size
     )

@@ -24,6 +24,7 @@ from tformer.data.prepare import (
 )
 from tformer.data.prepared import Prepared, PrepareOptions, Progress, is_prepared, open_prepared
 from tformer.data.sources import bundled_data_dir, load_text_pairs
+from tformer.data.spm import load_tokenizer
 from tformer.data.store import as_store
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, Tokenizer
 from tformer.errors import CheckpointError, ConfigError, DataError
@@ -46,7 +47,7 @@ def get_tokenizers(
     """Load the given tokenizer, or train one on (a sample of ``sample``) training pairs
     (with ``specials`` after tformer's four, e.g. a masked LM's <mask>)."""
     if tokenizer_path is not None:
-        tok = Tokenizer.load(tokenizer_path)
+        tok = load_tokenizer(tokenizer_path)
         return ckpt.Tokenizers(tok, tok)
     requested = {"kind": kind, "vocab_size": vocab_size, "shared": shared}
     source, target = tokenizers_for(
@@ -96,7 +97,7 @@ def load_data(
         if base is not None:
             given = (base.tokenizers.source, base.tokenizers.target)
         elif options.tokenizer is not None:
-            given = (Tokenizer.load(options.tokenizer),) * 2
+            given = (load_tokenizer(options.tokenizer),) * 2
         request = TokenizerRequest(spec.kind, spec.vocab_size, spec.shared, spec.sample)
         opts = PrepareOptions(max_len, progress=progress, num_proc=options.num_proc)
         prepared = streamed_prepared(
@@ -161,7 +162,7 @@ def prepared_tokenizers(
     checkpoint continued from (``option``: --resume or --init-from) must be: ids are never
     read with another tokenizer than the one that made them."""
     source, target = prepared.tokenizers
-    if given is not None and Tokenizer.load(given).sha256() not in (source.sha256(),):
+    if given is not None and load_tokenizer(given).sha256() not in (source.sha256(),):
         raise DataError(
             f"--tokenizer {given} is not the tokenizer {prepared.folder} was prepared with; "
             "leave out --tokenizer (the folder's is used) or prepare again with it"
@@ -243,7 +244,7 @@ def sized_for(model: ModelConfig, tokenizers: ckpt.Tokenizers) -> ModelConfig:
 def check_same_tokenizer(path: Path, saved: ckpt.Checkpoint, option: str = "--resume") -> None:
     """A ``--tokenizer`` given on resume (or with ``--init-from``) must be the one the
     checkpoint was trained with: the data is never tokenised with another one."""
-    given = Tokenizer.load(path).sha256()
+    given = load_tokenizer(path).sha256()
     files = saved.tokenizers.files()
     for side, tok in (("source", saved.tokenizers.source), ("target", saved.tokenizers.target)):
         if given != tok.sha256():

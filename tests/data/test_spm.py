@@ -1,4 +1,4 @@
-"""Tests for tformer.data.sentencepiece: SentencePiece models and Marian folders as tformer
+"""Tests for tformer.data.spm: SentencePiece models and Marian folders as tformer
 tokenizers, against the sentencepiece library and transformers' MarianTokenizer.
 
 The models are real ones, trained once per session with the sentencepiece package on Multi30k;
@@ -9,6 +9,10 @@ one side's model lacks and the other's has, characters neither has, language tok
 from __future__ import annotations
 
 import json
+import random
+import re
+import shutil
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +21,7 @@ from typing import Any
 import pytest
 
 from tformer.config import SPECIAL_TOKENS
-from tformer.data.sentencepiece import (
+from tformer.data.spm import (
     MarianTokenizers,
     is_sentencepiece,
     load_tokenizer,
@@ -25,9 +29,10 @@ from tformer.data.sentencepiece import (
     read_model,
     special_first_order,
     spm_tokenizer,
+    unk_stand_ins,
 )
 from tformer.data.tokenizer import Tokenizer
-from tformer.errors import CheckpointError
+from tformer.errors import CheckpointError, ConfigError
 
 spm = pytest.importorskip("sentencepiece")
 transformers = pytest.importorskip("transformers")
@@ -36,7 +41,7 @@ MULTI30K = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
 needs_multi30k = pytest.mark.skipif(
     not MULTI30K.is_dir(), reason="Multi30k is not beside the checkout"
 )
-TRAIN_LINES = 12_000  # enough for vocabularies of 2,000 pieces, a few seconds a model
+TRAIN_LINES = 8_000  # enough for vocabularies of 2,000 pieces, a second or two a model
 
 # Lines that reach what test2016 rarely does: German letters in English text (pieces of the
 # other side's model), scripts no model has, runs mixing both, digits, odd spacing.
@@ -48,8 +53,18 @@ EDGES = [
     "  two   spaces  and a tab\there ",
     "Smørrebrød, crème brûlée — 42 €!",
     "ein Mann: „Hallo“ … 3½",
+    "use <sep> and @@ here<sep>x",
     "",
 ]
+SYMBOLS = ["<sep>", "@@"]  # user-defined symbols of one model
+
+
+@pytest.fixture(autouse=True)
+def _quiet_marian() -> Iterator[None]:
+    """MarianTokenizer warns that sacremoses is not installed (it does not use it here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def read_lines(name: str) -> list[str]:
@@ -79,6 +94,26 @@ def spm_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "unigram.en": train_spm(out, "unigram.en", "en", "unigram"),
         "unigram.de": train_spm(out, "unigram.de", "de", "unigram"),
         "bpe.de": train_spm(out, "bpe.de", "de", "bpe"),
+        # Unknown characters as UTF-8 bytes, and pieces always kept whole.
+        "bytes.de": train_spm(
+            out, "bytes.de", "de", "unigram", byte_fallback=True, user_defined_symbols=SYMBOLS
+        ),
+        # Another pipeline's choices: no normalisation, no dummy prefix, spaces kept, <pad> at
+        # 3 and a control symbol of its own.
+        "odd.de": train_spm(
+            out,
+            "odd.de",
+            "de",
+            "bpe",
+            normalization_rule_name="identity",
+            add_dummy_prefix=False,
+            remove_extra_whitespaces=False,
+            control_symbols=["<ctl>"],
+            unk_id=0,
+            bos_id=1,
+            eos_id=2,
+            pad_id=3,
+        ),
         # tformer's own layout, as a pipeline that knows it would train one.
         "tformer.de": train_spm(
             out, "tformer.de", "de", "unigram", pad_id=0, bos_id=1, eos_id=2, unk_id=3
@@ -86,7 +121,7 @@ def spm_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def test_lines() -> dict[str, list[str]]:
+def held_out_lines() -> dict[str, list[str]]:
     return {lang: read_lines(f"test2016.{lang}") + EDGES for lang in ("en", "de")}
 
 
@@ -138,17 +173,18 @@ def spm_order(path: Path) -> list[int | None]:
 
 
 @needs_multi30k
-@pytest.mark.parametrize("name", ["unigram.en", "unigram.de", "bpe.de"])
+@pytest.mark.parametrize("name", ["unigram.en", "unigram.de", "bpe.de", "bytes.de", "odd.de"])
 def test_spm_pieces_and_ids_equal_sentencepieces(spm_models: dict[str, Path], name: str) -> None:
     path = spm_models[name]
     processor = spm.SentencePieceProcessor(model_file=str(path))
     tok = spm_tokenizer(path)
     order = spm_order(path)
     unk = processor.unk_id()
-    assert tok.kind == name.split(".")[0]
-    assert tok.vocab_size == processor.get_piece_size() + 1  # tformer's <pad> is new
+    assert tok.kind == {1: "unigram", 2: "bpe"}[read_model(path).trainer_spec.model_type]
+    has_pad = processor.pad_id() >= 0
+    assert tok.vocab_size == processor.get_piece_size() + (not has_pad)  # else <pad> is new
     assert tok.tokens(range(4)) == list(SPECIAL_TOKENS)
-    lines = test_lines()
+    lines = held_out_lines()
     texts = lines["en"] + lines["de"]
     got_batch = tok.encode_batch(texts)
     for text, got in zip(texts, got_batch, strict=True):
@@ -167,20 +203,23 @@ def test_spm_in_tformers_layout_keeps_its_ids(spm_models: dict[str, Path]) -> No
     processor = spm.SentencePieceProcessor(model_file=str(path))
     tok = spm_tokenizer(path)
     assert tok.vocab_size == processor.get_piece_size()
-    for text in test_lines()["de"]:
+    for text in held_out_lines()["de"]:
         assert tok.encode(text) == processor.encode(text), text
 
 
 @needs_multi30k
-@pytest.mark.parametrize("name", ["unigram.de", "bpe.de"])
+@pytest.mark.parametrize("name", ["unigram.de", "bpe.de", "bytes.de"])
 def test_spm_decode_gives_sentencepieces_text(spm_models: dict[str, Path], name: str) -> None:
     path = spm_models[name]
     processor = spm.SentencePieceProcessor(model_file=str(path))
     tok = spm_tokenizer(path)
-    for text in read_lines("test2016.de"):
+    decoded = 0
+    for text in held_out_lines()["de"]:
         ids = tok.encode(text)
         if 3 not in ids:  # sentencepiece writes an unknown piece as " ⁇ "; tformer skips it
             assert tok.decode(ids) == processor.decode(processor.encode(text)), text
+            decoded += 1
+    assert decoded > 900
 
 
 @needs_multi30k
@@ -191,7 +230,7 @@ def test_spm_tokenizer_round_trips_through_its_json(
     tok.save(tmp_path / "tokenizer.json")
     again = Tokenizer.load(tmp_path / "tokenizer.json")
     assert again.sha256() == tok.sha256() == spm_tokenizer(spm_models["unigram.de"]).sha256()
-    texts = test_lines()["de"]
+    texts = held_out_lines()["de"]
     assert again.encode_batch(texts) == tok.encode_batch(texts)
 
 
@@ -235,29 +274,38 @@ def marian_folder(
         return transformers.MarianTokenizer.from_pretrained(str(out / "saved"))
 
 
-def import_folder(folder: Path, marian: Any) -> MarianTokenizers:
-    start = marian.pad_token_id  # OPUS-MT decodes from <pad>
-    return marian_tokenizers(
-        folder, pad_id=marian.pad_token_id, eos_id=marian.eos_token_id, decoder_start_id=start
-    )
+def import_folder(folder: Path) -> MarianTokenizers:
+    """tformer's tokenizers of ``folder``, with the ids a model config would give: those of the
+    target vocabulary's <pad> (OPUS-MT's decoder start too) and </s>."""
+    target = folder / ("target_vocab.json" if (folder / "target_vocab.json").exists() else "")
+    vocab = json.loads((target if target.is_file() else folder / "vocab.json").read_text())
+    pad = vocab["<pad>"]
+    return marian_tokenizers(folder, pad_id=pad, eos_id=vocab["</s>"], decoder_start_id=pad)
 
 
 def assert_same_ids(
-    marian: Any, ours: MarianTokenizers, source_texts: list[str], target_texts: list[str]
+    marian: Any,
+    ours: MarianTokenizers,
+    source_texts: list[str],
+    target_texts: list[str],
+    own_text: frozenset[int] = frozenset(),
 ) -> None:
     """tformer's ids, mapped through the orders, are MarianTokenizer's without the </s> it
-    appends; decoding gives MarianTokenizer's text."""
+    appends; decoding gives MarianTokenizer's text (whose decode reads the target vocabulary,
+    so a separate source vocabulary is not decoded), except where ``own_text`` ids, which
+    tformer decodes to their piece where Marian has <unk>, stand."""
     sides = [
         (source_texts, ours.source, ours.source_order, lambda t: marian(t).input_ids),
         (target_texts, ours.target, ours.target_order, lambda t: marian(text_target=t).input_ids),
     ]
-    for texts, tok, order, theirs in sides:
+    for side, (texts, tok, order, theirs) in enumerate(sides):
         for text, ids in zip(texts, tok.encode_batch(texts), strict=True):
             want = theirs(text)
             assert want[-1] == marian.eos_token_id
             assert [order[i] for i in ids] == want[:-1], text
-            decoded = marian.decode(want, skip_special_tokens=True)
-            assert tok.decode(ids) == decoded, text
+            if (ours.joint or side == 1) and not own_text & set(ids):
+                decoded = marian.decode(want, skip_special_tokens=True)
+                assert tok.decode(ids) == decoded, text
 
 
 @pytest.fixture(scope="session")
@@ -273,8 +321,8 @@ def joint_marian(
 @needs_multi30k
 def test_marian_joint_vocabulary_ids_equal_marians(joint_marian: tuple[Path, Any]) -> None:
     folder, marian = joint_marian
-    ours = import_folder(folder, marian)
-    lines = test_lines()
+    ours = import_folder(folder)
+    lines = held_out_lines()
     assert ours.joint and ours.source_order is ours.target_order
     assert ours.source.to_str() != ours.target.to_str()  # each side cuts with its own model
     vocab = marian.get_vocab()
@@ -283,6 +331,7 @@ def test_marian_joint_vocabulary_ids_equal_marians(joint_marian: tuple[Path, Any
     by_id = {i: token for token, i in vocab.items()}
     order = ours.source_order
     assert ours.source.tokens(range(4)) == list(SPECIAL_TOKENS)
+    assert unk_stand_ins(order) == []
     assert order[:4] == [None, marian.pad_token_id, marian.eos_token_id, marian.unk_token_id]
     for tok in (ours.source, ours.target):
         assert tok.tokens(range(4, tok.vocab_size)) == [by_id[i] for i in order[4:]]
@@ -291,11 +340,82 @@ def test_marian_joint_vocabulary_ids_equal_marians(joint_marian: tuple[Path, Any
     assert_same_ids(marian, ours, lines["de"], lines["en"])
 
 
-@pytest.fixture(autouse=True)
-def _quiet_marian() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+def random_texts(n: int, seed: int) -> list[str]:
+    """Texts of words and runs of characters from both sides, other scripts, odd spaces and
+    compatibility forms (not the special tokens' names, which tformer reads its own way)."""
+    rng = random.Random(seed)
+    words = " ".join(read_lines("test2016.en")[:300] + read_lines("test2016.de")[:300]).split()
+    chars = list("abcXYZ09 .,;:!?'-()äöüßÄÖÜéèçñøå日本語ΕλληνικάЖ€½„“…\t\u3000\u00a0ﬁＡ▁<>")
+    texts = []
+    for _ in range(n):
+        parts = [
+            rng.choice(words) if rng.random() < 0.5 else "".join(rng.choices(chars, k=4))
+            for _ in range(rng.randint(1, 8))
+        ]
+        texts.append(rng.choice([" ", ""]).join(parts))
+    return texts
+
+
+@needs_multi30k
+def test_marian_ids_on_random_texts(joint_marian: tuple[Path, Any]) -> None:
+    folder, marian = joint_marian
+    texts = random_texts(600, seed=3)
+    assert_same_ids(marian, import_folder(folder), texts, texts)
+
+
+@needs_multi30k
+def test_marian_separate_vocabularies(spm_models: dict[str, Path], tmp_path: Path) -> None:
+    en, de = spm_models["unigram.en"], spm_models["unigram.de"]
+    source_vocab, target_vocab = marian_vocab(en), marian_vocab(de)
+    marian = marian_folder(tmp_path / "separate", en, de, source_vocab, target_vocab)
+    ours = import_folder(tmp_path / "separate" / "saved")
+    assert not ours.joint
+    assert ours.source.vocab_size == len(source_vocab) + 1
+    assert ours.target.vocab_size == len(target_vocab) + 1
+    assert ours.source_order[:4] == [None, source_vocab["<pad>"], 0, 1]
+    assert ours.target_order[:4] == [None, target_vocab["<pad>"], 0, 1]
+    lines = held_out_lines()
+    assert_same_ids(marian, ours, lines["en"], lines["de"])
+
+
+@needs_multi30k
+def test_marian_multilingual_language_tokens(spm_models: dict[str, Path], tmp_path: Path) -> None:
+    en, de = spm_models["unigram.en"], spm_models["unigram.de"]
+    vocab = marian_vocab(en, de, codes=(">>de<<", ">>fr<<", ">>pt_BR<<"))
+    marian = marian_folder(tmp_path / "multi", en, de, vocab)
+    ours = import_folder(tmp_path / "multi" / "saved")
+    lines = read_lines("test2016.en")[:300]
+    codes = [">>de<<", ">>fr<<", ">>pt_BR<<"]
+    sources = [f"{codes[i % 3]} {text}" for i, text in enumerate(lines)]
+    assert {ours.source.tokens(ids)[0] for ids in ours.source.encode_batch(sources)} == set(codes)
+    sources += [">>fr<<" + text for text in lines[:50]] + [">>de<<", ">>de<< "]
+    assert_same_ids(marian, ours, sources, read_lines("test2016.de")[:300])
+
+
+@needs_multi30k
+def test_marian_pieces_missing_from_the_vocabulary_stand_for_unk(
+    spm_models: dict[str, Path], tmp_path: Path
+) -> None:
+    en, de = spm_models["unigram.en"], spm_models["unigram.de"]
+    # The most frequent pieces of each model that the other lacks: Marian maps them to <unk>.
+    en_pieces, de_pieces = pieces_of(en), pieces_of(de)
+    only_en = [p for p in en_pieces[3:] if p not in set(de_pieces)][:15]
+    only_de = [p for p in de_pieces[3:] if p not in set(en_pieces)][:15]
+    drop = frozenset(only_en + only_de)
+    vocab = marian_vocab(en, de, drop=drop)
+    marian = marian_folder(tmp_path / "missing", en, de, vocab)
+    ours = import_folder(tmp_path / "missing" / "saved")
+    order = ours.source_order
+    assert len(order) == len(vocab) + 1 + len(drop)
+    assert order[-len(drop) :] == [vocab["<unk>"]] * len(drop)
+    assert unk_stand_ins(order) == list(range(len(vocab) + 1, len(order)))
+    assert set(ours.source.tokens(range(len(vocab) + 1, len(order)))) == drop
+    lines = held_out_lines()
+    texts = lines["en"]
+    extra = frozenset(range(len(vocab) + 1, len(order)))
+    assert sum(bool(extra & set(ids)) for ids in ours.source.encode_batch(texts)) > 100
+    assert sum(bool(extra & set(ids)) for ids in ours.target.encode_batch(lines["de"])) > 100
+    assert_same_ids(marian, ours, lines["en"], lines["de"], own_text=extra)
 
 
 # -- files and loading -------------------------------------------------------------------------
@@ -312,6 +432,10 @@ def test_sentencepiece_files_are_told_from_tokenizer_json(
     tok.save(tmp_path / "tok.json")
     assert is_sentencepiece(model) and is_sentencepiece(renamed)
     assert not is_sentencepiece(tmp_path / "tok.json")
+    (tmp_path / "tok.txt").write_text("\n" + (tmp_path / "tok.json").read_text())
+    assert not is_sentencepiece(tmp_path / "tok.txt")
+    text = "Ein Mann mit einem orangefarbenen Hut."
+    assert load_tokenizer(tmp_path / "tok.txt").encode(text) == tok.encode(text)
     assert load_tokenizer(renamed).sha256() == tok.sha256()
     assert load_tokenizer(tmp_path / "tok.json").sha256() == tok.sha256()
 
@@ -329,3 +453,36 @@ def test_a_corrupt_model_is_refused_naming_the_file(tmp_path: Path, content: byt
 def test_a_missing_model_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="missing.model: SentencePiece model not found"):
         load_tokenizer(tmp_path / "missing.model")
+
+
+@pytest.mark.parametrize("module", ["transformers.convert_slow_tokenizer", "sentencepiece"])
+def test_missing_packages_name_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str
+) -> None:
+    path = tmp_path / "any.model"
+    path.write_bytes(b"\x0a")
+    monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
+    with pytest.raises(ConfigError, match=re.escape('pip install "tformer[import]"')):
+        spm_tokenizer(path)
+
+
+@needs_multi30k
+def test_marian_folder_problems_are_named(joint_marian: tuple[Path, Any], tmp_path: Path) -> None:
+    folder, marian = joint_marian
+    pad, eos = marian.pad_token_id, marian.eos_token_id
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    with pytest.raises(CheckpointError, match="</s> has id 0 in the vocabulary but the model's"):
+        marian_tokenizers(broken, pad_id=pad, eos_id=5, decoder_start_id=pad)
+    with pytest.raises(CheckpointError, match="decoder_start_token_id 99999 lies outside"):
+        marian_tokenizers(broken, pad_id=pad, eos_id=eos, decoder_start_id=99999)
+    (broken / "target.spm").unlink()
+    with pytest.raises(CheckpointError, match="target.spm: SentencePiece model not found"):
+        marian_tokenizers(broken, pad_id=pad, eos_id=eos, decoder_start_id=pad)
+    shutil.copy(folder / "target.spm", broken / "target.spm")
+    (broken / "vocab.json").write_text('{"</s>": 0, "<pad>": 1}', encoding="utf-8")
+    with pytest.raises(CheckpointError, match="vocab.json: the special token <unk> is not in"):
+        marian_tokenizers(broken, pad_id=1, eos_id=0, decoder_start_id=1)
+    (broken / "vocab.json").write_text('{"</s>": 0, "<unk>": 1, "<pad>": 3}', encoding="utf-8")
+    with pytest.raises(CheckpointError, match="vocab.json: the ids must be the integers 0..2"):
+        marian_tokenizers(broken, pad_id=3, eos_id=0, decoder_start_id=3)

@@ -9,7 +9,8 @@ keeps every other piece in its order. A model imported with such a tokenizer has
 rows permuted the same way, so it computes the same function.
 
 ``transformers``, ``sentencepiece`` and ``protobuf`` are optional (``pip install
-"tformer[import]"``) and imported only by the functions that read a model.
+"tformer[import]"``) and imported only by the functions that read a model. (The module is
+named ``spm``, as SentencePiece's tools and files are, so as not to shadow the package.)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
 VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG = "vocab.json", "target_vocab.json", "tokenizer_config.json"
 
 # sentencepiece_model.proto: ModelProto.SentencePiece.Type and TrainerSpec.ModelType.
-_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4
+_NORMAL, _UNKNOWN, _USER_DEFINED = 1, 2, 4
 _UNIGRAM, _BPE = 1, 2
 _MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
 _SPACE = "\u2581"  # sentencepiece's word-boundary marker
@@ -77,10 +78,12 @@ def is_sentencepiece(path: Path) -> bool:
         return False
     try:
         with path.open("rb") as file:
-            head = file.read(1)
+            head = file.read(64)
     except OSError:
         return False
-    return head == b"\x0a"  # the tag of ModelProto's first field (pieces); JSON starts "{"
+    # A model starts with the tag of ModelProto's first field (pieces), a newline byte; a JSON
+    # file may start with a newline too, but then with "{".
+    return head[:1] == b"\x0a" and not head.lstrip().startswith(b"{")
 
 
 def load_tokenizer(path: Path) -> Tokenizer:
@@ -109,6 +112,7 @@ def spm_tokenizer(path: Path) -> Tokenizer:
             other than unigram / BPE.
         ConfigError: the optional packages are not installed.
     """
+    _converter()  # the optional packages, before any work
     proto = read_model(path)
     spec = proto.trainer_spec
     order = special_first_order(
@@ -165,7 +169,10 @@ def read_model(path: Path) -> Any:
             ".model / .spm file that spm_train wrote, or a tokenizer.json"
         )
     if proto.pieces[unk].type != _UNKNOWN:
-        raise CheckpointError(f"{path}: piece {unk} is not the unknown piece its trainer names")
+        raise CheckpointError(
+            f"{path}: a damaged SentencePiece model (piece {unk}, its unknown piece, is not "
+            "one); pass the .model / .spm file that spm_train wrote"
+        )
     if spec.model_type not in (_UNIGRAM, _BPE):
         raise CheckpointError(
             f"{path}: a SentencePiece {kind or 'unknown-type'} model; only unigram and BPE "
@@ -187,7 +194,8 @@ class MarianTokenizers:
     side's SentencePiece model). An id may appear twice: a piece that a side's SentencePiece
     model produces but the vocabulary lacks is a row of its own after the vocabulary, standing
     for Marian's ``<unk>`` (``MarianTokenizer`` maps it to ``<unk>``), so its order entry is the
-    ``<unk>`` id; give such a target row a -inf logit bias to keep the model's function.
+    ``<unk>`` id (:func:`unk_stand_ins` lists them); give such a target row a -inf logit bias
+    to keep the model's function.
     """
 
     source: Tokenizer
@@ -217,6 +225,7 @@ def marian_tokenizers(
             token or disagrees with the ids given.
         ConfigError: the optional packages are not installed.
     """
+    _converter()  # the optional packages, before any work
     settings = _read_json(folder / TOKENIZER_CONFIG)
     names = {
         key: _token_name(settings.get(f"{key}_token"), default)
@@ -268,6 +277,12 @@ def marian_tokenizers(
     )
 
 
+def unk_stand_ins(order: Sequence[int | None]) -> list[int]:
+    """The ids after tformer's specials that stand for the foreign ``<unk>`` (``order[3]``):
+    pieces a Marian vocabulary lacks (see :class:`MarianTokenizers`)."""
+    return [i for i in range(len(SPECIAL_TOKENS), len(order)) if order[i] == order[3]]
+
+
 class _MarianSide:
     """One side of a Marian folder: its SentencePiece model and its vocabulary."""
 
@@ -305,17 +320,16 @@ class _MarianSide:
         for piece, i in self.vocab.items():
             pieces[i] = piece
         names = _tformer_names(order[: len(order) - len(extra)], pieces, where) + list(extra)
-        alphabet = {piece for piece in self.own if len(piece) == 1}
-        alphabet |= {char for piece in self.own for char in piece}
+        alphabet = {char for piece in self.own for char in piece}
         longest = max((len(p) for p in names), default=1)
         lowest = min([*self.own.values(), -1.0])
         never = (longest + 1) * lowest - 1.0  # below any path of own pieces over a piece's span
         vocab = [(name, self.own.get(name, never)) for name in names]
         for i, name in enumerate(SPECIAL_TOKENS):
             vocab[i] = (name, never)
-        inner = _library_tokenizer(self.proto, [(p.piece, p.score) for p in self.proto.pieces])
+        inner = _library_tokenizer(self.proto, [p.piece for p in self.proto.pieces])
         built = tokenizers.Tokenizer(models.Unigram(vocab, SPECIAL_TOKENS.index(UNK), False))
-        outside = [name for name in names if name and not set(name) & alphabet]
+        outside = [name for name in names if not set(name) & alphabet]
         built.normalizer = normalizers.Sequence(
             [n for n in (inner.normalizer, _unknown_runs(alphabet, outside, names)) if n]
         )
@@ -367,7 +381,8 @@ def _unknown_runs(
     other = _char_class(alphabet, negate=True)
     pieces = "|".join(_literal(p) for p in sorted(outside, key=len, reverse=True))
     keep = f"(?!(?:{pieces})(?!{other}))" if pieces else ""
-    return normalizers.Replace(Regex(f"(?<!{other}){keep}{other}+"), mark)
+    # The run's first character is checked before the pieces: most positions fail at once.
+    return normalizers.Replace(Regex(f"(?<!{other})(?={other}){keep}{other}+"), mark)
 
 
 def _special_ids(path: Path, vocab: dict[str, int], names: dict[str, str]) -> dict[str, int]:
@@ -440,16 +455,15 @@ def _renamed(pieces: Sequence[str], order: Sequence[int | None], names: Sequence
     return renamed
 
 
-def _library_tokenizer(proto: Any, vocab: Any) -> tokenizers.Tokenizer:
+def _library_tokenizer(proto: Any, pieces: Sequence[str]) -> tokenizers.Tokenizer:
     """``transformers``' SentencePiece converter: normaliser, pre-tokeniser, model and decoder
-    as sentencepiece encodes (``vocab``: the pieces, or (piece, score) pairs, in model order)."""
-    converter = _converter()
+    that encode as sentencepiece does (``pieces``: the model's, in its order, maybe renamed)."""
+    vocab: Any
     if proto.trainer_spec.model_type == _BPE:
-        pieces = [p if isinstance(p, str) else p[0] for p in vocab]
         vocab = {piece: i for i, piece in enumerate(pieces)}
-    elif vocab and isinstance(vocab[0], str):
-        vocab = [(piece, p.score) for piece, p in zip(vocab, proto.pieces, strict=True)]
-    return converter.build_tokenizer_from_spm_proto(proto, vocab, legacy=True)
+    else:
+        vocab = [(piece, p.score) for piece, p in zip(pieces, proto.pieces, strict=True)]
+    return _converter().build_tokenizer_from_spm_proto(proto, vocab, legacy=True)
 
 
 def _finish(inner: tokenizers.Tokenizer, where: str) -> Tokenizer:
@@ -490,4 +504,5 @@ __all__ = [
     "read_model",
     "special_first_order",
     "spm_tokenizer",
+    "unk_stand_ins",
 ]
