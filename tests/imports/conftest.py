@@ -17,7 +17,7 @@ import torch
 spm = pytest.importorskip("sentencepiece")
 transformers = pytest.importorskip("transformers")
 
-from tests.data.test_sentencepiece import marian_folder, marian_vocab  # noqa: E402
+from tests.data.test_spm import marian_folder, marian_vocab  # noqa: E402
 
 MULTI30K = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
 SPM_LINES = 3000

@@ -47,7 +47,7 @@ def sources(toy_data: Path) -> list[str]:
 
 def orders(case: MarianCase, ckpt: Checkpoint) -> tuple[list[int | None], list[int | None]]:
     """tformer id -> Marian id, per side (None: a row Marian has not)."""
-    from tformer.data.sentencepiece import marian_tokenizers
+    from tformer.data.spm import marian_tokenizers
 
     config = case.model.config
     found = marian_tokenizers(

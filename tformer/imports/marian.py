@@ -4,7 +4,7 @@ The reverse of ``tformer.export.huggingface``: Marian is tformer's post-norm Tra
 embeddings scaled by √d_model and sinusoidal positions laid out [sin..., cos...], so every
 d_model axis is permuted back to tformer's interleaved layout (``marian_feature_order``), and
 every vocabulary axis (embedding rows, output rows, ``final_logits_bias``) is put in tformer's
-id order: ``<pad> <bos> <eos> <unk>`` first (``tformer.data.sentencepiece``). Marian starts
+id order: ``<pad> <bos> <eos> <unk>`` first (``tformer.data.spm``). Marian starts
 decoding from its ``<pad>``, which becomes tformer's ``<bos>``; tformer's ``<pad>`` is then a
 new row (zeros). What Marian has and the paper does not are variants: SiLU ("swish"), the
 logits bias (``output_bias``) and the ``</s>`` closing every source (``source_eos``).
@@ -315,7 +315,7 @@ def folder_tokenizers(folder: Path, config: Any) -> FolderTokenizers:
             f"{folder}: tokenizer files {', '.join(missing)} are missing; save the "
             "MarianTokenizer into the folder too (tokenizer.save_pretrained)"
         )
-    from tformer.data.sentencepiece import marian_tokenizers
+    from tformer.data.spm import marian_tokenizers
 
     found = marian_tokenizers(
         folder,
@@ -338,7 +338,7 @@ def folder_tokenizers(folder: Path, config: Any) -> FolderTokenizers:
 def _exported_tokenizers(folder: Path, config: Any) -> FolderTokenizers:
     """The fast tokenizer(s) of a folder tformer exported: special ids 0..3 already, so the
     orders are the identity, and </s> closes sources where its post-processor appends it."""
-    from tformer.data.sentencepiece import special_first_order
+    from tformer.data.spm import special_first_order
 
     def load(path: Path) -> tuple[Tokenizer, bool]:
         text = path.read_text(encoding="utf-8")
