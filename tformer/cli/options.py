@@ -36,19 +36,28 @@ def default(cls: type, name: str) -> Any:
 
 
 def chosen_checkpoint(ctx: typer.Context, path: Path) -> Path:
-    """A run folder -> the checkpoint a command uses (``--checkpoint latest|best``), said in
-    one line on stderr; a checkpoint folder is used as given. Commands without
-    ``--checkpoint`` resolve the run folder themselves, as before."""
+    """A run folder -> the checkpoint a command uses (``--checkpoint latest|best``), named in
+    one line on stderr when there was a choice: ``--checkpoint`` given, or a ``best/`` that
+    holds another step than the latest. A checkpoint folder is used as given; commands
+    without ``--checkpoint`` resolve the run folder themselves, as before."""
     if "checkpoint_choice" not in {p.name for p in ctx.command.params}:
         return path
     choice = str(ctx.params.get("checkpoint_choice") or "latest")
     folder = ckpt.resolve(path, choice)
     if folder == path:
         return path  # a checkpoint folder
+    source = ctx.get_parameter_source("checkpoint_choice")
+    given = source is not None and source.name == "COMMANDLINE"
     used = "best" if folder.parent == path / ckpt.BEST else "latest"
-    note = "; the run has no best/" if used != choice else ""
-    if used == "latest" and ckpt.is_run_dir(path / ckpt.BEST):
-        note = "; --checkpoint best for best/"
+    best = ckpt.resolve(path / ckpt.BEST) if ckpt.is_run_dir(path / ckpt.BEST) else None
+    if used == "best" or best is None:
+        note = "; the run has no best/" if used != choice else ""
+    elif ckpt.step_of(best) != ckpt.step_of(folder):
+        note = f"; best/ holds step {ckpt.step_of(best)}: --checkpoint best"
+    elif not given:
+        return folder  # best/ is the same step: nothing to choose between
+    else:
+        note = "; best/ is the same step"
     err_console.print(
         f"using {escape(str(folder))} ({used}{note})", highlight=False, soft_wrap=True
     )
