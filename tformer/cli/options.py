@@ -20,7 +20,7 @@ from tformer.cli.console import err_console
 from tformer.config import TrainConfig, article, flag
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, TOKENIZER_KINDS
 from tformer.decoding.settings import DecodingConfig, check_rows
-from tformer.errors import ConfigError, DataError
+from tformer.errors import CheckpointError, ConfigError, DataError
 
 if TYPE_CHECKING:  # importing the tokenizers library is slow: only commands that need it do
     from tformer.data.sources import TextPair
@@ -43,7 +43,12 @@ def chosen_checkpoint(ctx: typer.Context, path: Path) -> Path:
     if "checkpoint_choice" not in {p.name for p in ctx.command.params}:
         return path
     choice = str(ctx.params.get("checkpoint_choice") or "latest")
-    folder = ckpt.resolve(path, choice)
+    if choice not in ckpt.CHOICES:
+        raise ConfigError(f"--checkpoint {choice!r} must be one of {', '.join(ckpt.CHOICES)}")
+    try:
+        folder = ckpt.resolve(path, choice)
+    except CheckpointError:
+        return path  # the command reports it, after its own flags are checked
     if folder == path:
         return path  # a checkpoint folder
     source = ctx.get_parameter_source("checkpoint_choice")
