@@ -6,6 +6,7 @@ checkpoint of a run folder they use (--checkpoint latest|best)."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -66,17 +67,35 @@ def test_progress_lines_show_an_eta_and_resume_keeps_the_clock(
 
 def test_commands_name_the_checkpoint_they_use(short_run: tuple[Path, str, str]) -> None:
     run = short_run[0]
-    best = ckpt.resolve(run / ckpt.BEST)
-    latest = runner.invoke(app, ["generate", str(run), "3 1", "--max-new-tokens", "2"])
-    assert latest.exit_code == 0, latest.output
-    used = f"using {ckpt.resolve(run)} (latest; --checkpoint best for best/)"
-    assert used in latest.stderr.splitlines()
+    latest, best = ckpt.resolve(run), ckpt.resolve(run / ckpt.BEST)
+    named = runner.invoke(app, ["generate", str(run), "3 1", "--max-new-tokens", "2",
+                                "--checkpoint", "latest"])  # fmt: skip
+    assert named.exit_code == 0, named.output
+    assert named.stderr.splitlines()[0].startswith(f"using {latest} (latest; best/ ")
     chosen = runner.invoke(
         app, ["generate", str(run), "3 1", "--max-new-tokens", "2", "--checkpoint", "best"]
     )
     assert chosen.exit_code == 0, chosen.output
     assert f"using {best} (best)" in chosen.stderr.splitlines()
+    plain = runner.invoke(app, ["generate", str(run), "3 1", "--max-new-tokens", "2"])
+    assert plain.exit_code == 0, plain.output
+    if ckpt.step_of(best) == ckpt.step_of(latest):
+        assert "using" not in plain.stderr  # one checkpoint to choose from: nothing to say
+    else:
+        line = f"using {latest} (latest; best/ holds step {ckpt.step_of(best)}: --checkpoint best)"
+        assert line in plain.stderr.splitlines()
     bad = runner.invoke(app, ["evaluate", str(run), "--checkpoint", "worst"])
     assert bad.exit_code != 0 and "--checkpoint 'worst' must be one of latest, best" in bad.stderr
     given = runner.invoke(app, ["generate", str(best), "3 1", "--max-new-tokens", "2"])
     assert given.exit_code == 0 and "using" not in given.stderr  # a checkpoint folder: as given
+
+
+def test_best_is_the_latest_where_a_run_has_no_best(tmp_path: Path,
+                                                     short_run: tuple[Path, str, str]) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(short_run[0], run, ignore=shutil.ignore_patterns(ckpt.BEST))
+    result = runner.invoke(app, ["generate", str(run), "3 1", "--max-new-tokens", "2",
+                                 "--checkpoint", "best"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    line = f"using {ckpt.resolve(run)} (latest; the run has no best/)"
+    assert line in result.stderr.splitlines()

@@ -8,6 +8,7 @@ from tformer.checkpoint.averaging import average_checkpoints
 from tformer.checkpoint.files import CONFIG, MANIFEST, WEIGHTS, write_text_atomic
 from tformer.checkpoint.run_dir import (
     BEST,
+    CHOICES,
     LATEST,
     METRICS,
     append_metrics,
@@ -34,6 +35,7 @@ from tformer.checkpoint.verify import Check, verify_checkpoint
 
 __all__ = [
     "BEST",
+    "CHOICES",
     "CONFIG",
     "LATEST",
     "MANIFEST",

@@ -22,7 +22,7 @@ from tformer.config import TrainConfig, article, flag
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, TOKENIZER_KINDS
 from tformer.decoding.api import long_inputs_warning, long_target_warning
 from tformer.decoding.settings import DecodingConfig, check_rows
-from tformer.errors import ConfigError, DataError
+from tformer.errors import CheckpointError, ConfigError, DataError
 
 if TYPE_CHECKING:  # importing the tokenizers library is slow: only commands that need it do
     from tformer.data.sources import TextPair
@@ -38,19 +38,33 @@ def default(cls: type, name: str) -> Any:
 
 
 def chosen_checkpoint(ctx: typer.Context, path: Path) -> Path:
-    """A run folder -> the checkpoint a command uses (``--checkpoint latest|best``), said in
-    one line on stderr; a checkpoint folder is used as given. Commands without
-    ``--checkpoint`` resolve the run folder themselves, as before."""
+    """A run folder -> the checkpoint a command uses (``--checkpoint latest|best``), named in
+    one line on stderr when there was a choice: ``--checkpoint`` given, or a ``best/`` that
+    holds another step than the latest. A checkpoint folder is used as given; commands
+    without ``--checkpoint`` resolve the run folder themselves, as before."""
     if "checkpoint_choice" not in {p.name for p in ctx.command.params}:
         return path
     choice = str(ctx.params.get("checkpoint_choice") or "latest")
-    folder = ckpt.resolve(path, choice)
+    if choice not in ckpt.CHOICES:
+        raise ConfigError(f"--checkpoint {choice!r} must be one of {', '.join(ckpt.CHOICES)}")
+    try:
+        folder = ckpt.resolve(path, choice)
+    except CheckpointError:
+        return path  # the command reports it, after its own flags are checked
     if folder == path:
         return path  # a checkpoint folder
+    source = ctx.get_parameter_source("checkpoint_choice")
+    given = source is not None and source.name == "COMMANDLINE"
     used = "best" if folder.parent == path / ckpt.BEST else "latest"
-    note = "; the run has no best/" if used != choice else ""
-    if used == "latest" and ckpt.is_run_dir(path / ckpt.BEST):
-        note = "; --checkpoint best for best/"
+    best = ckpt.resolve(path / ckpt.BEST) if ckpt.is_run_dir(path / ckpt.BEST) else None
+    if used == "best" or best is None:
+        note = "; the run has no best/" if used != choice else ""
+    elif ckpt.step_of(best) != ckpt.step_of(folder):
+        note = f"; best/ holds step {ckpt.step_of(best)}: --checkpoint best"
+    elif not given:
+        return folder  # best/ is the same step: nothing to choose between
+    else:
+        note = "; best/ is the same step"
     err_console.print(
         f"using {escape(str(folder))} ({used}{note})", highlight=False, soft_wrap=True
     )
