@@ -112,8 +112,13 @@ def cli(world: dict[str, Path], command: str, **kwargs: object) -> Result:
 
 def refused(result: Result, code: int, message: str) -> str:
     assert result.exit_code == code, result.output
-    # evaluate's progress line ("translating N pairs of test") may come before a late refusal
-    lines = [x for x in result.stderr.strip().splitlines() if not x.startswith("translating ")]
+    # evaluate's progress line ("translating N pairs of test") and the line naming the
+    # checkpoint used ("using RUN/step-N (latest; ...)") may come before a late refusal
+    lines = [
+        x
+        for x in result.stderr.strip().splitlines()
+        if not x.startswith(("translating ", "using "))
+    ]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error:"), lines[0]
     assert message in lines[0], lines[0]
@@ -312,7 +317,7 @@ def test_inspect_attention_says_a_long_target_was_cut(
 def test_a_short_input_gives_no_warning(world: dict[str, Path]) -> None:
     result = cli(world, "generate {run} 3")
     assert result.exit_code == 0, result.output
-    assert result.stderr == ""
+    assert all(line.startswith("using ") for line in result.stderr.splitlines()), result.stderr
 
 
 # -- lines: only "\n" and "\r\n" end an input ------------------------------------------------

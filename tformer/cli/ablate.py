@@ -17,7 +17,6 @@ from rich.text import Text
 from tformer.analysis.ablate import METRICS, Ablation, ablate
 from tformer.analysis.run_plot import PLOT_SUFFIXES, check_plot_path
 from tformer.checkpoint.files import write_text_atomic
-from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (
@@ -34,12 +33,12 @@ from tformer.cli.options import (
     check_limit,
     data_of,
     file_option,
+    load_chosen,
     require_family,
     split_pairs,
 )
 from tformer.cli.render import weight_color
 from tformer.decoding.settings import DecodingConfig
-from tformer.device import resolve_device
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model.heads import PARTS, all_heads
 from tformer.paths import check_replaceable
@@ -102,7 +101,7 @@ def ablate_command(
     pairs = split_pairs(
         data, split, source_field=source_field, target_field=target_field, limit=limit
     )
-    ckpt = load_checkpoint(checkpoint, resolve_device(device))
+    ckpt = load_chosen(checkpoint, device)
     heads = all_heads(ckpt.model)
     runs = len(heads) + 1
     err_console.print(

@@ -19,7 +19,6 @@ from tformer.analysis.aer import (
 )
 from tformer.analysis.align import Choice, align, check_choice, check_extraction, unit_counts
 from tformer.checkpoint.files import write_text_atomic
-from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (
@@ -35,11 +34,11 @@ from tformer.cli.options import (
     data_of,
     existing_file,
     file_option,
+    load_chosen,
     require_family,
     split_pairs,
     warn_long_inputs,
 )
-from tformer.device import resolve_device
 from tformer.errors import ConfigError, DataError
 
 DEFAULT_LAYER = "mean"
@@ -195,7 +194,7 @@ def _align(
             )
     pairs = aligned
     require_family(checkpoint, "align", "encoder-decoder")
-    ckpt = load_checkpoint(checkpoint, resolve_device(device))
+    ckpt = load_chosen(checkpoint, device)
     layer, head = choices
     check_choice(layer, ckpt.model_config.n_decoder_layers, "--layer", "decoder layers")
     check_choice(head, ckpt.model_config.n_heads, "--head", "heads")

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.checkpoint.store import Checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console
 from tformer.cli.options import (
@@ -25,13 +25,13 @@ from tformer.cli.options import (
     apply_quantize,
     check_batch_size,
     default,
+    load_chosen,
     read_inputs,
     require_family,
     warn_long_inputs,
 )
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
-from tformer.device import resolve_device
 from tformer.errors import ConfigError
 
 Setting = tuple[str, DecodingConfig]
@@ -186,7 +186,7 @@ def compare_command(
     )
     inputs = read_inputs(texts, input_file)
     require_family(checkpoint, "compare", "encoder-decoder", "decoder-only")
-    loaded = load_checkpoint(checkpoint, resolve_device(device))
+    loaded = load_chosen(checkpoint, device)
     apply_quantize(loaded.model, quantize)
     warn_long_inputs(loaded.tokenizers.source, inputs, loaded.model_config.max_len)
     print_comparison(loaded, inputs, settings, batch_size=batch_size, as_json=as_json)

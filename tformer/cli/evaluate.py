@@ -17,7 +17,6 @@ from tformer.analysis.evaluate import (
     write_results,
 )
 from tformer.analysis.language import evaluate_language
-from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (
@@ -50,12 +49,12 @@ from tformer.cli.options import (
     data_of,
     decoding_config,
     folder_option,
+    load_chosen,
     require_family,
     split_pairs,
     warn_long_inputs,
 )
 from tformer.data.lm import load_texts
-from tformer.device import resolve_device
 from tformer.errors import CheckpointError, DataError
 
 
@@ -116,7 +115,7 @@ def evaluate_command(
     pairs = split_pairs(
         data, split, source_field=source_field, target_field=target_field, limit=limit
     )
-    ckpt = load_checkpoint(checkpoint, resolve_device(device))
+    ckpt = load_chosen(checkpoint, device)
     masked = apply_mask_heads(ckpt.model, mask_heads)
     apply_quantize(ckpt.model, quantize)
     folder_option(out or ckpt.path / f"eval-{split}", "--out")
@@ -166,7 +165,7 @@ def _evaluate_language(
     if split not in splits:
         raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
     docs = splits[split][:limit] if limit else splits[split]
-    ckpt = load_checkpoint(checkpoint, resolve_device(device))
+    ckpt = load_chosen(checkpoint, device)
     masked = apply_mask_heads(ckpt.model, mask_heads)
     folder = out or ckpt.path / f"eval-{split}"
     folder_option(folder, "--out")

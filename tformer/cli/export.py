@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from tformer.cli.app import app
 from tformer.cli.console import console
-from tformer.cli.options import CHECKPOINT, CHECKPOINT_CHOICE
+from tformer.cli.options import CHECKPOINT, CHECKPOINT_CHOICE, say_chosen
 from tformer.export import QUANTIZATIONS, TARGETS, export_checkpoint
 
 
@@ -45,4 +45,5 @@ def export_command(
     folder = export_checkpoint(
         checkpoint, out, to=to, quantization=quantization, overwrite=overwrite
     )
+    say_chosen()
     console.print(f"exported {escape(str(checkpoint))} --to {to} into {escape(str(folder))}")

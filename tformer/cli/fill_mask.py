@@ -10,11 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from tformer.analysis.language import fill_mask
-from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console
-from tformer.cli.options import CHECKPOINT, CHECKPOINT_CHOICE, DEVICE, require_family
-from tformer.device import resolve_device
+from tformer.cli.options import CHECKPOINT, CHECKPOINT_CHOICE, DEVICE, load_chosen, require_family
 from tformer.errors import ConfigError
 
 MAX_TOP_K = 1000
@@ -40,7 +38,7 @@ def fill_mask_command(
     if "<mask>" not in text:
         raise ConfigError('the input has no <mask>: write <mask> where a word is to be filled in')
     require_family(checkpoint, "fill-mask", "encoder-only")
-    ckpt = load_checkpoint(checkpoint, resolve_device(device))
+    ckpt = load_chosen(checkpoint, device)
     results = fill_mask(ckpt, text, top_k=top_k)
     if as_json:
         data = {

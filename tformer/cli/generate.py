@@ -12,7 +12,7 @@ from typing import Any
 import typer
 
 from tformer.analysis.explain import explain
-from tformer.checkpoint import Checkpoint, load_checkpoint
+from tformer.checkpoint import Checkpoint
 from tformer.cli.app import app
 from tformer.cli.compare import default_settings, print_comparison
 from tformer.cli.console import console
@@ -43,6 +43,7 @@ from tformer.cli.options import (
     check_batch_size,
     decoding_config,
     default,
+    load_chosen,
     read_inputs,
     require_family,
     warn_long_inputs,
@@ -51,7 +52,6 @@ from tformer.config import EOS_ID, check_text
 from tformer.decoding.api import stream_tokens
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
-from tformer.device import resolve_device
 from tformer.errors import ConfigError, DataError
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
@@ -146,7 +146,7 @@ def generate_command(
         if texts or input_file is not None:
             raise ConfigError("--interactive reads inputs at a prompt: drop TEXT / --input-file")
         require_family(checkpoint, "generate", "encoder-decoder", "decoder-only")
-        loaded = load_checkpoint(checkpoint, resolve_device(device))
+        loaded = load_chosen(checkpoint, device)
         _prepare(loaded.model, quantize, mask_heads)
         _interactive(loaded, config, as_json=as_json, stream=stream)
         return
@@ -154,7 +154,7 @@ def generate_command(
     if explain_steps and len(inputs) != 1:
         raise ConfigError(f"--explain shows one input at a time; got {len(inputs)}")
     require_family(checkpoint, "generate", "encoder-decoder", "decoder-only")
-    loaded = load_checkpoint(checkpoint, resolve_device(device))
+    loaded = load_chosen(checkpoint, device)
     _prepare(loaded.model, quantize, mask_heads)
     warn_long_inputs(
         loaded.tokenizers.source,

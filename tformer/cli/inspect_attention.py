@@ -16,7 +16,6 @@ from tformer.analysis.attention import (
     inspect_attention,
 )
 from tformer.analysis.head_stats import eos_column, head_statistics
-from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (
@@ -27,6 +26,7 @@ from tformer.cli.options import (
     SEED,
     TEMPERATURE,
     apply_mask_heads,
+    load_chosen,
     require_family,
     warn_long_inputs,
     warn_long_target,
@@ -35,7 +35,6 @@ from tformer.cli.render import render_selection, stats_table
 from tformer.cli.render_files import check_save_path, save_maps
 from tformer.config import ModelConfig, article
 from tformer.decoding.settings import DecodingConfig
-from tformer.device import resolve_device
 from tformer.errors import CheckpointError, ConfigError
 
 
@@ -128,7 +127,7 @@ def inspect_attention_command(
             f"--kind {kind}: {article(arch)} {arch} model has no {kind} attention; use --kind "
             f"{' or '.join(FAMILY_KINDS[arch])}"
         )
-    loaded = load_checkpoint(checkpoint, resolve_device(device))
+    loaded = load_chosen(checkpoint, device)
     apply_mask_heads(loaded.model, mask_heads)
     warn_long_inputs(loaded.tokenizers.source, [text], loaded.model_config.max_len)
     if target is not None:

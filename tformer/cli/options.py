@@ -16,12 +16,14 @@ import typer
 from rich.markup import escape
 
 from tformer import checkpoint as ckpt
+from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.checkpoint.training_state import saved_record
 from tformer.cli.console import err_console
 from tformer.config import TrainConfig, article, flag
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, TOKENIZER_KINDS
 from tformer.decoding.api import long_inputs_warning, long_target_warning
 from tformer.decoding.settings import DecodingConfig, check_rows
+from tformer.device import resolve_device
 from tformer.errors import CheckpointError, ConfigError, DataError
 
 if TYPE_CHECKING:  # importing the tokenizers library is slow: only commands that need it do
@@ -37,11 +39,16 @@ def default(cls: type, name: str) -> Any:
     return {f.name: f.default for f in dataclasses.fields(cls)}[name]
 
 
+# The line naming the checkpoint a command chose, said once its own checks have passed.
+_chosen_note: list[str] = []
+
+
 def chosen_checkpoint(ctx: typer.Context, path: Path) -> Path:
     """A run folder -> the checkpoint a command uses (``--checkpoint latest|best``), named in
     one line on stderr when there was a choice: ``--checkpoint`` given, or a ``best/`` that
     holds another step than the latest. A checkpoint folder is used as given; commands
     without ``--checkpoint`` resolve the run folder themselves, as before."""
+    _chosen_note.clear()  # a command's note never outlives it
     if "checkpoint_choice" not in {p.name for p in ctx.command.params}:
         return path
     choice = str(ctx.params.get("checkpoint_choice") or "latest")
@@ -65,10 +72,25 @@ def chosen_checkpoint(ctx: typer.Context, path: Path) -> Path:
         return folder  # best/ is the same step: nothing to choose between
     else:
         note = "; best/ is the same step"
-    err_console.print(
-        f"using {escape(str(folder))} ({used}{note})", highlight=False, soft_wrap=True
-    )
+    # Said once the command's own checks have passed and the checkpoint loads (load_chosen),
+    # so a refusal stays one line.
+    _chosen_note.append(f"using {escape(str(folder))} ({used}{note})")
     return folder
+
+
+def load_chosen(path: Path, device: str) -> Checkpoint:
+    """Load the checkpoint a command uses, then name it when :func:`chosen_checkpoint` had a
+    choice to report."""
+    loaded = load_checkpoint(path, resolve_device(device))
+    say_chosen()
+    return loaded
+
+
+def say_chosen() -> None:
+    """The line :func:`chosen_checkpoint` left for after the command's checks, if any."""
+    for note in _chosen_note:
+        err_console.print(note, highlight=False, soft_wrap=True)
+    _chosen_note.clear()
 
 
 CHECKPOINT = typer.Argument(

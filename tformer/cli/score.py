@@ -27,7 +27,7 @@ from tformer.analysis.score import (
     worst,
 )
 from tformer.checkpoint.files import write_text_atomic
-from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.checkpoint.store import Checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (
@@ -42,12 +42,12 @@ from tformer.cli.options import (
     check_limit,
     data_of,
     file_option,
+    load_chosen,
     require_family,
     split_pairs,
 )
 from tformer.cli.render import SPECIAL_STYLE, heatmap
 from tformer.config import SPECIAL_TOKENS, UNK, UNK_ID
-from tformer.device import resolve_device
 from tformer.errors import CheckpointError, ConfigError
 
 MARKER = "≠"  # a position whose top choice is not the label
@@ -115,7 +115,7 @@ def score_command(
         else None
     )
     require_family(checkpoint, "score", "encoder-decoder")
-    ckpt = load_checkpoint(checkpoint, resolve_device(device))
+    ckpt = load_chosen(checkpoint, device)
     model = ckpt.model
     apply_mask_heads(model, mask_heads)
     smoothing = ckpt.train_config.label_smoothing

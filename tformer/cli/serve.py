@@ -7,7 +7,6 @@ from typing import Any
 
 from rich.markup import escape
 
-from tformer.checkpoint import load_checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import err_console
 from tformer.cli.options import (
@@ -17,10 +16,10 @@ from tformer.cli.options import (
     QUANTIZE,
     apply_quantize,
     config_parameter,
+    load_chosen,
     require_family,
     with_parameters,
 )
-from tformer.device import resolve_device
 from tformer.serve import require
 from tformer.serve.settings import ServeSettings
 
@@ -69,7 +68,7 @@ def serve_command(
     settings = ServeSettings(**values)
     check_address(settings.host, settings.port)  # before the minutes a large model may take
     require_family(checkpoint, "serve", "encoder-decoder")
-    loaded = load_checkpoint(checkpoint, resolve_device(device))
+    loaded = load_chosen(checkpoint, device)
     apply_quantize(loaded.model, quantize)
 
     application = create_app(loaded, settings, quantize=quantize)
