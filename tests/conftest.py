@@ -63,6 +63,16 @@ def same_hypotheses(got: list[list[Hypothesis]], want: list[list[Hypothesis]]) -
             assert g.token_logprobs == pytest.approx(w.token_logprobs, abs=1e-4)
 
 
+# Lines a command may print on stderr before a late refusal: the checkpoint it uses, the data
+# it reads when --data is not given, evaluate's progress.
+NOTES = ("using ", "no --data: ", "translating ")
+
+
+def refusal_lines(stderr: str) -> list[str]:
+    """``stderr``'s lines without the notes above: a refusal is the one line left."""
+    return [line for line in stderr.strip().splitlines() if not line.startswith(NOTES)]
+
+
 @pytest.fixture
 def two_threads() -> Iterator[None]:
     """Two torch threads, whatever the machine (splitting a product over threads needs two)."""

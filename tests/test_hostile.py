@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from tests.conftest import digit_pairs, write_jsonl
+from tests.conftest import digit_pairs, refusal_lines, write_jsonl
 from tests.training.test_prepared import forge_prepared, set_value
 from tformer.cli.commands import app
 from tformer.cli.options import split_lines
@@ -114,11 +114,7 @@ def refused(result: Result, code: int, message: str) -> str:
     assert result.exit_code == code, result.output
     # evaluate's progress line ("translating N pairs of test") and the line naming the
     # checkpoint used ("using RUN/step-N (latest; ...)") may come before a late refusal
-    lines = [
-        x
-        for x in result.stderr.strip().splitlines()
-        if not x.startswith(("translating ", "using "))
-    ]
+    lines = refusal_lines(result.stderr)
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error:"), lines[0]
     assert message in lines[0], lines[0]
@@ -317,7 +313,7 @@ def test_inspect_attention_says_a_long_target_was_cut(
 def test_a_short_input_gives_no_warning(world: dict[str, Path]) -> None:
     result = cli(world, "generate {run} 3")
     assert result.exit_code == 0, result.output
-    assert all(line.startswith("using ") for line in result.stderr.splitlines()), result.stderr
+    assert refusal_lines(result.stderr) == [], result.stderr
 
 
 # -- lines: only "\n" and "\r\n" end an input ------------------------------------------------

@@ -743,7 +743,8 @@ def test_weights_exports_and_averages_follow_the_umask(world: Path, mask: int) -
                      "--out", world / "avg")  # fmt: skip
         assert result.exit_code == 0, result.output
         write_text_atomic(world / "notes.txt", "text\n")
-        with EXPORT.staging(world / "export") as tmp:  # what every export writes through
+        # what every export writes through
+        with EXPORT.staging(world / "export", overwrite=False) as tmp:
             (tmp / "model.bin").write_bytes(b"weights")
             os.chmod(tmp / "model.bin", 0o600)  # as a library writing weights leaves them
     finally:

@@ -667,42 +667,6 @@ class TrainConfig:
     seed: int = _field(0, "Random seed: the same seed gives the same run.")
     device: str = _field("auto", "auto, cpu, cuda[:N], mps.")
 
-    # GPT-2 (Radford et al. 2019) and BERT (Devlin et al. 2019) differ from the paper in a few
-    # lines each; `tformer import` turns these on for their checkpoints, and each trains from
-    # scratch too. All off (or None) is the paper's model, so older checkpoints load unchanged.
-    embedding_scale: bool = _field(
-        True,
-        "Multiply token embeddings by sqrt(d_model) (paper, section 3.4); GPT-2 and BERT add "
-        "them unscaled (--no-embedding-scale).",
-    )
-    norm_eps: float | None = _field(
-        None,
-        "Epsilon of every layer norm (GPT-2: 1e-5, BERT: 1e-12); default: torch's 1e-5 for "
-        "LayerNorm, 1e-6 for RMSNorm.",
-    )
-    embedding_norm: bool = _field(
-        False,
-        "A layer norm on the embeddings (token + position) before the first layer (BERT's "
-        "embeddings.LayerNorm; the paper has none).",
-    )
-    segment_embedding: bool = _field(
-        False,
-        "A learned vector added to every token embedding: BERT's token-type embedding of "
-        "segment 0 (tformer reads single texts, never sentence pairs, so one vector is all "
-        "of it that is used).",
-    )
-    mlm_head: bool = _field(
-        False,
-        "Encoder-only: BERT's masked-LM head before the output projection: dense d_model x "
-        "d_model, the --activation, then a layer norm (cls.predictions.transform).",
-    )
-    bos_first: bool = _field(
-        False,
-        "Encoder-only: the model reads <bos> before every text and gives logits for the "
-        "text's own positions (BERT's [CLS] ... [SEP]: texts end with <eos> already); the "
-        "position table holds --max-len + 1.",
-    )
-
     def __post_init__(self) -> None:
         check_numbers(self)
         for name in ("max_tokens", "accumulate", "eval_every", "save_every", "log_every"):

@@ -11,7 +11,7 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from tests.conftest import numeric_dates, token_at
+from tests.conftest import numeric_dates, refusal_lines, token_at
 from tformer.analysis.aer import (
     GoldAlignment,
     parse_pharaoh,
@@ -256,7 +256,7 @@ def invoke(*args: str | Path) -> Result:
 
 def refused(result: Result, code: int, *pieces: str) -> None:
     assert result.exit_code == code, result.output
-    lines = result.stderr.strip().splitlines()
+    lines = refusal_lines(result.stderr)
     assert len(lines) == 1 and "Traceback" not in result.output, result.output
     for piece in pieces:
         assert piece in lines[0], lines[0]

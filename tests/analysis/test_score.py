@@ -13,6 +13,7 @@ import pytest
 import torch
 from typer.testing import CliRunner, Result
 
+from tests.conftest import refusal_lines
 from tformer.analysis.evaluate import teacher_forced_loss
 from tformer.analysis.score import (
     decoder_masks,
@@ -248,7 +249,7 @@ def test_cli_refusals_are_one_line(trained: TrainResult, toy_data: Path, tmp_pat
     result = run(str(trained.run_dir), *filled)
     assert result.exit_code == code, result.output
     assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
+    lines = refusal_lines(result.stderr)
     assert len(lines) == 1 and message in lines[0], result.stderr
 
 

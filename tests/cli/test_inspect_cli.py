@@ -9,6 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tests.conftest import refusal_lines
 from tformer.analysis.attention_files import load_attention
 from tformer.cli.commands import app
 from tformer.training.run import TrainResult
@@ -95,7 +96,7 @@ def test_bad_values_give_one_clear_line(run: str, args: list[str], message: str,
     result = runner.invoke(app, ["inspect-attention", run, "3 1 4", *args])
     assert result.exit_code == 2, result.output
     assert message in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert len(refusal_lines(result.stderr)) == 1
     assert "Traceback" not in result.output
     assert not list(tmp_path.iterdir())  # nothing written
 

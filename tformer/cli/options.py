@@ -487,7 +487,10 @@ def data_of(
             "give --data with that data (or the data to read)"
         )
     err_console.print(
-        f"no --data: reading {train.data}, the data {checkpoint} was trained on", highlight=False
+        f"no --data: reading {escape(str(train.data))}, the data "
+        f"{escape(str(checkpoint))} was trained on",
+        highlight=False,
+        soft_wrap=True,
     )
 
     def recorded(name: str, value: str) -> str:

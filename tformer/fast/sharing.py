@@ -43,6 +43,7 @@ CHECK_SECONDS = 1.0  # how often a busy loop looks at the others (a listing and 
 BUSY_SECONDS = 5.0  # a process that has not marked itself busy for this long is left out
 HOLDING = b"train"  # a held process's file says so, for the trainings that start beside it
 TURNS = "turns.lock"  # the lock that trainings on the same cores take a step at a time
+QUEUE = "queue.lock"  # held by the one waiting next for TURNS
 
 
 def default_folder() -> Path:
@@ -63,6 +64,7 @@ class CoreShare:
         self.threads: int | None = None  # what rebalance last chose
         self.held = False  # training: the thread count never follows the others
         self._turns: int | None = None  # the folder's TURNS file, opened at the first turn
+        self._queue: int | None = None  # and its QUEUE file
 
     def hold(self) -> int:
         """Keep this process's own thread count from now on (restored if it was lowered) and
@@ -84,7 +86,15 @@ class CoreShare:
         """One step of a held process, while no other held process of the folder runs one."""
         if self._turns is None:
             self._turns = os.open(self.folder / TURNS, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self._turns, fcntl.LOCK_EX)
+            self._queue = os.open(self.folder / QUEUE, os.O_RDWR | os.O_CREAT, 0o600)
+        # The next in line waits for the turn holding the queue, so one that has just had its
+        # turn queues behind it instead of taking the turn again at once (flock is not fair).
+        assert self._queue is not None
+        fcntl.flock(self._queue, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._turns, fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(self._queue, fcntl.LOCK_UN)
         try:
             yield
         finally:
@@ -131,9 +141,10 @@ class CoreShare:
         with contextlib.suppress(OSError):
             self.path.unlink()
             os.close(self._fd)
-        if self._turns is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._turns)
+        for fd in (self._turns, self._queue):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 def _alive(path: Path) -> bool:
