@@ -168,10 +168,13 @@ def another_training(data: Path, tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 def test_sigkill_at_a_random_step_and_during_a_save_then_resume_exactly(
-    small_data: Path, reference: Path, tmp_path: Path
+    small_data: Path, reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first part runs with another training beside it, which then goes: a run that
     followed the other's threads would train with fewer, and its sums would differ."""
+    # A fixed count (a --nproc test run in this process sets one) would keep both runs out of
+    # the sharing this test is about.
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     run = tmp_path / "run"
     kill_at = random.Random(2024).randint(5, 30)  # seeded: the same "random" step every time
     with another_training(small_data, tmp_path) as env:
