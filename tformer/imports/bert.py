@@ -21,15 +21,14 @@ from tformer.checkpoint.store import Tokenizers
 from tformer.config import ModelConfig
 from tformer.data.hf_tokenizers import fast_tokenizer, reordered_tokenizer
 from tformer.data.spm import special_first_order
-from tformer.errors import CheckpointError, ConfigError
+from tformer.errors import CheckpointError
 from tformer.imports.marian import (
     CONFIG,
-    INSTALL,
     Imported,
     _Tensors,
     open_weights,
-    read_json,
     rows_in_order,
+    transformers_config,
 )
 from tformer.model import build_model
 
@@ -44,11 +43,7 @@ def bert_config(folder: Path) -> Any:
         CheckpointError: naming every setting tformer cannot express, in one line.
         ConfigError: transformers is not installed.
     """
-    try:
-        from transformers import BertConfig
-    except ImportError as error:
-        raise ConfigError(f"tformer import needs transformers; {INSTALL}") from error
-    config = BertConfig.from_dict(read_json(folder / CONFIG))
+    config = transformers_config(folder, "BertConfig")
     problems = []
     if config.hidden_act not in ACTIVATIONS:
         problems.append(f"hidden_act {config.hidden_act!r}")

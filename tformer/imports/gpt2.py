@@ -23,16 +23,15 @@ import torch
 from tformer.checkpoint.store import Tokenizers
 from tformer.config import BOS_ID, PAD_ID, UNK_ID, ModelConfig
 from tformer.data.hf_tokenizers import fast_tokenizer, reordered_tokenizer
-from tformer.errors import CheckpointError, ConfigError
+from tformer.errors import CheckpointError
 from tformer.imports.marian import (
     CONFIG,
-    INSTALL,
     NEVER,
     Imported,
     _Tensors,
     open_weights,
-    read_json,
     rows_in_order,
+    transformers_config,
 )
 from tformer.model import build_model
 
@@ -55,11 +54,7 @@ def gpt2_config(folder: Path) -> Any:
         CheckpointError: naming every setting tformer cannot express, in one line.
         ConfigError: transformers is not installed.
     """
-    try:
-        from transformers import GPT2Config
-    except ImportError as error:
-        raise ConfigError(f"tformer import needs transformers; {INSTALL}") from error
-    config = GPT2Config.from_dict(read_json(folder / CONFIG))
+    config = transformers_config(folder, "GPT2Config")
     problems = []
     if config.activation_function not in ACTIVATIONS:
         problems.append(f"activation_function {config.activation_function!r}")

@@ -53,6 +53,22 @@ class Imported:
     origin: dict[str, Any]
 
 
+def transformers_config(folder: Path, name: str, raw: dict[str, Any] | None = None) -> Any:
+    """``transformers.<name>`` (e.g. "GPT2Config") read from the folder's config.json (or
+    ``raw``, when the caller already read it).
+
+    Raises:
+        ConfigError: transformers is not installed.
+    """
+    try:
+        import transformers
+    except ImportError as error:
+        raise ConfigError(f"tformer import needs transformers; {INSTALL}") from error
+    return getattr(transformers, name).from_dict(
+        raw if raw is not None else read_json(folder / CONFIG)
+    )
+
+
 def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

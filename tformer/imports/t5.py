@@ -23,15 +23,15 @@ import torch
 from tformer.checkpoint.store import Tokenizers
 from tformer.config import ModelConfig
 from tformer.data.hf_tokenizers import reordered_tokenizer
-from tformer.errors import CheckpointError, ConfigError
+from tformer.errors import CheckpointError
 from tformer.imports.marian import (
     CONFIG,
-    INSTALL,
     Imported,
     _Tensors,
     open_weights,
     read_json,
     rows_in_order,
+    transformers_config,
 )
 from tformer.model import build_model
 from tformer.paths import first_line
@@ -47,12 +47,8 @@ def t5_config(folder: Path) -> Any:
         CheckpointError: naming every setting tformer cannot express, in one line.
         ConfigError: transformers is not installed.
     """
-    try:
-        from transformers import T5Config
-    except ImportError as error:
-        raise ConfigError(f"tformer import needs transformers; {INSTALL}") from error
     raw = read_json(folder / CONFIG)
-    config = T5Config.from_dict(raw)
+    config = transformers_config(folder, "T5Config", raw)
     problems = []
     if config.feed_forward_proj != "relu":
         problems.append(
