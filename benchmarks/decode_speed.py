@@ -6,6 +6,8 @@ Prints one JSON line per measurement, then a Markdown table. Measures new tokens
 - greedy decoding at batch 1 and batch 32, and beam search (4 beams) at batch 1,
 - tformer with its key/value cache (``use_cache=True``) and without it (``use_cache=False``:
   every step re-runs the decoder over the whole prefix),
+- on a GPU, tformer's cached step replayed as a CUDA graph (the default there) and launched
+  kernel by kernel (``tformer-no-graphs``), and beam search at batch 32 as well,
 - tformer int8 on a CPU (``tformer-int8``: the same weights through ``quantize_int8``, as
   ``--quantize int8`` loads them; cached only),
 - next to Hugging Face ``MarianMTModel`` of the same shape with the same weights copied in
@@ -74,6 +76,7 @@ from tformer.decoding.settings import DecodingConfig  # noqa: E402
 from tformer.export.ctranslate2 import save_model  # noqa: E402
 from tformer.export.huggingface import to_marian  # noqa: E402
 from tformer.fast.accelerate import accelerate, plain  # noqa: E402
+from tformer.fast.graphs import CUDA_GRAPHS  # noqa: E402
 from tformer.fast.int8 import quantize_int8  # noqa: E402
 from tformer.model import Transformer  # noqa: E402
 
@@ -144,6 +147,19 @@ def tformer_runner(
         return sum(len(h[0].ids) for h in hyps)
 
     return run
+
+
+def without_graphs(run: Callable[[], int]) -> Callable[[], int]:
+    """``run`` with CUDA-graph steps turned off (``TFORMER_CUDA_GRAPHS=0``) while it runs."""
+
+    def eager() -> int:
+        os.environ[CUDA_GRAPHS] = "0"
+        try:
+            return run()
+        finally:
+            del os.environ[CUDA_GRAPHS]
+
+    return eager
 
 
 # -- Hugging Face Marian with the same weights (tformer.export.huggingface.to_marian) ----------
@@ -410,6 +426,8 @@ def main() -> None:
     length, new_tokens, big_batch = (8, 8, 4) if args.smoke else (32, 64, 32)
     repeats = 1 if args.smoke else args.repeats
     cases = [Case("greedy", 1), Case("greedy", big_batch), Case("beam4", 1)]
+    if device.type == "cuda":  # a GPU user's batches: beam search at batch 32 too
+        cases.append(Case("beam4", big_batch))
 
     model = make_model(shape, max_len=max(length, new_tokens) + 1).to(device)
     caches = (True,) if args.cache_only else (True, False)
@@ -419,6 +437,13 @@ def main() -> None:
             caches=caches,
         )
     }
+    if device.type == "cuda":  # the same cached steps launched one kernel at a time
+        impls["tformer-no-graphs"] = Impl(
+            lambda src, case, cache: without_graphs(
+                tformer_runner(model, src, case, new_tokens, cache)
+            ),
+            caches=(True,),
+        )
     if device.type == "cpu":  # --quantize int8: the same weights, quantised on load
         int8_model = quantize_int8(copy.deepcopy(plain(model)))
         accelerate(model)

@@ -20,13 +20,15 @@ FLOP formula (matmuls only, multiply-add = 2 FLOPs, training = 3x forward):
     per target token:  L_dec * (8 d^2 + 4 T d  +  4 d^2 + 4 S d  +  4 d d_ff) + 2 d V
     plus cross-attention K/V projections, 4 d^2 per source token per decoder layer.
 
-On a GPU (``--device cuda``) the precisions are fp32 (TF32 off, torch's default), bf16 autocast
-and fp16 autocast with a grad scaler; the reference peak is a dense 8192^3 matmul; peak memory is
-the CUDA allocator's peak (``torch.cuda.max_memory_allocated``); every step is timed between two
-device synchronisations. ``--compile`` adds each implementation under ``torch.compile`` in bf16.
+On a GPU (``--device cuda``) the precisions are fp32 (TF32 off, torch's default), tf32 (fp32
+with TF32 matmuls allowed), bf16 autocast and fp16 autocast with a grad scaler; the reference
+peak is a dense 8192^3 matmul; peak memory is the CUDA allocator's peak
+(``torch.cuda.max_memory_allocated``); every step is timed between two device
+synchronisations. ``--compile`` adds each implementation (``--impls``) under
+``torch.compile`` in bf16.
 
 Usage: python benchmarks/train_speed.py [--shapes S,B] [--repeats 5] [--batch 64]
-       [--device cpu|cuda] [--compile] [--smoke]
+       [--device cpu|cuda] [--compile] [--precisions fp32,bf16] [--impls tformer] [--smoke]
 """
 
 from __future__ import annotations
@@ -134,7 +136,8 @@ class Run:
         implementation alike."""
         from tformer.training.precision import Precision
 
-        return Precision(name=self.precision, device_type=self.device.type)  # type: ignore[arg-type]
+        name = "fp32" if self.precision == "tf32" else self.precision  # TF32: fp32 weights
+        return Precision(name=name, device_type=self.device.type)  # type: ignore[arg-type]
 
     def wrap(self, forward: Callable[..., Any]) -> Callable[..., Any]:
         return torch.compile(forward) if self.compiled else forward
@@ -292,6 +295,8 @@ def main() -> None:
                         help="comma-separated, of fp32,bf16(,fp16 on CUDA); default: all")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shape, one repeat, without HF Marian (CI)")
+    parser.add_argument("--impls", default=None,
+                        help="comma-separated, of " + ",".join(IMPLEMENTATIONS) + "; default: all")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -300,6 +305,8 @@ def main() -> None:
         work = Workload(shape, batch=4 if shape == "smoke" else args.batch,
                         length=8 if shape == "smoke" else 32)
         run = Run(device, precision, compiled=args.compile)
+        if precision == "tf32":  # fp32 matmuls on the tensor cores, 10-bit mantissa inputs
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         # Every implementation also keeps freed memory for reuse, as tformer's training does
         # for itself (tformer/fast/malloc.py; TFORMER_KEEP_FREED_MEMORY=0 turns it off for all).
         from tformer.fast.malloc import keep_freed_memory
@@ -333,7 +340,9 @@ def main() -> None:
             impls = list(IMPLEMENTATIONS)
         except ImportError:
             print(json.dumps({"note": "transformers is not installed: HF Marian skipped"}))
-    precisions = ["fp32", "bf16"] + (["fp16"] if device.type == "cuda" else [])
+    if args.impls:
+        impls = [i for i in args.impls.split(",") if i in impls]
+    precisions = ["fp32", "bf16"] + (["tf32", "fp16"] if device.type == "cuda" else [])
     if args.precisions:
         precisions = [p for p in args.precisions.split(",") if p in precisions]
     variants = [(p, False) for p in precisions] + ([("bf16", True)] if args.compile else [])

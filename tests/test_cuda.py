@@ -227,3 +227,38 @@ def test_more_processes_than_gpus_is_refused_in_one_line(tmp_path: Path) -> None
         f"{torch.cuda.device_count()} or fewer, or --device cpu"
     ]
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        DecodingConfig(max_new_tokens=30),
+        DecodingConfig(beam_size=4, n_best=2, max_new_tokens=30),
+        DecodingConfig(temperature=1.0, num_samples=3, seed=5, max_new_tokens=30),
+    ],
+    ids=["greedy", "beam4", "samples3"],
+)
+def test_graphed_decoding_on_the_gpu_equals_eager(
+    config: DecodingConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA-graph steps against the eager cached step on the same GPU: beams reordered, rows
+    dropped as sources finish, and the caches grown past their first capacity (4 here)."""
+    from tformer.fast import graphs
+    from tformer.fast.accelerate import accelerate
+
+    net = accelerate(random_model()).to(CUDA).eval()
+    src = batch()[0].to(CUDA)
+    monkeypatch.setattr(graphs, "FIRST_CAPACITY", 4)
+    monkeypatch.setenv(graphs.CUDA_GRAPHS, "0")
+    eager = decode(net, src, config)
+    monkeypatch.delenv(graphs.CUDA_GRAPHS)
+    graphed = decode(net, src, config)
+    for got_row, want_row in zip(graphed, eager, strict=True):
+        assert [h.ids for h in got_row] == [h.ids for h in want_row]
+        for g, w in zip(got_row, want_row, strict=True):
+            assert g.token_logprobs == pytest.approx(w.token_logprobs, abs=1e-4)
+    assert max(len(h.ids) for row in eager for h in row) > 8  # past two growths
+    kept = net.__dict__["_step_graphs"].values()
+    assert kept and all(g.graph is not None and not g.busy for g in kept)  # captured, freed
+    again = decode(net, src, config)  # the kept graphs replayed for the same shapes
+    assert [[h.ids for h in row] for row in again] == [[h.ids for h in row] for row in graphed]

@@ -154,7 +154,9 @@ def another_training(data: Path, tmp_path: Path) -> Iterator[dict[str, str]]:
     def busy() -> bool:
         if not watcher and cores.is_dir():
             watcher.append(CoreShare(cores, cores=2))
-        return bool(watcher) and watcher[0].busy_others() == 1
+        # Its file says it trains only once it holds its threads; a busy file alone may belong
+        # to a run still loading its data, which the run under test would not yet see as one.
+        return bool(watcher) and watcher[0].busy_others(training=True) == 1
 
     try:
         wait_for(busy, other, tmp_path / "other-output", "the other training")

@@ -2,8 +2,9 @@
 
 Shape legend: R rows being decoded (sources x samples or beams), V target vocabulary.
 
-A model prepared by ``tformer.fast.accelerate`` takes its lean cached step; any other model
-runs the paper's ``decode`` with the cache, the same result in more operations.
+A model prepared by ``tformer.fast.accelerate`` takes its lean cached step, on a CUDA GPU
+replayed as a CUDA graph (``tformer.fast.graphs``); any other model runs the paper's
+``decode`` with the cache, the same result in more operations.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 from torch import Tensor
 
 from tformer.decoding.settings import DecodingConfig
+from tformer.fast.graphs import GraphStepper, graphs_fit
 from tformer.fast.step import FastTransformer, lean_step_fits, step_mask
 from tformer.model import Transformer
 from tformer.model.transformer import EncoderOutput
@@ -103,7 +105,7 @@ class RecomputeStepper:
             self.encoded = select_rows(self.encoded, index)
 
 
-Stepper = CachedStepper | RecomputeStepper
+Stepper = CachedStepper | RecomputeStepper | GraphStepper
 
 
 def make_stepper(model: Transformer, src: Tensor, use_cache: bool = True) -> Stepper:
@@ -112,6 +114,9 @@ def make_stepper(model: Transformer, src: Tensor, use_cache: bool = True) -> Ste
     For a decoder-only model ``src`` holds the prompts, all of one length (no padding)."""
     encoded = model.encode(src)
     prompts = src if model.config.arch == "decoder-only" else None
+    if use_cache and graphs_fit(model, encoded, prompts):
+        assert isinstance(model, FastTransformer)
+        return GraphStepper(model, encoded)
     kind = CachedStepper if use_cache else RecomputeStepper
     return kind(model, encoded, prompts)
 

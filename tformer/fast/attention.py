@@ -53,6 +53,29 @@ class FoldingKVCache(KVCache):
         self.one_source, self.folded = k.size(0) == 1, None
 
 
+class StaticKVCache(KVCache):
+    """A self-attention cache of fixed capacity, for a step captured as a CUDA graph
+    (:mod:`tformer.fast.graphs`): the new position is written at ``pos``, a device tensor the
+    graph reads, and the query attends over the whole buffer with ``visible`` hiding the
+    positions not yet written (shapes and addresses must not change between replays)."""
+
+    def __init__(self, k: Tensor, v: Tensor, pos: Tensor) -> None:
+        super().__init__()
+        self._k, self._v, self.pos = k, v, pos
+        self.length = k.size(2)  # the buffer is read whole
+        self.visible: Tensor | None = None  # (1, 1, 1, capacity), set by the graphed step
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        assert self._k is not None and self._v is not None
+        self._k.index_copy_(2, self.pos, k)
+        self._v.index_copy_(2, self.pos, v)
+        return self._k, self._v
+
+    def kv(self) -> tuple[Tensor, Tensor]:
+        assert self._k is not None and self._v is not None
+        return self._k, self._v
+
+
 @dataclass(frozen=True)
 class FoldedSource:
     """One source's cross-attention with W^Q folded into its keys and W^O into its values.
@@ -109,6 +132,8 @@ class FastMultiHeadAttention(MultiHeadAttention):
         if memory is None:
             q, k, v = self.new_qkv(query, cache.length)
             k, v = cache.append(k, v)  # (B, G, t, d_k) each
+            if isinstance(cache, StaticKVCache):  # a graphed step reads its whole buffer
+                memory_mask = cache.visible
         else:
             if not cache.length:
                 cache.set(*self.project_kv(memory))
