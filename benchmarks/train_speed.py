@@ -267,6 +267,25 @@ def measure(impl: str, work: Workload, run: Run, repeats: int) -> dict[str, Any]
     }
 
 
+def profile(impl: str, work: Workload, run: Run) -> None:
+    """The costliest operations of two steps after a warm-up (device time on a GPU)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    step = IMPLEMENTATIONS[impl](work, run)
+    step()
+    synchronize(run.device)
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if run.device.type == "cuda" else []
+    )
+    with profiler(activities=activities) as prof:
+        for _ in range(2):
+            step()
+        synchronize(run.device)
+    key = "cuda_time_total" if run.device.type == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=20), flush=True)
+
+
 def run_isolated(impl: str, shape: str, precision: str, repeats: int, *, batch: int = 64,
                  device: str = "cpu", compiled: bool = False) -> dict[str, Any] | None:
     """One measurement in a fresh process, so peak memory belongs to that configuration."""
@@ -297,6 +316,11 @@ def main() -> None:
                         help="tiny shape, one repeat, without HF Marian (CI)")
     parser.add_argument("--impls", default=None,
                         help="comma-separated, of " + ",".join(IMPLEMENTATIONS) + "; default: all")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --one: print torch.profiler's 20 costliest operations of two steps",
+    )
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -312,6 +336,8 @@ def main() -> None:
         from tformer.fast.malloc import keep_freed_memory
 
         kept = keep_freed_memory()
+        if args.profile:
+            profile(impl, work, run)
         print(json.dumps({**measure(impl, work, run, int(repeats)),
                           "keep_freed_memory": kept}))
         return

@@ -182,7 +182,7 @@ def test_cli_trains_generates_inspects_and_resumes_on_the_gpu(
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "device cuda" in result.output and "precision fp16" in result.output
-    assert "exact match on test" in result.stdout
+    assert "exact match on validation" in result.stdout
 
     generated = runner.invoke(app, ["generate", str(out), "3 1 4", "--device", "cuda", "--json"])
     assert generated.exit_code == 0, generated.output
@@ -259,6 +259,7 @@ def test_graphed_decoding_on_the_gpu_equals_eager(
             assert g.token_logprobs == pytest.approx(w.token_logprobs, abs=1e-4)
     assert max(len(h.ids) for row in eager for h in row) > 8  # past two growths
     kept = net.__dict__["_step_graphs"].values()
-    assert kept and all(g.graph is not None and not g.busy for g in kept)  # captured, freed
+    # Captured at a shape's first step (the rows' last bucket may have had none) and freed.
+    assert any(g.graph is not None for g in kept) and not any(g.busy for g in kept)
     again = decode(net, src, config)  # the kept graphs replayed for the same shapes
     assert [[h.ids for h in row] for row in again] == [[h.ids for h in row] for row in graphed]

@@ -26,6 +26,10 @@ from torch import Tensor
 from tformer.config import PAD_ID
 
 _BLOCK_ELEMENTS = 1 << 20  # fp32 rows per block: 4 MB, about one core's share of cache
+# On a GPU each block costs a dozen kernel launches whatever its size, and a 25,000-token batch
+# in 4 MB blocks spent more time launching them than the model's step (docs/performance.md):
+# there blocks are as large as a bounded fp32 workspace allows.
+_DEVICE_BLOCK_ELEMENTS = 1 << 28  # 1 GB of fp32
 
 
 class SmoothedCrossEntropy(torch.autograd.Function):
@@ -40,7 +44,8 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         want_grad = ctx.needs_input_grad[0]
         grad = torch.empty_like(logits, dtype=keep_dtype) if want_grad else None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
-        rows = max(1, _BLOCK_ELEMENTS // vocab)
+        block = _BLOCK_ELEMENTS if logits.device.type == "cpu" else _DEVICE_BLOCK_ELEMENTS
+        rows = max(1, block // vocab)
         # One fp32 workspace for every block: a fresh multi-megabyte tensor per block would be
         # handed out by the system afresh each time and cost page faults on first touch.
         work = torch.empty(min(rows, n), vocab, dtype=torch.float32, device=logits.device)
