@@ -6,7 +6,14 @@ The Marian folder is made first (a MarianMTModel saved by save_pretrained, and a
 MarianTokenizer whose SentencePiece models are a small trained model grown to the full
 vocabulary); then each import runs in a fresh process, which reports its wall time and peak
 resident memory, beside the size of the weights (float32). Prints one JSON line per run and
-a Markdown table. Targets (issue 37): under 10 s, and a peak under twice the weights' size.
+a Markdown table. Targets: under 10 s, and a peak under twice the weights' size.
+
+Then the imported checkpoint decodes, loaded as ``tformer generate`` loads it, next to Hugging
+Face ``generate`` on the original MarianMTModel and CTranslate2 on the same weights (the
+product's export of the imported checkpoint), float32 and int8 both: new tokens per second,
+greedy and beam 4 at batch 1 and greedy at batch 32, 32-token sources, exactly 64 new tokens
+(``benchmarks/decode_speed.py``'s method and functions). Target: at least 2x ``generate`` at
+batch 1 and at or above CTranslate2 float32.
 
     python benchmarks/import_speed.py              # the full size, 3 imports
     python benchmarks/import_speed.py --smoke      # tiny sizes (CI)
@@ -132,6 +139,58 @@ def import_once(folder: Path, out: Path) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def decoding(folder: Path, imported: Path, sizes: dict[str, int], *, smoke: bool) -> None:
+    """The imported model's decoding speed next to HF generate and CTranslate2."""
+    import torch
+    import transformers
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import decode_speed as bench  # the same cases, timing and table as decode_speed.py
+
+    from tformer.checkpoint.store import load_checkpoint
+    from tformer.fast.accelerate import accelerate
+    from tformer.fast.int8 import quantize_int8
+
+    length, new_tokens, big = (8, 8, 4) if smoke else (32, 64, 32)
+    model = accelerate(load_checkpoint(imported, "cpu").model).eval()
+    int8 = quantize_int8(load_checkpoint(imported, "cpu").model).eval()
+    marian = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
+    impls = {
+        "tformer": bench.Impl(
+            lambda src, case, cache: bench.tformer_runner(model, src, case, new_tokens, cache),
+            caches=(True,),
+        ),
+        "tformer-int8": bench.Impl(
+            lambda src, case, cache: bench.tformer_runner(int8, src, case, new_tokens, cache),
+            caches=(True,),
+        ),
+        "hf-generate": bench.Impl(
+            lambda src, case, cache: bench.marian_runner(marian, src, case, new_tokens, cache),
+            caches=(True,),
+        ),
+    }
+    cases = [bench.Case("greedy", 1), bench.Case("beam4", 1), bench.Case("greedy", big)]
+    meta = {"benchmark": "import_decode_speed", "threads": torch.get_num_threads(),
+            "torch": torch.__version__, **{f"model_{k}": v for k, v in sizes.items()}}  # fmt: skip
+    repeats = 1 if smoke else 3
+    rows = bench.run_cases(impls, cases, length, sizes["vocab"], repeats, meta)
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        print(json.dumps({"note": "ctranslate2 is not installed: CTranslate2 skipped"}))
+    else:  # after the torch ones, as decode_speed.py does (two OpenMP runtimes slow each other)
+        translators = bench.ct2_translators(model, torch.get_num_threads())
+        ct2 = {
+            f"ctranslate2-{kind}": bench.ct2_impl(translator, kind, new_tokens)
+            for kind, translator in translators.items()
+        }
+        rows += bench.run_cases(ct2, cases, length, sizes["vocab"], repeats, meta)
+        impls.update(ct2)
+    print(f"\nNew tokens/s of the imported model ({new_tokens} new tokens, {length}-token "
+          f"sources, {torch.get_num_threads()} threads, best of {repeats}):\n")  # fmt: skip
+    print(bench.markdown(rows, impls))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run (CI)")
@@ -162,6 +221,7 @@ def main() -> None:
             }
             print(json.dumps(record), flush=True)
             rows.append(record)
+        decoding(folder, root / "out-0", sizes, smoke=args.smoke)
     print("\n| run | seconds | weights MB | peak RSS MB (baseline) | peak growth / weights |")
     print("|---:|---:|---:|---:|---:|")
     for r in rows:

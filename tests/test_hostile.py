@@ -226,6 +226,7 @@ REFUSED = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("command", "code", "message"), [c[1:] for c in REFUSED],
                          ids=[c[0] for c in REFUSED])  # fmt: skip
 def test_hostile_input_is_refused_in_one_line_and_changes_nothing(
@@ -525,6 +526,7 @@ def test_tformer_errors_are_the_only_refusals() -> None:
 # -- messages: nothing from the libraries before the red line ----------------------------------
 
 
+@pytest.mark.slow
 def test_a_hub_failure_is_one_line_without_library_logs(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -251,6 +251,7 @@ LOCKED = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [c[1] for c in LOCKED], ids=[c[0] for c in LOCKED])
 def test_a_second_writer_is_refused_naming_the_first(
     world: Path, data: Path, holder: subprocess.Popen[str], command: str
@@ -266,6 +267,7 @@ def test_a_second_writer_is_refused_naming_the_first(
     assert snapshot(world) == before
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_killed_process_is_taken_over(
     world: Path, holder: subprocess.Popen[str]
 ) -> None:
@@ -297,6 +299,7 @@ def wait_until(condition: Callable[[], bool], proc: subprocess.Popen[bytes]) -> 
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_two_real_trainers_on_one_out(world: Path, data: Path, tmp_path: Path) -> None:
     """A live trainer is named by PID; SIGTERM releases its lock; kill -9 leaves one to take."""
     run = world / "new"
@@ -402,6 +405,7 @@ def test_train_tokenizer_never_replaces_a_fifo_or_a_link(
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_a_fifo_in_a_run_is_refused_not_waited_on(world: Path) -> None:
     metrics = world / "run" / "metrics.jsonl"
     metrics.unlink()

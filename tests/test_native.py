@@ -97,6 +97,7 @@ _CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_tokenizer_training_inside_its_native_merges() -> None:
     child = subprocess.Popen(
         [sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, text=True, env=os.environ

@@ -195,6 +195,7 @@ JSON = st.recursive(
 )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(section=st.sampled_from(["model", "train"]), key=st.text(max_size=12), value=JSON)
 @example(section="model", key="d_model", value="512")

@@ -23,6 +23,8 @@ from tformer.metrics import corpus_scores
 from tformer.model.heads import all_heads, heads_masked, mask_heads, masked, parse_heads
 from tformer.training.run import TrainResult
 
+pytestmark = pytest.mark.slow  # the fast tier (-m "not slow") leaves this file out
+
 runner = CliRunner()
 
 

@@ -33,6 +33,9 @@ from tformer.cli.commands import app
 from tformer.data.sources import load_text_pairs
 from tformer.errors import ConfigError, DataError
 
+# The fast tier (-m "not slow") leaves this file out: its model trains for about 45 s.
+pytestmark = pytest.mark.slow
+
 # -- extraction on a hand-built map -----------------------------------------------------------
 
 # Rows: target tokens; columns: source tokens. Each row sums to 1.

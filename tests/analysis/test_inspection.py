@@ -30,6 +30,9 @@ from tformer.model.attention import MultiHeadAttention
 from tformer.training.run import TrainResult
 from tformer.training.validation import exact_match
 
+# The fast tier (-m "not slow") leaves this file out: its model trains for about 45 s.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def digits(trained: TrainResult) -> Checkpoint:

@@ -35,6 +35,7 @@ def median(values: list[float]) -> float:
     return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
+@pytest.mark.slow
 def test_summary_figures_are_what_the_run_folder_holds(compared_runs: dict[str, Path]) -> None:
     for name, run in compared_runs.items():
         records = metrics(run)

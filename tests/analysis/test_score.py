@@ -183,7 +183,10 @@ def test_cli_json_with_masks(trained: TrainResult, ckpt: Checkpoint) -> None:
     assert [p["label_id"] for p in record["positions"]] == scored.label_ids
     assert record["positions"][0]["input"] == "<bos>"
     assert record["loss_sum"] == pytest.approx(scored.loss_sum, rel=1e-6)
-    assert record["mismatches"] == 1 and sum(p["mismatch"] for p in record["positions"]) == 1
+    # At least the wrong word; how many more the tiny model misses depends on its training's
+    # float sums (thread count), so the library's own count is the reference.
+    assert record["mismatches"] == len(scored.mismatches) >= 1
+    assert sum(p["mismatch"] for p in record["positions"]) == record["mismatches"]
     n = scored.tokens
     assert record["masks"]["self_attention"] == [[int(c <= r) for c in range(n)]
                                                  for r in range(n)]

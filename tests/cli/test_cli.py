@@ -108,6 +108,7 @@ def test_train_tokenizer_kinds_and_separate_vocab(toy_data: Path, tmp_path: Path
     assert (tmp_path / "t.source.json").is_file() and (tmp_path / "t.target.json").is_file()
 
 
+@pytest.mark.slow
 def test_generate_from_arguments_file_and_stdin(cli_run: Path, tmp_path: Path) -> None:
     args = invoke("generate", str(cli_run), "3 1", "4 1 5")
     assert args.exit_code == 0, args.output
@@ -132,6 +133,7 @@ def test_generate_json_samples_and_seed(cli_run: Path) -> None:
     assert invoke(*cmd).stdout == first.stdout  # same seed, same samples
 
 
+@pytest.mark.slow
 def test_inspect_attention_renders_and_saves(cli_run: Path, tmp_path: Path) -> None:
     result = invoke("inspect-attention", str(cli_run), "3 1 4", "--kind", "cross")
     assert result.exit_code == 0, result.output
@@ -183,6 +185,7 @@ def test_inspect_attention_renders_and_saves(cli_run: Path, tmp_path: Path) -> N
     assert matplotlib.image.imread(str(png)).ndim == 3
 
 
+@pytest.mark.slow
 def test_info_for_checkpoint_and_preset(cli_run: Path) -> None:
     r = invoke("info", str(cli_run))
     assert r.exit_code == 0, r.output
@@ -232,6 +235,7 @@ def test_existing_run_is_not_clobbered(cli_run: Path, toy_data: Path) -> None:
     assert (cli_run / "latest").read_text() == before
 
 
+@pytest.mark.slow
 def test_resume_continues_from_the_latest_checkpoint(cli_run: Path, tmp_path: Path) -> None:
     import shutil
 
@@ -244,6 +248,7 @@ def test_resume_continues_from_the_latest_checkpoint(cli_run: Path, tmp_path: Pa
     assert conflict.exit_code == 2 and "--d-model 64 (saved: " in conflict.stderr
 
 
+@pytest.mark.slow
 def test_module_entry_point_reports_errors_without_traceback(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tformer", "generate", str(tmp_path / "nothing"), "hi"],

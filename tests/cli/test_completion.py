@@ -40,6 +40,7 @@ def test_help_lists_the_completion_options() -> None:
     assert "--install-completion" in result.stdout and "--show-completion" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("words", "cword", "want"),
     [("tformer tr", "1", {"train", "train-tokenizer"}), ("tformer train --init", "2",

@@ -168,6 +168,7 @@ def test_compare_refuses_bad_temperatures(run: str) -> None:
     assert result.exit_code == 2 and "--temperatures '0.5,hot'" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_reader_that_goes_away_ends_generate_quietly(run: str, tmp_path) -> None:
     """`tformer generate ... | head -1`: no error line and no traceback once the pipe closes."""
     import subprocess

@@ -68,6 +68,7 @@ def invoke(*args: str | Path) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_train_with_a_sentencepiece_model(world: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     invoke("train", "--data", world / "data", "--tokenizer", world / "joint.spm", "--out", out,

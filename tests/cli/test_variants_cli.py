@@ -76,6 +76,7 @@ def test_bad_combinations_are_refused_in_one_line_with_exit_2(
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_info_shows_the_options_the_effective_widths_and_the_cache(run: Path) -> None:
     result = CliRunner().invoke(app, ["info", str(run)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
@@ -128,6 +129,7 @@ def test_inspect_attention_shows_the_head_grouping(run: Path) -> None:
     assert "h0-h1 -> kv0, h2-h3 -> kv1" in text
 
 
+@pytest.mark.slow
 def test_explain_and_evaluate_run_on_a_variant(run: Path, data: Path, tmp_path: Path) -> None:
     explained = invoke("generate", run, "3 1 4", "--explain")
     assert explained.exit_code == 0, explained.output
@@ -157,6 +159,7 @@ def test_export_refuses_variants_the_target_cannot_express(
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_ctranslate2_exports_the_variants_it_can_express(data: Path, tmp_path: Path) -> None:
     pytest.importorskip("ctranslate2")
     run = tmp_path / "run"
@@ -176,6 +179,7 @@ def test_resume_refuses_a_variant_flag_that_contradicts_the_run(run: Path) -> No
     assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_resume_accepts_kv_heads_equal_to_the_heads_of_a_multi_head_run(
     data: Path, tmp_path: Path
 ) -> None:

@@ -177,6 +177,7 @@ def test_multi30k_folder_loads_with_languages() -> None:
     assert splits["test"][0][0].startswith("A man")
 
 
+@pytest.mark.slow
 def test_hub_name_offline_gives_a_clear_error(tmp_path: Path) -> None:
     import os
     import subprocess

@@ -172,6 +172,7 @@ def spm_order(path: Path) -> list[int | None]:
     )
 
 
+@pytest.mark.slow
 @needs_multi30k
 @pytest.mark.parametrize("name", ["unigram.en", "unigram.de", "bpe.de", "bytes.de", "odd.de"])
 def test_spm_pieces_and_ids_equal_sentencepieces(spm_models: dict[str, Path], name: str) -> None:
@@ -318,6 +319,7 @@ def joint_marian(
     return folder / "saved", marian
 
 
+@pytest.mark.slow
 @needs_multi30k
 def test_marian_joint_vocabulary_ids_equal_marians(joint_marian: tuple[Path, Any]) -> None:
     folder, marian = joint_marian

@@ -49,6 +49,7 @@ def as_lists(batches: Sequence[np.ndarray]) -> list[list[int]]:
     return [b.tolist() for b in batches]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 7 * 100_003 + 2, 2**40 + 5])
 def test_array_bucketing_makes_the_batches_of_the_list_version(seed: int) -> None:
     rng = random.Random(seed)
@@ -96,6 +97,7 @@ def test_a_pair_store_reads_back_what_went_in_at_4_bytes_a_token() -> None:
         store[5000]
 
 
+@pytest.mark.slow
 def test_encoded_bundled_data_batches_as_before() -> None:
     """The bundled data through the real tokenizer: the kept pairs and every epoch's batches
     equal those of the list pipeline (ids as lists, lengths as tuples)."""
@@ -121,6 +123,7 @@ def test_encoded_bundled_data_batches_as_before() -> None:
     assert plan.target_tokens(indices) == sum(len(kept[i][1]) + 1 for i in indices)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="Multi30k is not beside the checkout")
 def test_multi30k_batches_as_before() -> None:
     texts = load_text_pairs(str(MULTI30K), source_field="en", target_field="de")["train"]

@@ -88,6 +88,7 @@ def test_bad_records_in_a_stream_are_named(tmp_path: Path) -> None:
         list(stream_splits(str(tmp_path / "en"), "en", "de")["train"])
 
 
+@pytest.mark.slow
 def test_train_streams_once_into_the_cache_and_matches_the_loaded_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -126,6 +127,7 @@ def test_train_streams_once_into_the_cache_and_matches_the_loaded_run(
     assert refused.exit_code == 2 and "leave out --no-cache" in refused.output
 
 
+@pytest.mark.slow
 def test_a_hub_stream_offline_is_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(ROOT)}  # fmt: skip

@@ -23,6 +23,8 @@ from tformer.decoding.text import translate
 from tformer.export import MARKER, export_checkpoint
 from tformer.export.ctranslate2 import decoding_options, save_model
 
+pytestmark = pytest.mark.slow  # the fast tier (-m "not slow") leaves this file out
+
 ctranslate2 = pytest.importorskip(
     "ctranslate2", reason="ctranslate2 is not installed: pip install 'tformer[export]'"
 )

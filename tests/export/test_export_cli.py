@@ -179,6 +179,7 @@ def test_overwrite_looks_inside_subfolders(
     assert tree(world) == before
 
 
+@pytest.mark.slow
 def test_importing_tformer_and_its_cli_loads_no_export_package() -> None:
     code = (
         "import sys, tformer, tformer.export, tformer.cli.commands; "

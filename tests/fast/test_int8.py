@@ -97,6 +97,7 @@ def test_the_lean_int8_step_is_as_close_to_float32_as_the_int8_forward(
     assert all(isinstance(layer.self_attn, Int8MultiHeadAttention) for layer in layers)
 
 
+@pytest.mark.slow
 def test_a_trained_model_keeps_its_exact_match(trained: TrainResult, toy_data: Path) -> None:
     pairs = [json.loads(line) for line in (toy_data / "test.jsonl").read_text().splitlines()]
     sources = [p["source"] for p in pairs]

@@ -107,6 +107,7 @@ def test_training_one_row_and_reduced_precision_keep_f_linear() -> None:
     assert layer.weight.grad is not None and "_packed_weight" not in layer.__dict__
 
 
+@pytest.mark.slow
 def test_compiled_inference_with_changing_row_counts_equals_eager() -> None:
     # Under torch.compile the row count is symbolic; the packing test must step aside
     # before reading it, and the traced product must still be F.linear's.

@@ -82,6 +82,7 @@ needs_glibc = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @needs_glibc
 def test_freed_blocks_stay_in_the_heap_for_reuse() -> None:
     applied, mapped, free_mb = probe(PLACEMENT_PROBE, "keep")
@@ -93,6 +94,7 @@ def test_freed_blocks_stay_in_the_heap_for_reuse() -> None:
     assert int(mapped) >= 20 and int(free_mb) < 20  # glibc's default: its own mapping, unmapped
 
 
+@pytest.mark.slow
 @needs_glibc
 def test_the_switch_turns_it_off() -> None:
     applied, mapped, free_mb = probe(PLACEMENT_PROBE, "keep", TFORMER_KEEP_FREED_MEMORY="0")
@@ -100,6 +102,7 @@ def test_the_switch_turns_it_off() -> None:
     assert int(mapped) >= 20 and int(free_mb) < 20
 
 
+@pytest.mark.slow
 @needs_glibc
 def test_training_steps_touch_few_fresh_pages() -> None:
     # With memory kept, a training step reuses the previous step's memory: measured 0 to 250
@@ -111,6 +114,7 @@ def test_training_steps_touch_few_fresh_pages() -> None:
     assert float(kept) < 1_000, kept
 
 
+@pytest.mark.slow
 def test_a_training_run_leaves_the_allocator_alone_and_the_cli_applies_it(
     toy_data: Path, tmp_path: Path
 ) -> None:

@@ -51,6 +51,7 @@ def probe(mode: str, **env: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_import_tformer_changes_nothing_and_configure_process_turns_huge_pages_on() -> None:
     untouched = probe("import")
     assert untouched["changed"] == [] and untouched["switch"] is None

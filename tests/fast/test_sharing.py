@@ -125,6 +125,7 @@ def test_a_training_keeps_its_threads_beside_others_and_makes_them_room(
     mine.close()
 
 
+@pytest.mark.slow
 def test_trainings_take_turns_a_step_at_a_time(tmp_path: Path) -> None:
     mine = CoreShare(tmp_path, cores=2)
     mine.hold()

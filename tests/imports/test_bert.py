@@ -137,6 +137,7 @@ def test_fill_mask_top5_equal_transformers(bert: BertCase, toy_data: Path) -> No
     assert checked >= 5
 
 
+@pytest.mark.slow
 def test_cli_import_and_fill_mask(bert: BertCase, tmp_path: Path) -> None:
     out = tmp_path / "cli"
     run = subprocess.run(

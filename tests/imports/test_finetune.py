@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import write_jsonl
@@ -25,6 +26,7 @@ def pairs(split: str, count: int, toy_data: Path) -> list[dict[str, str]]:
     return [{"source": s, "target": t} for s, t in zip(sources, targets, strict=True)]
 
 
+@pytest.mark.slow
 def test_fine_tuning_an_import_keeps_its_tokenizer_and_the_loss_falls(
     marian_case: Callable[[str], MarianCase], toy_data: Path, tmp_path: Path
 ) -> None:

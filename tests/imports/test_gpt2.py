@@ -151,6 +151,7 @@ def test_greedy_equals_transformers_generate(gpt2: GPT2Case, toy_data: Path) -> 
         assert found[0].ids[:n] == expected[:n], prompt
 
 
+@pytest.mark.slow
 def test_cli_import_and_generate(gpt2: GPT2Case, tmp_path: Path) -> None:
     out = tmp_path / "cli"
     run = subprocess.run(

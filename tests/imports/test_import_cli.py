@@ -53,6 +53,7 @@ def imported(
     return out
 
 
+@pytest.mark.slow
 def test_import_is_a_checkpoint_that_verify_passes_and_info_describes(
     imported: Path, marian_case: Callable[[str], MarianCase]
 ) -> None:
@@ -71,6 +72,7 @@ def test_import_is_a_checkpoint_that_verify_passes_and_info_describes(
     assert origin["transformers_version"] == saved["transformers_version"]
 
 
+@pytest.mark.slow
 def test_every_command_runs_on_the_import(imported: Path, tmp_path: Path, toy_data: Path) -> None:
     source = lines("test2016", "en", 1, toy_data)[0]
     reference = lines("test2016", "de", 1, toy_data)[0]
@@ -198,6 +200,7 @@ def test_an_existing_out_needs_overwrite_and_only_replaces_an_import(
     same_weights(imported, again)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hub_id", ["Helsinki-NLP/opus-mt-en-de", "gpt2"])
 def test_a_hub_id_offline_says_to_pass_a_local_folder(hub_id: str, tmp_path: Path) -> None:
     pytest.importorskip("huggingface_hub")

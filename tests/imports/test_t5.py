@@ -180,6 +180,7 @@ def test_outputs_equal_generate(t5: T5Case, beams: int, toy_data: Path) -> None:
     assert theirs == ours
 
 
+@pytest.mark.slow
 def test_cli_import_then_generate(t5: T5Case, tmp_path: Path) -> None:
     out = tmp_path / "t5"
     run = [sys.executable, "-m", "tformer"]

@@ -40,6 +40,7 @@ def same_outputs(got: dict[str, Any], want: dict[str, Any]) -> None:
             assert g["score"] == pytest.approx(w["score"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_concurrent_requests_batch_and_match_alone(client: Client, served: Running) -> None:
     bodies = requests()
     batcher = served.app.state.service.batcher

@@ -70,6 +70,7 @@ def test_an_address_in_use_is_refused_before_loading(tmp_path: Path) -> None:
     assert f"--port {port}: cannot listen there" in " ".join(result.output.split())
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_requests_in_flight_and_exits_0(trained: TrainResult) -> None:
     """A long batch window keeps a request in flight while SIGTERM arrives (the model int8).
     With --port 0 the port really listened on is printed; --max-input-tokens over the
@@ -114,6 +115,7 @@ def test_sigterm_finishes_requests_in_flight_and_exits_0(trained: TrainResult) -
     assert "serving" in stderr and "Traceback" not in stderr
 
 
+@pytest.mark.slow
 def test_the_command_line_loads_no_server_package_until_serve_runs() -> None:
     code = (
         "import sys, tformer.cli.commands; "

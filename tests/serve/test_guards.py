@@ -99,6 +99,7 @@ SLOW = {  # what each slow client sends before it stops: (bytes, the answer it g
 }
 
 
+@pytest.mark.slow
 def test_connections_that_never_send_a_whole_request_are_closed_in_time(client: Client) -> None:
     """Each slow connection is answered 408 and closed after --request-timeout (one that sent
     nothing just closed); other requests are served meanwhile."""

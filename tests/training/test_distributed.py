@@ -26,6 +26,7 @@ from tformer.data.lm import bundled_text_dir
 from tformer.training.run import train
 
 pytestmark = [
+    pytest.mark.slow,  # the fast tier (-m "not slow") leaves this file out
     pytest.mark.skipif(sys.platform != "linux", reason="torchrun + gloo on Linux"),
     pytest.mark.skipif(
         not torch.distributed.is_available(), reason="this torch has no torch.distributed"

@@ -23,6 +23,8 @@ from tformer.errors import ConfigError
 from tformer.model import DecoderOnlyTransformer, EncoderOnlyTransformer
 from tformer.training.run import TrainResult, train
 
+pytestmark = pytest.mark.slow  # the fast tier (-m "not slow") leaves this file out
+
 runner = CliRunner()
 
 

@@ -87,6 +87,7 @@ def first_batch_loss(checkpoint: Path, data: Path, cfg: TrainConfig) -> float:
     return float(loss) / batch.n_target_tokens
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_the_checkpoint_with_a_fresh_optimizer(
     base: Path, toy_data: Path, tmp_path: Path
 ) -> None:
@@ -120,6 +121,7 @@ def test_fine_tuning_starts_from_the_checkpoint_with_a_fresh_optimizer(
     assert sha(saved.path / "tokenizer.json") == sha(start / "tokenizer.json")
 
 
+@pytest.mark.slow
 def test_a_fine_tuned_run_resumes_exactly(base: Path, toy_data: Path, tmp_path: Path) -> None:
     whole = tmp_path / "whole"
     fine_tune(base, toy_data, whole, "--max-steps", "5", "--save-every", "3")

@@ -74,12 +74,14 @@ def assert_events_equal_metrics(run: Path) -> dict[str, dict[int, float]]:
     return scalars
 
 
+@pytest.mark.slow
 def test_event_files_hold_the_metrics_jsonl_values(logged_run: Path) -> None:
     scalars = assert_events_equal_metrics(logged_run)
     assert sorted(scalars["train/loss"]) == [1, 2, 3, 4]
     assert sorted(scalars["validation/loss"]) == [2, 4]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_drops_what_the_interrupted_one_logged_after_its_checkpoint(
     toy_data: Path, tmp_path: Path
 ) -> None:
@@ -163,6 +165,7 @@ def test_a_missing_package_is_one_line_naming_the_extra(
     assert not out.exists()  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_importing_tformer_loads_no_logging_package() -> None:
     code = (
         "import sys, tformer, tformer.cli.commands, tformer.training.run, "

@@ -137,6 +137,7 @@ def test_mixed_precision_skips_and_counts_an_overflowed_step(
     assert all(torch.isfinite(w).all() for w in weights.values())
 
 
+@pytest.mark.slow
 def test_compiled_training_matches_eager_and_saves_plain_names(
     toy_data: Path, tmp_path: Path
 ) -> None:
@@ -181,6 +182,7 @@ print(json.dumps({"rows": r.rows, "grown": r.peak_bytes - r.baseline_bytes,
 """
 
 
+@pytest.mark.slow
 def test_dry_run_measures_memory_that_grows_with_the_batch() -> None:
     def measure(max_tokens: int) -> dict:
         out = subprocess.run(

@@ -90,6 +90,7 @@ def test_batches_equal_those_from_the_text(prepared: Path, small_data: Path) -> 
     assert list(from_folder.pairs) == list(from_text.pairs)
 
 
+@pytest.mark.slow
 def test_training_on_it_follows_the_text_run_through_kill_9_and_resume(
     prepared: Path, reference: Path, tmp_path: Path  # noqa: F811
 ) -> None:

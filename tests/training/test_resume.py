@@ -30,7 +30,10 @@ from tformer.checkpoint.verify import verify_checkpoint
 from tformer.cli.commands import app
 from tformer.fast.sharing import CoreShare
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+pytestmark = [
+    pytest.mark.slow,  # the fast tier (-m "not slow") leaves this file out
+    pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals"),
+]
 
 MAX_STEPS = 40
 RUN_ARGS = [

@@ -61,6 +61,7 @@ def refused(run: Path, *args: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "named"),
     [

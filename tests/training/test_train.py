@@ -87,6 +87,7 @@ def test_linear_and_cosine_decay_by_steps_or_by_the_time_budget() -> None:
         lr_at(200, model, cosine)
 
 
+@pytest.mark.slow
 def test_a_linear_decay_reaches_its_floor_when_the_time_budget_ends(
     toy_data: Path, tmp_path: Path
 ) -> None:
@@ -132,6 +133,7 @@ def _losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
+@pytest.mark.slow
 def test_resume_follows_the_uninterrupted_trajectory(toy_data: Path, tmp_path: Path) -> None:
     def config(max_steps: int) -> TrainConfig:
         return TrainConfig(data=str(toy_data), max_tokens=512, lr=2e-3, warmup_steps=10,
@@ -153,6 +155,7 @@ def test_resume_follows_the_uninterrupted_trajectory(toy_data: Path, tmp_path: P
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_time_budget_stops_training(toy_data: Path, tmp_path: Path) -> None:
     config = TrainConfig(data=str(toy_data), max_tokens=512, time_budget=2.0, log_every=10,
                          eval_every=10_000, save_every=10_000)

@@ -97,6 +97,7 @@ def _losses(run: Path) -> list[float]:
     return [r["loss"] for r in records if "loss" in r]
 
 
+@pytest.mark.slow
 def test_print_config_then_config_reproduces_the_run(toy_data: Path, tmp_path: Path) -> None:
     flags = ["--data", str(toy_data), *TINY]
     printed = invoke("train", *flags, "--print-config")

@@ -34,6 +34,7 @@ def config(data: Path, **overrides: object) -> TrainConfig:
     return TrainConfig(**values)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_validation_bleu_is_logged_and_picks_the_best_checkpoint(
     toy_data: Path, tmp_path: Path
 ) -> None:
@@ -110,6 +111,7 @@ def test_weight_average_is_the_exponential_moving_average() -> None:
         assert torch.equal(p.detach(), raw[name])
 
 
+@pytest.mark.slow
 def test_ema_checkpoints_hold_the_average_and_resume_exactly(
     toy_data: Path, tmp_path: Path
 ) -> None:

@@ -50,6 +50,7 @@ def losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OPTIONS)
 def test_each_option_trains_resumes_saves_and_decodes_exactly(
     name: str, toy_data: Path, tmp_path: Path
