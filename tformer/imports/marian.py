@@ -153,9 +153,28 @@ def open_weights(folder: Path) -> Iterator[_Tensors]:
         )
     try:
         with safe_open(str(path), framework="pt") as handle:
-            yield _Tensors(handle, path)
+            yield _Tensors(_OneMapEach(handle, path), path)
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{path}: unreadable ({first_line(error)})") from error
+
+
+class _OneMapEach:
+    """A ``safe_open`` handle whose tensors are each read through a map of their own, copied
+    and unmapped: the pages a map has read stay resident while it is open, so reading every
+    tensor through the one map kept the whole file in memory beside the model being built."""
+
+    def __init__(self, handle: Any, path: Path) -> None:
+        self.handle, self.path = handle, path
+
+    def keys(self) -> Any:
+        return self.handle.keys()
+
+    def get_slice(self, key: str) -> Any:
+        return self.handle.get_slice(key)  # shapes only: no data page is read
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        with safe_open(str(self.path), framework="pt") as handle:
+            return handle.get_tensor(key).clone()
 
 
 class _Tensors:

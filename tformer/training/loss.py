@@ -44,8 +44,8 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         want_grad = ctx.needs_input_grad[0]
         grad = torch.empty_like(logits, dtype=keep_dtype) if want_grad else None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
-        block = _BLOCK_ELEMENTS if logits.device.type == "cpu" else _DEVICE_BLOCK_ELEMENTS
-        rows = max(1, block // vocab)
+        elements = _BLOCK_ELEMENTS if logits.device.type == "cpu" else _DEVICE_BLOCK_ELEMENTS
+        rows = max(1, elements // vocab)
         # One fp32 workspace for every block: a fresh multi-megabyte tensor per block would be
         # handed out by the system afresh each time and cost page faults on first touch.
         work = torch.empty(min(rows, n), vocab, dtype=torch.float32, device=logits.device)
