@@ -23,8 +23,8 @@ from tformer.errors import ConfigError, DataError, TformerError
 
 Arch = Literal["encoder-decoder", "decoder-only", "encoder-only"]
 Norm = Literal["post", "pre"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
-GATED_ACTIVATIONS = ("swiglu", "geglu")
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"]
+GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
 Positions = Literal["sinusoidal", "learned", "rope", "relative"]
 Normalization = Literal["layernorm", "rmsnorm"]
 Schedule = Literal["inverse-sqrt", "cosine", "linear", "constant"]
@@ -264,7 +264,8 @@ class ModelConfig:
         "relu (paper) | gelu | gelu_tanh (GELU's tanh approximation, GPT-2's 'gelu_new') | "
         "silu (Swish, Ramachandran et al. 2017: x * sigmoid(x), Marian's "
         "and OPUS-MT's 'swish') | swiglu | geglu (gated, Shazeer 2020: hidden width 2/3 of "
-        "--d-ff rounded up to a multiple of 8, so the parameters stay about equal).",
+        "--d-ff rounded up to a multiple of 8, so the parameters stay about equal) | "
+        "geglu_tanh (geglu with GELU's tanh approximation, T5 v1.1's 'gated-gelu').",
     )
     max_len: int = _field(256, "Longest sequence in tokens (longer pairs skipped).")
     positions: Positions = _field(

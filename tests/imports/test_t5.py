@@ -1,11 +1,12 @@
-"""tformer import of T5 (v1.0): a real T5ForConditionalGeneration (tiny config, random weights)
-with a SentencePiece unigram model trained here on Multi30k, its sentinels appended as T5's
-are, saved as T5Tokenizer. The imported model must compute transformers' function: token ids,
-logits, greedy and beam-4 outputs equal."""
+"""tformer import of T5 (v1.0, and v1.1 with its gated GELU and untied output): a real
+T5ForConditionalGeneration (tiny config, random weights) with a SentencePiece unigram model
+trained here on Multi30k, its sentinels appended as T5's are, saved as T5Tokenizer. The imported
+model must compute transformers' function: token ids, logits, greedy and beam-4 outputs equal."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import types
@@ -75,8 +76,16 @@ def t5_tokenizer(out: Path, toy_data: Path) -> Any:
     )
 
 
-@pytest.fixture(scope="module")
-def t5(toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> T5Case:
+VERSIONS = {  # T5Config settings of each version (the rest is common)
+    "v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True),
+    "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+}
+
+
+@pytest.fixture(scope="module", params=list(VERSIONS))
+def t5(
+    request: pytest.FixtureRequest, toy_data: Path, tmp_path_factory: pytest.TempPathFactory
+) -> T5Case:
     from transformers import T5Config, T5ForConditionalGeneration
 
     folder = tmp_path_factory.mktemp("t5")
@@ -84,8 +93,8 @@ def t5(toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> T5Case:
     config = T5Config(
         vocab_size=len(tokenizer), d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2,
         num_decoder_layers=2, relative_attention_num_buckets=8,
-        relative_attention_max_distance=20, dropout_rate=0.0, feed_forward_proj="relu",
-        tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        relative_attention_max_distance=20, dropout_rate=0.0, decoder_start_token_id=0,
+        pad_token_id=0, eos_token_id=1, **VERSIONS[request.param],
     )  # fmt: skip
     torch.manual_seed(0)
     model = T5ForConditionalGeneration(config).eval()
@@ -108,8 +117,13 @@ def test_config_is_t5s(t5: T5Case) -> None:
     assert config.positions == "relative" and config.relative_buckets == 8
     assert config.relative_max_distance == 20
     assert not config.attention_scale and not config.linear_bias
-    assert not config.embedding_scale and config.output_scale and config.source_eos
+    assert not config.embedding_scale and config.source_eos
     assert (config.norm, config.normalization, config.norm_eps) == ("pre", "rmsnorm", 1e-6)
+    v1_1 = t5.model.config.feed_forward_proj == "gated-gelu"
+    assert config.activation == ("geglu_tanh" if v1_1 else "relu")
+    assert config.ffn_hidden == t5.model.config.d_ff == 64
+    # v1.0 rescales the output by d_model^-0.5, v1.1 does not; transformers 5 ties both.
+    assert config.tie_embeddings and config.output_scale == (not v1_1)
 
 
 def test_ids_equal_the_t5_tokenizer(t5: T5Case, toy_data: Path) -> None:
@@ -196,11 +210,64 @@ def test_cli_import_then_generate(t5: T5Case, tmp_path: Path) -> None:
     assert generated.stdout.strip()
 
 
-def test_t5_v1_1_is_refused_in_one_line(t5: T5Case, tmp_path: Path) -> None:
-    folder = tmp_path / "v11"
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"feed_forward_proj": "gated-silu"}, "feed_forward_proj 'gated-silu'"),
+        ({"feed_forward_proj": "gated-gelu", "d_ff": 60}, "d_ff 60"),
+        ({"num_heads": 3}, "num_heads x d_kv 24 != d_model"),
+    ],
+    ids=["gated-silu", "width", "heads"],
+)  # fmt: skip
+def test_what_tformer_cannot_express_is_refused_in_one_line(
+    t5: T5Case, tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    folder = tmp_path / "other"
     folder.mkdir()
     config = json.loads((t5.folder / "config.json").read_text())
-    config.update(feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+    config.update(change)
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="feed_forward_proj 'gated-gelu'.*untied output"):
+    with pytest.raises(CheckpointError, match=message):
         import_model(folder, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_published_v1_1_folder_with_its_own_output_projection(
+    t5: T5Case, tmp_path: Path, toy_data: Path
+) -> None:
+    """T5 v1.1 as published (written by transformers 4): ``tie_word_embeddings: false`` and an
+    ``lm_head.weight`` of its own. transformers 5 ties it on loading, so the reference is the
+    formula: logits = the decoder's last hidden state (after its final norm) x lm_headᵀ."""
+    from safetensors.torch import load_file, save_file
+
+    if t5.model.config.feed_forward_proj != "gated-gelu":
+        pytest.skip("a v1.1 layout")
+    folder = tmp_path / "published"
+    shutil.copytree(t5.folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["scale_decoder_outputs"]
+    config["tie_word_embeddings"] = False
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = load_file(folder / "model.safetensors")
+    head = torch.randn(tensors["shared.weight"].shape, generator=torch.Generator().manual_seed(3))
+    save_file({**tensors, "lm_head.weight": head}, folder / "model.safetensors")
+    ckpt = load_checkpoint(import_model(folder, tmp_path / "imported"))
+    assert not ckpt.model_config.tie_embeddings and not ckpt.model_config.output_scale
+
+    order = t5_order(len(t5.tokenizer))
+    texts = sources(toy_data)[:4]
+    tokenizer = ckpt.tokenizers.source
+    tgt = [tokenizer.encode(t)[:12] for t in lines("test2016", "de", 4, toy_data)]
+    theirs_in = batched([[order[i] for i in [BOS_ID, *ids]] for ids in tgt], 0)
+    batch = t5.tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        ours = ckpt.model(batched([tokenizer.encode(t) for t in texts], PAD_ID),
+                          batched([[BOS_ID, *ids] for ids in tgt], PAD_ID)).logits  # fmt: skip
+        hidden = t5.model(**batch, decoder_input_ids=theirs_in,
+                          output_hidden_states=True).decoder_hidden_states[-1]  # fmt: skip
+    want = hidden @ head.T
+    keep = list(range(1, len(order)))
+    columns = torch.tensor([order[i] for i in keep])
+    real = batched([[1] * (len(ids) + 1) for ids in tgt], 0).bool()
+    difference = (ours[real][:, keep] - want[real][:, columns]).abs().max()
+    assert difference < 1e-4, difference

@@ -136,6 +136,9 @@ def test_a_grouped_cache_holds_only_the_key_value_heads() -> None:
     [
         ("swiglu", lambda x: x * torch.sigmoid(x)),  # Swish_1
         ("geglu", lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))),  # GELU
+        # T5 v1.1's gate: GELU's tanh approximation (Hendrycks & Gimpel 2016)
+        ("geglu_tanh", lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi)
+                                                            * (x + 0.044715 * x**3)))),
     ],
 )
 def test_gated_feed_forward_is_shazeers_formula(activation: str, act: object) -> None:

@@ -25,6 +25,7 @@ OPTIONS = {
     "gqa": dict(kv_heads=2),
     "mqa-swiglu": dict(kv_heads=1, activation="swiglu"),
     "geglu": dict(activation="geglu"),
+    "geglu-tanh": dict(activation="geglu_tanh"),  # T5 v1.1's
     "rmsnorm": dict(normalization="rmsnorm"),
     "all-pre": dict(positions="rope", kv_heads=2, activation="geglu",
                     normalization="rmsnorm", norm="pre"),

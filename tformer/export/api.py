@@ -77,12 +77,13 @@ def variant_flags(config: ModelConfig) -> list[str]:
         found.append(f"--activation {config.activation}")
     if config.normalization != "layernorm":
         found.append(f"--normalization {config.normalization}")
-    return found + unexported_flags(config)
+    return found + [f for f in unexported_flags(config) if f not in found]
 
 
 def unexported_flags(config: ModelConfig) -> list[str]:
     """The variants of GPT-2, BERT and T5 ``config`` uses, which neither export writes."""
-    found = [f"--activation {config.activation}"] if config.activation == "gelu_tanh" else []
+    tanh = ("gelu_tanh", "geglu_tanh")
+    found = [f"--activation {config.activation}"] if config.activation in tanh else []
     if not config.embedding_scale:
         found.append("--no-embedding-scale")
     found += [

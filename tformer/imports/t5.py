@@ -1,4 +1,5 @@
-"""A Hugging Face ``T5ForConditionalGeneration`` folder (T5 v1.0) as an encoder-decoder model.
+"""A Hugging Face ``T5ForConditionalGeneration`` folder (T5 v1.0 or v1.1) as an encoder-decoder
+model.
 
 T5 (Raffel et al. 2020) is tformer's encoder-decoder with variants: pre-norm RMSNorm layers
 and a final norm per stack (T5LayerNorm, eps 1e-6), unscaled embeddings shared by both sides,
@@ -9,8 +10,14 @@ d_model^-0.5 (``output_scale``). It reads sources closed by ``</s>`` (``source_e
 Its SentencePiece vocabulary has ``<pad> </s> <unk>`` at 0..2, no ``<s>``, and starts decoding
 from ``<pad>``; so tformer's ``<bos>`` is T5's ``<pad>``, ``<eos>`` its ``</s>``, ``<unk>`` its
 ``<unk>``, and tformer's ``<pad>`` a new row (zeros, never predicted). The sentinels
-``<extra_id_N>`` at the end of the vocabulary stay whole tokens. T5 v1.1 (gated GELU, untied
-output) and configurations tformer cannot express are refused in one line.
+``<extra_id_N>`` at the end of the vocabulary stay whole tokens.
+
+T5 v1.1 (and mT5, Flan-T5) differs in two ways: a gated feed-forward whose gate is GELU's tanh
+approximation (``activation: geglu_tanh``; its hidden width F is written as ``d_ff`` = 3F/2,
+tformer's rule for gated widths), and an output that is not rescaled. Its published checkpoints
+also hold an output projection of their own (``tie_word_embeddings: false``); transformers 5
+writes v1.1 tied, with ``scale_decoder_outputs: false``. Both are read as written.
+Configurations tformer cannot express are refused in one line.
 """
 
 from __future__ import annotations
@@ -38,6 +45,14 @@ from tformer.paths import first_line
 
 # T5 has no position table, so no limit of its own; tformer's model needs one.
 MAX_LEN = 512
+# T5Config.feed_forward_proj -> tformer's activation: v1.0's relu, v1.1's gated gelu_new.
+FEED_FORWARDS = {"relu": "relu", "gated-gelu": "geglu_tanh"}
+
+
+def gated(config: Any) -> bool:
+    """T5 v1.1's gated feed-forward (read from feed_forward_proj: a saved config.json also
+    holds T5Config's derived ``is_gated_act``, which from_dict takes as written)."""
+    return bool(config.feed_forward_proj == "gated-gelu")
 
 
 def t5_config(folder: Path) -> Any:
@@ -50,13 +65,13 @@ def t5_config(folder: Path) -> Any:
     raw = read_json(folder / CONFIG)
     config = transformers_config(folder, "T5Config", raw)
     problems = []
-    if config.feed_forward_proj != "relu":
+    if config.feed_forward_proj not in FEED_FORWARDS:
         problems.append(
-            f"feed_forward_proj {config.feed_forward_proj!r} (T5 v1.1's gated feed-forward; "
-            "tformer imports T5 v1.0's relu)"
+            f"feed_forward_proj {config.feed_forward_proj!r} (tformer imports "
+            f"{' and '.join(map(repr, FEED_FORWARDS))})"
         )
-    if not raw.get("tie_word_embeddings", True):  # read as written: T5Config may reset it
-        problems.append("tie_word_embeddings false (T5 v1.1's untied output)")
+    elif gated(config) and config.d_ff % 8:
+        problems.append(f"d_ff {config.d_ff} (a gated width tformer holds is a multiple of 8)")
     if config.num_heads * config.d_kv != config.d_model:
         problems.append(f"num_heads x d_kv {config.num_heads * config.d_kv} != d_model")
     if not config.is_encoder_decoder:
@@ -76,6 +91,13 @@ def t5_order(size: int) -> list[int | None]:
     """T5's ids in tformer's order: <pad> new, <bos> T5's <pad> (its decoder start), <eos>
     its </s>, <unk> its <unk>, then every other id in its order."""
     return [None, 0, 1, 2, *range(3, size)]
+
+
+def output_layout(config: Any, raw: dict[str, Any]) -> tuple[bool, bool]:
+    """Whether the output projection is the embedding (tied), and whether the decoder's output
+    is rescaled by d_model^-0.5, from config.json as written (T5Config forces the tie)."""
+    tied = raw.get("tie_word_embeddings", True) is not False
+    return tied, bool(getattr(config, "scale_decoder_outputs", tied))
 
 
 def t5_tokenizer(folder: Path, size: int) -> tuple[Any, list[int | None], list[str]]:
@@ -119,11 +141,12 @@ def read_t5(folder: Path, *, source: str) -> Imported:
     tokenizer = reordered_tokenizer(
         hf.backend_tokenizer, order, mask=False, where=str(folder), keep=sentinels
     )
-    arch = t5_model_config(config, len(order))
+    tied, scaled = output_layout(config, read_json(folder / CONFIG))
+    arch = t5_model_config(config, len(order), tied=tied, scaled=scaled)
     with open_weights(folder) as weights:
-        state = t5_state(weights, config, order)
-        weights.done({"encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
-                      "lm_head.weight"})  # fmt: skip
+        state = t5_state(weights, config, order, tied=tied)
+        copies = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"}
+        weights.done(copies | {"lm_head.weight"} if tied else copies)
     model = build_model(arch)
     model.load_state_dict(state, strict=True)
     origin = {
@@ -136,8 +159,11 @@ def read_t5(folder: Path, *, source: str) -> Imported:
     return Imported(model.eval(), Tokenizers(tokenizer, tokenizer), origin)
 
 
-def t5_model_config(config: Any, vocab_size: int) -> ModelConfig:
-    """tformer's architecture of a (checked) T5 v1.0 config."""
+def t5_model_config(
+    config: Any, vocab_size: int, *, tied: bool = True, scaled: bool = True
+) -> ModelConfig:
+    """tformer's architecture of a (checked) T5 v1.0 or v1.1 config (see output_layout)."""
+    v1_1 = gated(config)
     return ModelConfig(
         src_vocab_size=vocab_size,
         tgt_vocab_size=vocab_size,
@@ -145,13 +171,13 @@ def t5_model_config(config: Any, vocab_size: int) -> ModelConfig:
         n_heads=config.num_heads,
         n_encoder_layers=config.num_layers,
         n_decoder_layers=config.num_decoder_layers,
-        d_ff=config.d_ff,
+        d_ff=config.d_ff * 3 // 2 if v1_1 else config.d_ff,  # ffn_hidden is T5's d_ff
         dropout=config.dropout_rate,
         attention_dropout=config.dropout_rate,
         norm="pre",
         normalization="rmsnorm",
         norm_eps=config.layer_norm_epsilon,
-        activation="relu",
+        activation=FEED_FORWARDS[config.feed_forward_proj],  # type: ignore[arg-type]
         max_len=MAX_LEN,
         positions="relative",
         relative_buckets=config.relative_attention_num_buckets,
@@ -159,14 +185,16 @@ def t5_model_config(config: Any, vocab_size: int) -> ModelConfig:
         attention_scale=False,
         linear_bias=False,
         embedding_scale=False,
-        tie_embeddings=True,
+        tie_embeddings=tied,
         share_embeddings=True,
-        output_scale=True,
+        output_scale=scaled,
         source_eos=True,
     )
 
 
-def t5_state(weights: _Tensors, config: Any, order: list[int | None]) -> dict[str, torch.Tensor]:
+def t5_state(
+    weights: _Tensors, config: Any, order: list[int | None], *, tied: bool = True
+) -> dict[str, torch.Tensor]:
     """tformer's state dict from the T5 tensors."""
     d, f, h = config.d_model, config.d_ff, config.num_heads
     shared = weights.take(
@@ -177,6 +205,9 @@ def t5_state(weights: _Tensors, config: Any, order: list[int | None]) -> dict[st
         "encoder.embedding.embedding.weight": embedding,
         "decoder.embedding.embedding.weight": embedding,
     }
+    if not tied:  # an output projection of its own, rows in tformer's order
+        head = weights.take("lm_head.weight", (config.vocab_size, d))
+        state["output_projection.weight"] = rows_in_order(head, order)
     for side, count in (("encoder", config.num_layers), ("decoder", config.num_decoder_layers)):
         bias = f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
         state[f"{side}.relative.table.weight"] = weights.take(
@@ -200,9 +231,16 @@ def t5_state(weights: _Tensors, config: Any, order: list[int | None]) -> dict[st
                     f"{theirs}.{j}.layer_norm.weight", (d,)
                 )
             j = len(parts)
-            state[f"{ours}.feed_forward.w1.weight"] = weights.take(
-                f"{theirs}.{j}.DenseReluDense.wi.weight", (f, d)
-            )
+            dense = f"{theirs}.{j}.DenseReluDense"
+            if gated(config):  # act(x wi_0) * (x wi_1): the gate and the gated value
+                state[f"{ours}.feed_forward.w1.weight"] = weights.take(
+                    f"{dense}.wi_0.weight", (f, d)
+                )
+                state[f"{ours}.feed_forward.v.weight"] = weights.take(
+                    f"{dense}.wi_1.weight", (f, d)
+                )
+            else:
+                state[f"{ours}.feed_forward.w1.weight"] = weights.take(f"{dense}.wi.weight", (f, d))
             state[f"{ours}.feed_forward.w2.weight"] = weights.take(
                 f"{theirs}.{j}.DenseReluDense.wo.weight", (d, f)
             )

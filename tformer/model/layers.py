@@ -35,6 +35,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": F.silu,  # Swish with beta = 1 (Ramachandran et al. 2017); Marian's "swish"
     "swiglu": F.silu,  # Swish with beta = 1
     "geglu": F.gelu,
+    "geglu_tanh": gelu_tanh,  # T5 v1.1's "gated-gelu" (its gelu_new gate)
 }
 RMS_NORM_EPS = 1e-6  # LLaMA's; LayerNorm keeps torch's 1e-5
 
