@@ -21,11 +21,12 @@ transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: E402
 
+from tests.conftest import refusal_lines  # noqa: E402
 from tests.imports.conftest import lines  # noqa: E402
 from tformer.analysis.language import evaluate_language  # noqa: E402
 from tformer.checkpoint.store import load_checkpoint  # noqa: E402
 from tformer.cli.commands import app  # noqa: E402
-from tformer.config import BOS_ID  # noqa: E402
+from tformer.config import BOS_ID, EOS_ID  # noqa: E402
 from tformer.data.hf_tokenizers import to_tformer_ids  # noqa: E402
 from tformer.decoding.api import decode_texts  # noqa: E402
 from tformer.decoding.settings import DecodingConfig  # noqa: E402
@@ -248,3 +249,41 @@ def test_the_slow_files_vocab_and_merges_give_the_same_tokenizer(
     fast = load_checkpoint(gpt2.out).tokenizers.source
     texts = lines("test2016", "en", 200, toy_data)
     assert slow.encode_batch(texts) == fast.encode_batch(texts)
+
+
+def test_score_gives_each_tokens_loss_as_transformers(gpt2: GPT2Case, toy_data: Path) -> None:
+    """`tformer score CKPT TEXT` on a language model: <|endoftext|> (tformer's <bos>) then the
+    text, each next token's loss equal to -log softmax of GPT-2's own logits."""
+    text = lines("test2016", "en", 1, toy_data)[0]
+    result = CliRunner().invoke(app, ["score", str(gpt2.out), text, "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    hf_ids = gpt2.tokenizer(text, add_special_tokens=False)["input_ids"]
+    eot = gpt2.tokenizer.eos_token_id
+    with torch.no_grad():
+        logp = gpt2.model(torch.tensor([[eot, *hf_ids]])).logits[0].log_softmax(-1)
+    want = [-float(logp[i, label]) for i, label in enumerate([*hf_ids, eot])]
+    got = [p["loss"] for p in record["positions"]]
+    labels = [p["label_id"] for p in record["positions"]]
+    assert labels == [*tformer_ids(gpt2, hf_ids), EOS_ID]  # <|endoftext|> closes it as <eos>
+    assert got == pytest.approx(want, abs=1e-4)
+    assert record["source"] == "" and record["reference"] == text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["a man", "a dog"], "a language model scores one TEXT"),
+        (["--split", "test"], "measured by tformer evaluate"),
+        ([""], "TEXT: empty"),
+        (["a " * 60], "the model reads 1 to 47 tokens"),
+    ],
+    ids=["reference", "split", "empty", "too-long"],
+)
+def test_score_refuses_what_a_language_model_cannot_score(
+    gpt2: GPT2Case, args: list[str], message: str
+) -> None:
+    result = CliRunner().invoke(app, ["score", str(gpt2.out), *args])
+    assert result.exit_code != 0
+    lines_out = refusal_lines(result.stderr)
+    assert len(lines_out) == 1 and message in lines_out[0], result.stderr

@@ -24,6 +24,7 @@ from torch import Tensor
 from tformer.checkpoint.store import Tokenizers
 from tformer.config import PAD_ID, UNK, UNK_ID
 from tformer.data.batching import BatchPlan, shift_right
+from tformer.data.lm import CausalObjective, lm_examples
 from tformer.data.pairs import KeptTexts, encode_pairs, unfit
 from tformer.data.sources import TextPair
 from tformer.data.tokenizer import Tokenizer
@@ -293,6 +294,37 @@ def score_pair(
         model, tokenizers, [(source, reference)], label_smoothing=label_smoothing
     )
     return scored
+
+
+@torch.no_grad()
+def score_text(
+    model: Transformer, tokenizers: Tokenizers, text: str, *, label_smoothing: float = 0.0
+) -> PairScore:
+    """A decoder-only model's ``text`` teacher-forced as it trains on one document (``<bos>``
+    text ``<eos>``): at each position the next token's probability, rank and loss. The
+    result's ``source`` is empty and its ``reference`` the text.
+
+    Raises:
+        DataError: the text is empty, holds characters the tokenizer encodes as ``<unk>``, or
+            does not fit the model's positions.
+    """
+    check_encodable(tokenizers.target, text, "TEXT")
+    ids = tokenizers.target.encode(text)
+    limit = model.config.max_len
+    if not ids or len(ids) + 1 > limit:
+        what = "empty" if not ids else f"{len(ids)} tokens, and <bos> before them"
+        raise DataError(f"TEXT: {what}; the model reads 1 to {limit - 1} tokens")
+    (example,) = lm_examples([ids], "decoder-only", limit, pack=False)
+    batch = CausalObjective().collate([example], [0]).to(next(model.parameters()).device)
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model(batch.src, batch.tgt_in).logits  # (1, T, V)
+    finally:
+        model.train(was_training)
+    figures = position_scores(logits, batch.tgt_out, label_smoothing)
+    row = {name: value[0].cpu().tolist() for name, value in figures.items()}
+    return _pair_score((0, ("", text)), [], ids, row, tokenizers, label_smoothing)
 
 
 def unknown_characters(tokenizer: Tokenizer, text: str) -> list[str]:

@@ -21,6 +21,7 @@ from tformer.analysis.score import (
     decoder_masks,
     score_pair,
     score_pairs,
+    score_text,
     score_tsv,
     summarize,
     unknown_characters,
@@ -105,6 +106,10 @@ def score_command(
       tformer score checkpoints/dates --split test --worst 5 --out test-tokens.tsv
     """
     whole_split = data is not None or split is not None
+    if require_family(checkpoint, "score", "encoder-decoder", "decoder-only") == "decoder-only":
+        _score_text(checkpoint, source, reference, whole_split, as_json, masks, out, device,
+                    mask_heads)  # fmt: skip
+        return
     _check_options(source, reference, whole_split, limit, worst_n, masks, out)
     name = split or "test"
     if whole_split:
@@ -114,7 +119,6 @@ def score_command(
         if whole_split
         else None
     )
-    require_family(checkpoint, "score", "encoder-decoder")
     ckpt = load_chosen(checkpoint, device)
     model = ckpt.model
     apply_mask_heads(model, mask_heads)
@@ -137,6 +141,38 @@ def score_command(
     where = escape(f"{data or 'bundled dates'} [{name}]")
     console.print(summary_table(summary, where))
     console.print(worst_table(worst(scores, worst_n)))
+
+
+def _score_text(
+    checkpoint: Path,
+    text: str | None,
+    extra: str | None,
+    whole_split: bool,
+    as_json: bool,
+    masks: bool,
+    out: Path | None,
+    device: str,
+    mask_heads: str | None,
+) -> None:
+    """A decoder-only model scores one text (its positions as a pair's; no source)."""
+    if whole_split:
+        raise ConfigError(
+            "--data / --split: a language model's split is measured by tformer evaluate "
+            "(loss, perplexity); tformer score takes one TEXT"
+        )
+    if text is None or extra is not None:
+        raise ConfigError(
+            "a language model scores one TEXT: give tformer score CHECKPOINT TEXT (no REFERENCE)"
+        )
+    if out is not None:
+        file_option(out, "--out")
+    ckpt = load_chosen(checkpoint, device)
+    apply_mask_heads(ckpt.model, mask_heads)
+    scored = score_text(
+        ckpt.model, ckpt.tokenizers, text, label_smoothing=ckpt.train_config.label_smoothing
+    )
+    _write_tsv(out, [scored])
+    _show_pair(ckpt, scored, as_json=as_json, masks=masks)
 
 
 def _check_options(
