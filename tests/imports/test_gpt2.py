@@ -287,3 +287,32 @@ def test_score_refuses_what_a_language_model_cannot_score(
     assert result.exit_code != 0
     lines_out = refusal_lines(result.stderr)
     assert len(lines_out) == 1 and message in lines_out[0], result.stderr
+
+
+def test_ablate_ranks_gpt2s_heads_by_the_loss_evaluate_measures(
+    gpt2: GPT2Case, tmp_path: Path
+) -> None:
+    """`tformer ablate` on a language model: each head's masked loss is what `tformer evaluate
+    --mask-heads` measures of that head on the same documents; --metric bleu is refused."""
+    runner = CliRunner()
+    split = ["--split", "validation", "--limit", "6"]
+    result = runner.invoke(app, ["ablate", str(gpt2.out), *split, "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["documents"] == 6 and len(record["heads"]) == 2 * 4  # layers x heads
+    assert {h["part"] for h in record["heads"]} == {"dec"}
+
+    def evaluated(*extra: str) -> float:
+        out = tmp_path / f"eval{len(list(tmp_path.iterdir()))}"
+        done = runner.invoke(app, ["evaluate", str(gpt2.out), *split, "--out", str(out), *extra])
+        assert done.exit_code == 0, done.output
+        return float(json.loads((out / "result.json").read_text())["metrics"]["loss"])
+
+    assert record["baseline"]["loss"] == pytest.approx(evaluated(), abs=1e-4)
+    top = record["heads"][0]
+    assert top["quality"]["loss"] == pytest.approx(
+        evaluated("--mask-heads", top["head"]), abs=1e-4
+    )
+    refused = runner.invoke(app, ["ablate", str(gpt2.out), "--metric", "bleu"])
+    assert refused.exit_code != 0
+    assert "is ablated by its loss" in " ".join(refused.stderr.split())

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from tformer.analysis.evaluate import batches_loss, teacher_forced_batches
-from tformer.checkpoint.store import Tokenizers
+from tformer.analysis.language import language_batches
+from tformer.checkpoint.store import Checkpoint, Tokenizers
 from tformer.data.batching import Batch
 from tformer.data.sources import TextPair
 from tformer.decoding.settings import DecodingConfig
@@ -68,10 +69,11 @@ class Ablation:
     """The baseline, every head's effect (most important first) and the pruning curve."""
 
     metric: str
-    pairs: int
+    pairs: int  # what it was measured on: pairs, or a language model's documents (``unit``)
     baseline: Quality
     effects: list[HeadEffect]
     prune_curve: list[PrunePoint] = field(default_factory=list)
+    unit: str = "pairs"
 
     def grid(self, part: str) -> list[list[float]]:
         """Importance of ``part``'s heads as (layers x heads), for heatmaps."""
@@ -88,7 +90,7 @@ class Ablation:
     def to_dict(self) -> dict[str, Any]:
         return {
             "metric": self.metric,
-            "pairs": self.pairs,
+            self.unit: self.pairs,
             "baseline": asdict(self.baseline),
             "heads": [asdict(e) for e in self.effects],
             "grid": {part: self.grid(part) for part in PARTS},
@@ -220,11 +222,45 @@ def ablate(
     """
     if not pairs:
         raise ConfigError("nothing to ablate on: the split has no pairs")
-    if prune_step is not None and not 0.0 < prune_step <= 1.0:
-        raise ConfigError(f"--prune-step {prune_step} must be in (0, 1]")
     measure = quality_probe(
         model, tokenizers, pairs, metric=metric, decoding=decoding, batch_size=batch_size
     )
+    return ablate_with(model, measure, metric, len(pairs), prune_step, on_head)
+
+
+def ablate_language(
+    ckpt: Checkpoint,
+    docs: Sequence[str],
+    *,
+    prune_step: float | None = None,
+    on_head: Callable[[HeadName], None] | None = None,
+) -> Ablation:
+    """Rank every head of a language model (decoder- or encoder-only) by the loss increase
+    that masking it alone causes on ``docs``, read as ``tformer evaluate`` reads them."""
+    if not docs:
+        raise ConfigError("nothing to ablate on: the split has no documents")
+    batches = language_batches(ckpt, docs)
+    model = ckpt.model
+
+    def measure() -> Quality:
+        return Quality(round(batches_loss(model, batches)[0], 6))
+
+    result = ablate_with(model, measure, "loss", len(docs), prune_step, on_head)
+    result.unit = "documents"
+    return result
+
+
+def ablate_with(
+    model: Transformer,
+    measure: Measure,
+    metric: str,
+    measured: int,
+    prune_step: float | None,
+    on_head: Callable[[HeadName], None] | None,
+) -> Ablation:
+    """:func:`ablate` with its measurement given (``measured``: the pairs or documents)."""
+    if prune_step is not None and not 0.0 < prune_step <= 1.0:
+        raise ConfigError(f"--prune-step {prune_step} must be in (0, 1]")
     heads = all_heads(model)
     was_training = model.training
     model.eval()
@@ -237,7 +273,7 @@ def ablate(
         )
     finally:
         model.train(was_training)
-    return Ablation(metric, len(pairs), baseline, effects, curve)
+    return Ablation(metric, measured, baseline, effects, curve)
 
 
 def prune_curve(

@@ -16,7 +16,7 @@ import torch
 
 from tformer.checkpoint.store import Checkpoint
 from tformer.config import EOS_ID, MASK, MASK_ID, PAD_ID, ModelConfig
-from tformer.data.batching import BatchPlan
+from tformer.data.batching import Batch, BatchPlan
 from tformer.data.lm import lm_examples, objective_for
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import ConfigError
@@ -48,6 +48,22 @@ class LanguageEvaluation:
 
 
 @torch.no_grad()
+def language_batches(ckpt: Checkpoint, docs: Sequence[str]) -> list[Batch]:
+    """``docs`` as the model was trained on them, in fixed token-budget batches on its device:
+    packed into blocks of its ``--block-size`` (or one document a row with ``--no-pack``); an
+    encoder-only model's masking fixed by seed 0."""
+    config, train = ckpt.model_config, ckpt.train_config
+    device = next(ckpt.model.parameters()).device
+    ids = ckpt.tokenizers.source.encode_batch(list(docs))
+    block = train.block_size or config.max_len
+    examples = lm_examples(
+        ids, config.arch, block, pack=train.pack, document_bos=config.document_bos
+    )
+    objective = objective_for(config.arch, config.src_vocab_size, train, seed=0)
+    plan = BatchPlan(examples, EVAL_BATCH_TOKENS, seed=0, objective=objective)
+    return [batch.to(device) for batch in plan.batches(0)]
+
+
 def evaluate_language(ckpt: Checkpoint, docs: Sequence[str], *, split: str = "test") -> (
     LanguageEvaluation
 ):
@@ -62,18 +78,8 @@ def evaluate_language(ckpt: Checkpoint, docs: Sequence[str], *, split: str = "te
     started = time.perf_counter()
     model, config = ckpt.model, ckpt.model_config
     model.eval()
-    device = next(model.parameters()).device
-    ids = ckpt.tokenizers.source.encode_batch(list(docs))
-    train = ckpt.train_config
-    block = train.block_size or config.max_len
-    examples = lm_examples(
-        ids, config.arch, block, pack=train.pack, document_bos=config.document_bos
-    )
-    objective = objective_for(config.arch, config.src_vocab_size, ckpt.train_config, seed=0)
-    plan = BatchPlan(examples, EVAL_BATCH_TOKENS, seed=0, objective=objective)
     total, tokens, correct = 0.0, 0, 0
-    for batch in plan.batches(0):
-        batch = batch.to(device)
+    for batch in language_batches(ckpt, docs):
         logits = model(batch.src, batch.tgt_in).logits
         total += float(sequence_loss(logits, batch.tgt_out))
         tokens += batch.n_target_tokens

@@ -14,7 +14,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from tformer.analysis.ablate import METRICS, Ablation, ablate
+from tformer.analysis.ablate import METRICS, Ablation, ablate, ablate_language
 from tformer.analysis.run_plot import PLOT_SUFFIXES, check_plot_path
 from tformer.checkpoint.files import write_text_atomic
 from tformer.cli.app import app
@@ -25,14 +25,17 @@ from tformer.cli.options import (
     CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
+    LANGUAGE_MODELS,
     LIMIT,
     MAX_NEW_TOKENS,
     SOURCE_FIELD,
     TARGET_FIELD,
+    TEXT_FIELD,
     check_batch_size,
     check_limit,
     data_of,
     file_option,
+    language_split,
     load_chosen,
     require_family,
     split_pairs,
@@ -53,6 +56,7 @@ def ablate_command(
     data: str | None = DATA,
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,
+    text_field: str = TEXT_FIELD,
     split: str = typer.Option(
         "validation", "--split", help="train, validation or test (choose heads on held-out data)."
     ),
@@ -96,16 +100,28 @@ def ablate_command(
     """
     _check_options(metric, limit, prune_step, top, save)
     check_batch_size(batch_size)
-    require_family(checkpoint, "ablate", "encoder-decoder")
-    data, source_field, target_field, _ = data_of(checkpoint, data, source_field, target_field)
-    pairs = split_pairs(
-        data, split, source_field=source_field, target_field=target_field, limit=limit
+    arch = require_family(checkpoint, "ablate", "encoder-decoder", *LANGUAGE_MODELS)
+    if arch in LANGUAGE_MODELS and metric != "loss":
+        raise ConfigError(
+            f"--metric {metric}: a language model ({arch}) is ablated by its loss; leave out "
+            "--metric"
+        )
+    data, source_field, target_field, text_field = data_of(
+        checkpoint, data, source_field, target_field, text_field
     )
+    if arch in LANGUAGE_MODELS:
+        docs = language_split(data, text_field, split, limit)
+        measured = f"{len(docs):,} documents"
+    else:
+        pairs = split_pairs(
+            data, split, source_field=source_field, target_field=target_field, limit=limit
+        )
+        measured = f"{len(pairs):,} pairs"
     ckpt = load_chosen(checkpoint, device)
     heads = all_heads(ckpt.model)
     runs = len(heads) + 1
     err_console.print(
-        f"masking each of {len(heads)} heads in turn on {len(pairs):,} pairs of {split} "
+        f"masking each of {len(heads)} heads in turn on {measured} of {split} "
         f"({metric}{', then pruning' if prune else ''}) …"
     )
     with Progress(
@@ -117,15 +133,24 @@ def ablate_command(
         transient=True,
     ) as progress:
         task = progress.add_task("heads", total=runs - 1)
-        result = ablate(
-            ckpt.model,
-            ckpt.tokenizers,
-            pairs,
-            metric=metric,
-            prune_step=prune_step if prune else None,
-            decoding=DecodingConfig(max_new_tokens=max_new_tokens),
-            batch_size=batch_size,
-            on_head=lambda _: progress.advance(task),
+        result = (
+            ablate_language(
+                ckpt,
+                docs,
+                prune_step=prune_step if prune else None,
+                on_head=lambda _: progress.advance(task),
+            )
+            if arch in LANGUAGE_MODELS
+            else ablate(
+                ckpt.model,
+                ckpt.tokenizers,
+                pairs,
+                metric=metric,
+                prune_step=prune_step if prune else None,
+                decoding=DecodingConfig(max_new_tokens=max_new_tokens),
+                batch_size=batch_size,
+                on_head=lambda _: progress.advance(task),
+            )
         )
     record = {"checkpoint": str(ckpt.path), "data": data, "split": split, **result.to_dict()}
     if save is not None:
@@ -188,7 +213,7 @@ def ranking_table(result: Ablation, top: int) -> Table:
     base = result.baseline
     title = (
         f"{len(result.effects)} heads by importance ({'BLEU drop' if bleu else 'loss increase'} "
-        f"when masked alone), {result.pairs:,} pairs; baseline loss {base.loss:.4f}"
+        f"when masked alone), {result.pairs:,} {result.unit}; baseline loss {base.loss:.4f}"
         + (f", BLEU {base.bleu:.2f}, chrF {base.chrf:.2f}" if bleu else "")
     )
     table = Table(title=title, title_justify="left")

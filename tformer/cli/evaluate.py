@@ -25,6 +25,7 @@ from tformer.cli.options import (
     CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
+    LANGUAGE_MODELS,
     LENGTH_PENALTY,
     LIMIT,
     MASK_HEADS,
@@ -49,13 +50,13 @@ from tformer.cli.options import (
     data_of,
     decoding_config,
     folder_option,
+    language_split,
     load_chosen,
     require_family,
     split_pairs,
     warn_long_inputs,
 )
-from tformer.data.lm import load_texts
-from tformer.errors import CheckpointError, DataError
+from tformer.errors import CheckpointError
 
 
 @app.command("evaluate")
@@ -147,9 +148,6 @@ def evaluate_command(
     )
 
 
-LANGUAGE_MODELS = ("decoder-only", "encoder-only")
-
-
 def _evaluate_language(
     checkpoint: Path,
     data: str | None,
@@ -161,10 +159,7 @@ def _evaluate_language(
     mask_heads: str | None,
 ) -> None:
     """A language model's split: loss, perplexity and bits per character or masked accuracy."""
-    splits = load_texts(data, text_field)
-    if split not in splits:
-        raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
-    docs = splits[split][:limit] if limit else splits[split]
+    docs = language_split(data, text_field, split, limit)
     ckpt = load_chosen(checkpoint, device)
     masked = apply_mask_heads(ckpt.model, mask_heads)
     folder = out or ckpt.path / f"eval-{split}"

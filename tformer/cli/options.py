@@ -534,6 +534,20 @@ def split_pairs(
     return list(pairs[:limit] if limit else pairs)
 
 
+LANGUAGE_MODELS = ("decoder-only", "encoder-only")
+
+
+def language_split(data: str | None, text_field: str, split: str, limit: int | None) -> list[str]:
+    """The (first ``limit``) documents of ``split`` in ``--data`` (the bundled text when
+    None), or one line naming the splits there are."""
+    from tformer.data.lm import load_texts  # reads data: only commands that need it
+
+    splits = load_texts(data, text_field)
+    if split not in splits:
+        raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
+    return splits[split][:limit] if limit else splits[split]
+
+
 # What each family is for, named when a command for another family is given its checkpoint.
 _FAMILY_TOOLS = {
     "encoder-decoder": "translate with tformer generate",
