@@ -10,6 +10,10 @@ cannot end early) and reports new tokens per second (best of ``--repeats`` after
 the implementations taking turns) and the process's peak resident memory after it. Target
 (issue 38): tformer at least 2x Hugging Face ``generate`` on 2 CPU cores.
 
+With ``--ablate N`` it then times ``tformer ablate``'s measurement on the same model: every
+head (144 for GPT-2 small) masked in turn, the loss of N documents of 16-24 random tokens each,
+packed as ``tformer evaluate`` packs them (target: minutes on 2 cores, not hours).
+
 Prints one JSON line per measurement, then a Markdown table.
 
     python benchmarks/gpt2_decode_speed.py                 # GPT-2 small, 3 repeats
@@ -120,6 +124,47 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return records
 
 
+def ablation(model: Transformer, documents: int, seed: int = 2) -> dict[str, Any]:
+    """The time ``tformer ablate`` spends ranking every head of ``model`` on ``documents``."""
+    from tformer.analysis.ablate import Quality, ablate_with
+    from tformer.analysis.evaluate import batches_loss
+    from tformer.data.batching import BatchPlan
+    from tformer.data.lm import CausalObjective, lm_examples
+    from tformer.metrics import EVAL_BATCH_TOKENS
+    from tformer.model.heads import all_heads
+
+    rng = torch.Generator().manual_seed(seed)
+    vocab = model.config.tgt_vocab_size
+    docs = [
+        torch.randint(4, vocab, (int(torch.randint(16, 25, (1,), generator=rng)),),
+                      generator=rng).tolist()
+        for _ in range(documents)
+    ]  # fmt: skip
+    examples = lm_examples(docs, "decoder-only", model.config.max_len, pack=True)
+    plan = BatchPlan(examples, EVAL_BATCH_TOKENS, seed=0, objective=CausalObjective())
+    batches = list(plan.batches(0))
+
+    def measure() -> Quality:
+        return Quality(round(batches_loss(model, batches)[0], 6))
+
+    start = time.perf_counter()
+    with torch.inference_mode():
+        result = ablate_with(model, measure, "loss", documents, None, None)
+    seconds = time.perf_counter() - start
+    record = {
+        "benchmark": "gpt2_ablate",
+        "heads": len(all_heads(model)),
+        "documents": documents,
+        "tokens": sum(len(d) + 1 for d in docs),
+        "measurements": len(result.effects) + 1,
+        "seconds": round(seconds, 1),
+        "threads": torch.get_num_threads(),
+        "peak_rss_mb": round(peak_mb(), 1),
+    }
+    print(json.dumps(record), flush=True)
+    return record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt", type=int, default=16, help="prompt tokens")
@@ -127,10 +172,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
     parser.add_argument("--smoke", action="store_true", help="a tiny config, one repeat (CI)")
+    parser.add_argument("--ablate", type=int, default=0, metavar="N",
+                        help="also time ablating every head over N documents")  # fmt: skip
     args = parser.parse_args()
     if args.smoke:
         args.repeats, args.new = 1, 8
     records = run(args)
+    if args.ablate:
+        ablated = ablation(models(SMOKE if args.smoke else SMALL)[1], args.ablate)
+        print(f"\nablate: {ablated['heads']} heads over {ablated['documents']} documents "
+              f"({ablated['tokens']} tokens) in {ablated['seconds']} s")  # fmt: skip
     hf_speed = next(r["tokens_per_s"] for r in records if r["implementation"] == "huggingface")
     print("\n| implementation | new tokens/s | x Hugging Face | peak RSS (MB, process) |")
     print("|---|---|---|---|")

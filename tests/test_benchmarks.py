@@ -132,6 +132,9 @@ def test_import_speed_smoke() -> None:
 
 def test_gpt2_decode_speed_smoke() -> None:
     pytest.importorskip("transformers")
-    records = run_script("gpt2_decode_speed.py", "--smoke")
-    assert [r["implementation"] for r in records] == ["huggingface", "tformer", "tformer-int8"]
-    assert all(r["tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in records)
+    records = run_script("gpt2_decode_speed.py", "--smoke", "--ablate", "5")
+    decoding = [r for r in records if r["benchmark"] == "gpt2_decode_speed"]
+    assert [r["implementation"] for r in decoding] == ["huggingface", "tformer", "tformer-int8"]
+    assert all(r["tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in decoding)
+    (ablated,) = [r for r in records if r["benchmark"] == "gpt2_ablate"]
+    assert ablated["heads"] == 8 and ablated["measurements"] == 9 and ablated["documents"] == 5
