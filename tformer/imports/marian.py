@@ -16,7 +16,7 @@ the embeddings, different encoder and decoder widths) are refused before anythin
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,9 +159,10 @@ def open_weights(folder: Path) -> Iterator[_Tensors]:
 
 
 class _OneMapEach:
-    """A ``safe_open`` handle whose tensors are each read through a map of their own, copied
-    and unmapped: the pages a map has read stay resident while it is open, so reading every
-    tensor through the one map kept the whole file in memory beside the model being built."""
+    """A ``safe_open`` handle whose tensors each come from a map of their own, unmapped when
+    the tensor is let go: the pages a map has read stay resident while it is open, so reading
+    every tensor through the one map kept the whole file in memory beside the model being
+    built. (A write to such a tensor goes to a private copy, never to the file.)"""
 
     def __init__(self, handle: Any, path: Path) -> None:
         self.handle, self.path = handle, path
@@ -174,7 +175,8 @@ class _OneMapEach:
 
     def get_tensor(self, key: str) -> torch.Tensor:
         with safe_open(str(self.path), framework="pt") as handle:
-            return handle.get_tensor(key).clone()
+            tensor: torch.Tensor = handle.get_tensor(key)  # keeps its map open while alive
+        return tensor
 
 
 class _Tensors:
@@ -265,11 +267,27 @@ def _layer_state(
 
 def rows_in_order(matrix: torch.Tensor, order: list[int | None]) -> torch.Tensor:
     """``matrix``'s rows (a foreign vocabulary's) in tformer's id order; a new row is zeros."""
-    index = torch.tensor([0 if i is None else i for i in order])
-    out = matrix[index].clone()
-    new = [row for row, i in enumerate(order) if i is None]
-    out[new] = 0.0
+    out = matrix.new_empty(len(order), *matrix.shape[1:])
+    fill_rows_in_order(out, matrix, order)
     return out
+
+
+def fill_rows_in_order(
+    dest: torch.Tensor,
+    matrix: torch.Tensor,
+    order: list[int | None],
+    columns: torch.Tensor | None = None,
+    block: int = 4096,
+) -> None:
+    """``dest`` = ``matrix``'s rows in tformer's id order (new rows zeros), and with
+    ``columns`` its columns in that order too; a block of rows at a time, so no temporary of
+    the matrix's size is made."""
+    index = torch.tensor([0 if i is None else i for i in order])
+    for start in range(0, len(order), block):
+        rows = index[start : start + block]
+        part = matrix[rows] if columns is None else matrix[rows[:, None], columns[None, :]]
+        dest[start : start + block].copy_(part)
+    dest[[row for row, i in enumerate(order) if i is None]] = 0.0
 
 
 def never_rows(order: list[int | None]) -> list[int]:
@@ -433,7 +451,10 @@ def read_marian(folder: Path, *, source: str) -> Imported:
         target = model.state_dict()
         filled = set()
         for name, tensor in _converted(weights, config, found, layout):
-            target[name].copy_(tensor)
+            if callable(tensor):
+                tensor(target[name])
+            else:
+                target[name].copy_(tensor)
             filled.add(name)
         assert filled == set(target), set(target) ^ filled
         weights.done(_tied_names(config))
@@ -507,33 +528,47 @@ def _embeddings(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Marian's source and target embeddings (transformers saves a tied matrix once, under
     one of its names)."""
-    d = config.d_model
+    return _embedding(weights, config, layout, "encoder"), _embedding(
+        weights, config, layout, "decoder"
+    )
+
+
+def _embedding(weights: _Tensors, config: Any, layout: _Layout, side: str) -> torch.Tensor:
+    """Marian's ``side`` ("encoder" or "decoder") embedding, under whichever name it is saved."""
     share = bool(config.share_encoder_decoder_embeddings)
     shared = ("model.shared.weight",) if share else ()
-    head = ("lm_head.weight",) if config.tie_word_embeddings else ()
-    encoder = weights.take(
-        "model.encoder.embed_tokens.weight", (layout.src_size, d), *shared, *(head if share else ())
+    head = (
+        ("lm_head.weight",) if config.tie_word_embeddings and (share or side == "decoder") else ()
     )
-    decoder = weights.take(
-        "model.decoder.embed_tokens.weight", (layout.tgt_size, d), *shared, *head
-    )
-    return encoder, decoder
+    rows = layout.src_size if side == "encoder" else layout.tgt_size
+    return weights.take(f"model.{side}.embed_tokens.weight", (rows, config.d_model), *shared, *head)
+
+
+Fill = Callable[[torch.Tensor], None]  # writes a converted tensor into the model's
 
 
 def _converted(
     weights: _Tensors, config: Any, found: FolderTokenizers, layout: _Layout
-) -> Iterator[tuple[str, torch.Tensor]]:
+) -> Iterator[tuple[str, torch.Tensor | Fill]]:
     """tformer's state dict, one tensor at a time, from the Marian tensors."""
     inverse = layout.inverse
 
-    def vocab(matrix: torch.Tensor, order: list[int | None]) -> torch.Tensor:
-        return rows_in_order(matrix, order)[:, inverse]
+    def vocab(matrix: torch.Tensor, order: list[int | None]) -> Fill:
+        # The vocabulary matrices are the largest tensors: written into the model a block of
+        # rows at a time, with no converted copy beside the one read.
+        return lambda dest: fill_rows_in_order(dest, matrix, order, inverse)
 
-    encoder, decoder = _embeddings(weights, config, layout)
-    yield "encoder.embedding.embedding.weight", vocab(encoder, found.source_order)
-    del encoder
-    yield "decoder.embedding.embedding.weight", vocab(decoder, found.target_order)
-    del decoder
+    names = ("encoder.embedding.embedding.weight", "decoder.embedding.embedding.weight")
+    if layout.share:  # one matrix, read once
+        shared = vocab(_embedding(weights, config, layout, "encoder"), found.source_order)
+        for name in names:
+            yield name, shared
+        del shared
+    else:
+        for name, side, order in zip(
+            names, ("encoder", "decoder"), (found.source_order, found.target_order), strict=True
+        ):
+            yield name, vocab(_embedding(weights, config, layout, side), order)
     if not config.tie_word_embeddings:
         head = weights.take("lm_head.weight", (layout.tgt_size, config.d_model))
         yield "output_projection.weight", vocab(head, found.target_order)
