@@ -114,7 +114,7 @@ def marian_folder(out: Path, sizes: dict[str, int]) -> tuple[Path, int]:
 
 
 CHILD = """
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 import tformer.imports  # the package and its imports first: not part of the import's cost
 import torch, transformers, sentencepiece, safetensors
@@ -124,7 +124,9 @@ before = rss_mb()
 start = time.perf_counter()
 tformer.imports.import_model(sys.argv[1], sys.argv[2])
 seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM: this process's own high-water mark (ru_maxrss carries the parent's over exec)
+status = open("/proc/self/status").read().split("VmHWM:")[1]
+peak = int(status.split()[0]) / 1024
 print(json.dumps({"seconds": seconds, "baseline_rss_mb": before, "peak_rss_mb": peak}))
 """
 
