@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import same_hypotheses
 from tformer.config import ModelConfig
 from tformer.decoding.api import decode
 from tformer.decoding.settings import DecodingConfig
@@ -56,11 +57,7 @@ def test_the_static_step_decodes_as_the_eager_cached_step(
     monkeypatch.setattr(graphs, "DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(graphs, "FIRST_CAPACITY", 4)  # grown several times within 40 steps
     assert isinstance(make_stepper(net, src), GraphStepper)
-    static = decode(net, src, config)
-    for got_row, want_row in zip(static, eager, strict=True):
-        assert [h.ids for h in got_row] == [h.ids for h in want_row]
-        for g, w in zip(got_row, want_row, strict=True):
-            assert g.token_logprobs == pytest.approx(w.token_logprobs, abs=1e-5)
+    same_hypotheses(decode(net, src, config), eager)
     assert max(len(h.ids) for row in eager for h in row) > 8  # past two growths
 
 
