@@ -202,10 +202,10 @@ def test_evaluate_writes_a_language_models_card(gpt_run: TrainResult, tmp_path: 
     [
         (("fill-mask", "{gpt}", "a <mask>"), "decoder-only", "encoder-only"),
         (("generate", "{bert}", "a"), "encoder-only", "encoder-decoder or decoder-only"),
-        (("score", "{gpt}", "a", "b"), "decoder-only", "encoder-decoder"),
+        (("score", "{bert}", "a"), "encoder-only", "encoder-decoder or decoder-only"),
         (("align", "{bert}", "--source", "{file}", "--target", "{file}"), "encoder-only",
          "encoder-decoder"),
-        (("ablate", "{gpt}"), "decoder-only", "encoder-decoder"),
+        (("serve", "{gpt}"), "decoder-only", "encoder-decoder"),
         (("serve", "{bert}"), "encoder-only", "encoder-decoder"),
     ],
 )
