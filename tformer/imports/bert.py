@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from tformer.checkpoint.store import Tokenizers
 from tformer.config import ModelConfig
 from tformer.data.hf_tokenizers import fast_tokenizer, reordered_tokenizer
 from tformer.data.spm import special_first_order
@@ -26,11 +25,12 @@ from tformer.imports.marian import (
     CONFIG,
     Imported,
     _Tensors,
+    one_tokenizer_import,
     open_weights,
+    origin_of,
     rows_in_order,
     transformers_config,
 )
-from tformer.model import build_model
 
 # transformers' ACT2FN names -> tformer's (BERT's "gelu" is the exact, erf one).
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "relu": "relu", "silu": "silu"}
@@ -132,16 +132,8 @@ def read_bert(folder: Path, *, source: str) -> Imported:
         mlm_head=True,
         bos_first=True,
     )
-    model = build_model(arch)
-    model.load_state_dict(state, strict=True)
-    origin = {
-        "source": source,
-        "folder": str(folder.resolve()),
-        "model_type": config.model_type,
-        "transformers_version": getattr(config, "transformers_version", None),
-        "tokenizer": type(hf_tokenizer).__name__,
-    }
-    return Imported(model.eval(), Tokenizers(tokenizer, tokenizer), origin)
+    origin = origin_of(source, folder, config, type(hf_tokenizer).__name__)
+    return one_tokenizer_import(arch, state, tokenizer, origin)
 
 
 def _state(weights: _Tensors, config: Any, order: list[int | None]) -> dict[str, torch.Tensor]:

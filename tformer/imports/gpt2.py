@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from tformer.checkpoint.store import Tokenizers
 from tformer.config import BOS_ID, PAD_ID, UNK_ID, ModelConfig
 from tformer.data.hf_tokenizers import fast_tokenizer, reordered_tokenizer
 from tformer.errors import CheckpointError
@@ -29,11 +28,12 @@ from tformer.imports.marian import (
     NEVER,
     Imported,
     _Tensors,
+    one_tokenizer_import,
     open_weights,
+    origin_of,
     rows_in_order,
     transformers_config,
 )
-from tformer.model import build_model
 
 # transformers' ACT2FN names -> tformer's ("gelu_new" and "gelu_pytorch_tanh" are the tanh GELU).
 ACTIVATIONS = {
@@ -109,16 +109,8 @@ def read_gpt2(folder: Path, *, source: str) -> Imported:
             {k for k in weights.left if k.endswith((".attn.bias", ".attn.masked_bias"))}
             | ({"lm_head.weight"} if config.tie_word_embeddings else set())
         )
-    model = build_model(gpt2_model_config(config, len(order)))
-    model.load_state_dict(state, strict=True)
-    origin = {
-        "source": source,
-        "folder": str(folder.resolve()),
-        "model_type": config.model_type,
-        "transformers_version": getattr(config, "transformers_version", None),
-        "tokenizer": type(hf_tokenizer).__name__,
-    }
-    return Imported(model.eval(), Tokenizers(tokenizer, tokenizer), origin)
+    origin = origin_of(source, folder, config, type(hf_tokenizer).__name__)
+    return one_tokenizer_import(gpt2_model_config(config, len(order)), state, tokenizer, origin)
 
 
 class _Unprefixed:
@@ -169,9 +161,7 @@ def gpt2_model_config(config: Any, vocab_size: int) -> ModelConfig:
     )
 
 
-def gpt2_state(
-    weights: _Tensors, config: Any, order: list[int | None]
-) -> dict[str, torch.Tensor]:
+def gpt2_state(weights: _Tensors, config: Any, order: list[int | None]) -> dict[str, torch.Tensor]:
     """tformer's state dict of GPT-2's tensors (Conv1D weights transposed)."""
     d, f = config.n_embd, config.n_inner or 4 * config.n_embd
     size = config.vocab_size

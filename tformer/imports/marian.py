@@ -30,7 +30,7 @@ from tformer.config import BOS_ID, EOS, EOS_ID, PAD_ID, ModelConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
 from tformer.export.huggingface import TARGET_TOKENIZER, marian_feature_order
-from tformer.model import Transformer
+from tformer.model import Transformer, build_model
 from tformer.paths import excerpt_list, first_line
 
 INSTALL = 'pip install "tformer[import]"'
@@ -458,14 +458,28 @@ def read_marian(folder: Path, *, source: str) -> Imported:
             filled.add(name)
         assert filled == set(target), set(target) ^ filled
         weights.done(_tied_names(config))
-    origin = {
+    return Imported(model.eval(), tokenizers, origin_of(source, folder, config, found.kind))
+
+
+def origin_of(source: str, folder: Path, config: Any, tokenizer: str) -> dict[str, Any]:
+    """What config.json records of where imported weights came from."""
+    return {
         "source": source,
         "folder": str(folder.resolve()),
         "model_type": config.model_type,
         "transformers_version": getattr(config, "transformers_version", None),
-        "tokenizer": found.kind,
+        "tokenizer": tokenizer,
     }
-    return Imported(model.eval(), tokenizers, origin)
+
+
+def one_tokenizer_import(
+    arch: ModelConfig, state: dict[str, torch.Tensor], tokenizer: Tokenizer, origin: dict[str, Any]
+) -> Imported:
+    """A model of ``arch`` holding ``state`` whose two sides read one tokenizer (GPT-2, BERT,
+    T5)."""
+    model = build_model(arch)
+    model.load_state_dict(state, strict=True)
+    return Imported(model.eval(), Tokenizers(tokenizer, tokenizer), origin)
 
 
 def _tied_names(config: Any) -> set[str]:

@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from tformer.checkpoint.store import Tokenizers
 from tformer.config import ModelConfig
 from tformer.data.hf_tokenizers import reordered_tokenizer
 from tformer.errors import CheckpointError
@@ -35,12 +34,13 @@ from tformer.imports.marian import (
     CONFIG,
     Imported,
     _Tensors,
+    one_tokenizer_import,
     open_weights,
+    origin_of,
     read_json,
     rows_in_order,
     transformers_config,
 )
-from tformer.model import build_model
 from tformer.paths import first_line
 
 # T5 has no position table, so no limit of its own; tformer's model needs one.
@@ -147,16 +147,8 @@ def read_t5(folder: Path, *, source: str) -> Imported:
         state = t5_state(weights, config, order, tied=tied)
         copies = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"}
         weights.done(copies | {"lm_head.weight"} if tied else copies)
-    model = build_model(arch)
-    model.load_state_dict(state, strict=True)
-    origin = {
-        "source": source,
-        "folder": str(folder.resolve()),
-        "model_type": config.model_type,
-        "transformers_version": getattr(config, "transformers_version", None),
-        "tokenizer": type(hf).__name__,
-    }
-    return Imported(model.eval(), Tokenizers(tokenizer, tokenizer), origin)
+    origin = origin_of(source, folder, config, type(hf).__name__)
+    return one_tokenizer_import(arch, state, tokenizer, origin)
 
 
 def t5_model_config(
