@@ -166,7 +166,7 @@ def tformer_step(work: Workload, run: Run) -> Callable[[], None]:
     def step() -> None:
         with run.mode.autocast():
             logits = forward(src, tgt_in).logits
-        loss = sequence_loss(logits, tgt_out, 0.1) / tgt_out.numel()
+        loss = sequence_loss(logits, tgt_out, 0.1, fused=run.compiled) / tgt_out.numel()
         optimize(loss, params, optimizer, scaler)
 
     return step

@@ -147,6 +147,26 @@ def test_compiled_training_on_the_gpu_matches_eager(toy_data: Path, tmp_path: Pa
     assert mixed[-1] < mixed[0] * 0.8
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_loss_on_the_gpu_matches_torch(dtype: torch.dtype) -> None:
+    # What training with --compile uses on a GPU: the loss compiled into fused kernels.
+    from tests.training.test_loss import loss_and_grad, reference
+    from tformer.training.loss import fusable, sequence_loss
+
+    assert fusable(CUDA)
+    torch.manual_seed(0)
+    for rows in (37, 250):  # two shapes, one compilation
+        logits = (torch.randn(4, rows, 5003, device=CUDA) * 3).to(dtype)
+        labels = torch.randint(1, 5003, (4, rows), device=CUDA)
+        labels[0, rows // 2 :] = 0
+        fused = lambda x, y, s: sequence_loss(x, y, s, fused=True)  # noqa: E731
+        ours, our_grad = loss_and_grad(fused, logits, labels, 0.1, 1e-3)
+        ref, ref_grad = loss_and_grad(reference, logits, labels, 0.1, 1e-3)
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-2)
+        assert our_grad.dtype == dtype
+        torch.testing.assert_close(our_grad.float(), ref_grad.float(), rtol=1e-2, atol=1e-6)
+
+
 def test_cached_decoding_on_the_gpu_matches_uncached_and_the_cpu(trained: TrainResult) -> None:
     cpu_model = load_checkpoint(trained.run_dir, "cpu").model
     gpu_model = load_checkpoint(trained.run_dir, CUDA).model
@@ -261,3 +281,30 @@ def test_graphed_decoding_on_the_gpu_equals_eager(
     assert any(g.graph is not None for g in kept) and not any(g.busy for g in kept)
     again = decode(net, src, config)  # the kept graphs replayed for the same shapes
     assert [[h.ids for h in row] for row in again] == [[h.ids for h in row] for row in graphed]
+
+
+def test_graphed_decoding_after_training_steps_uses_the_new_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Validation decodes, the optimizer writes the weights, validation decodes again (as a
+    training run does): the graphs are captured anew, not replayed over freed packed weights."""
+    from tformer.fast import graphs
+    from tformer.fast.accelerate import accelerate
+
+    net = accelerate(random_model()).to(CUDA)
+    src, tgt = (t.to(CUDA) for t in batch())
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    config = DecodingConfig(max_new_tokens=12)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _ in range(3):
+        net.eval()
+        graphed = decode(net, src, config)
+        monkeypatch.setenv(graphs.CUDA_GRAPHS, "0")
+        same_hypotheses(graphed, decode(net, src, config))
+        monkeypatch.delenv(graphs.CUDA_GRAPHS)
+        net.train()
+        for _ in range(2):
+            logits = net(src, tgt_in).logits
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt_out.flatten()).backward()
+            optimizer.step()
+            optimizer.zero_grad()

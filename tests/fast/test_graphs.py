@@ -80,6 +80,27 @@ def test_graphs_are_kept_per_shape_and_freed_after_each_decoding(
     assert isinstance(other, GraphStepper) and other.graph is not stepper.graph
 
 
+def test_graphs_are_captured_again_after_the_weights_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Validation during training decodes, the optimizer writes the weights, validation decodes
+    # again: a kept graph would replay the old packed weights' addresses, so it is dropped.
+    net, src = model(), sources()
+    monkeypatch.setattr(graphs, "DEVICES", ("cuda", "cpu"))
+    config = DecodingConfig(max_new_tokens=6)
+    decode(net, src, config)
+    before = dict(net.__dict__["_step_graphs"])
+    with torch.no_grad():
+        for parameter in net.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    after = decode(net, src, config)
+    kept = net.__dict__["_step_graphs"]
+    assert kept and all(kept[key] is not before.get(key) for key in kept)
+    assert all(graph.weights == graphs.weights_signature(net) for graph in kept.values())
+    monkeypatch.setattr(graphs, "DEVICES", ())
+    same_hypotheses(after, decode(net, src, config))  # the eager step on the new weights
+
+
 def test_graphs_stay_off_where_they_do_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     src = sources()
     assert isinstance(make_stepper(model(), src), CachedStepper)  # the CPU: not captured

@@ -99,3 +99,46 @@ def test_bf16_autocast_training_step_matches_the_reference_loss() -> None:
     ref.backward()
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-3)
     torch.testing.assert_close(ours_grad, weight.grad, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_fused_formulas_match_torch(dtype: torch.dtype, smoothing: float) -> None:
+    # The whole-tensor form that --compile fuses on a GPU, run eagerly: the same loss and
+    # gradient as F.cross_entropy, padding included.
+    torch.manual_seed(3)
+    logits = (torch.randn(40, 333) * 4).to(dtype)
+    labels = torch.randint(1, 333, (40,))
+    labels[5:9] = PAD_ID
+    total, grad = loss_module.fused_loss_and_grad(logits, labels, smoothing, True)
+    ref, ref_grad = loss_and_grad(reference, logits, labels, smoothing, 1.0)
+    torch.testing.assert_close(total, ref, rtol=1e-5, atol=1e-3)
+    assert grad is not None and grad.dtype == (torch.float32 if dtype == torch.float16 else dtype)
+    tol = {torch.float32: 1e-6, torch.bfloat16: 1e-4, torch.float16: 1e-5}[dtype]
+    torch.testing.assert_close(grad.float(), ref_grad.float(), rtol=1e-2, atol=tol)
+    assert grad[5:9].abs().sum() == 0
+    no_grad_total, none = loss_module.fused_loss_and_grad(logits, labels, smoothing, False)
+    assert none is None
+    torch.testing.assert_close(no_grad_total, total)
+
+
+@pytest.mark.slow
+def test_compiled_fused_loss_through_sequence_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The path training with --compile takes on a GPU, compiled here for the CPU: two batches
+    # of different lengths share one compilation and both match the reference.
+    pytest.importorskip("torch._inductor")
+    monkeypatch.setattr(loss_module, "_FUSED_DEVICES", frozenset({"cpu"}))
+    loss_module._compiled.cache_clear()
+    try:
+        for rows in (6, 11):
+            torch.manual_seed(rows)
+            logits = torch.randn(2, rows, 129) * 3
+            labels = torch.randint(1, 129, (2, rows))
+            labels[1, -2:] = PAD_ID
+            fused = lambda x, y, s: sequence_loss(x, y, s, fused=True)  # noqa: E731
+            ours, our_grad = loss_and_grad(fused, logits, labels, 0.1, 0.5)
+            ref, ref_grad = loss_and_grad(reference, logits, labels, 0.1, 0.5)
+            torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-4)
+            torch.testing.assert_close(our_grad, ref_grad, rtol=1e-4, atol=1e-6)
+    finally:
+        loss_module._compiled.cache_clear()

@@ -119,8 +119,10 @@ def test_mixed_precision_skips_and_counts_an_overflowed_step(
     real = train_module.sequence_loss
     calls = {"n": 0}
 
-    def overflowing(logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0) -> object:
-        loss = real(logits, labels, smoothing)
+    def overflowing(
+        logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0, *, fused: bool = False
+    ) -> object:
+        loss = real(logits, labels, smoothing, fused=fused)
         if logits.requires_grad:
             calls["n"] += 1
             if calls["n"] in (4, 5):

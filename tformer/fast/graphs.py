@@ -79,9 +79,11 @@ class StepGraph:
     graph: torch.cuda.CUDAGraph | None = None
     logits: Tensor | None = None  # (rows, V), written by each replay
     busy: bool = False  # in use by a decoding (two decodings never share one)
+    weights: tuple[tuple[int, int], ...] = ()  # the weights' signature it was captured over
 
     def __post_init__(self) -> None:
         model, device = self.model, self.model.output_weight().device
+        self.weights = weights_signature(model)
         dtype = self.model.output_weight().dtype
         self.tokens = torch.zeros(self.rows, 1, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
@@ -159,6 +161,13 @@ class StepGraph:
 _TAKING = threading.Lock()  # the server decodes in several threads at once
 
 
+def weights_signature(model: FastTransformer) -> tuple[tuple[int, int], ...]:
+    """Where each parameter lives and how often it was written: a graph replays the addresses
+    it was captured with, including packed copies that the fast path rebuilds when a weight
+    changes (training between two validations), so a changed signature means a new capture."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
 def _kept(model: FastTransformer) -> OrderedDict[tuple[int, int, int], StepGraph]:
     kept = model.__dict__.get("_step_graphs")
     if kept is None:
@@ -170,6 +179,9 @@ def _take(model: FastTransformer, rows: int, capacity: int, source: int) -> Step
     """A free graph of this shape from the model's kept ones, or a new one kept in their place."""
     with _TAKING:
         kept, key = _kept(model), (rows, capacity, source)
+        weights = weights_signature(model)
+        for stale in [k for k, graph in kept.items() if graph.weights != weights]:
+            del kept[stale]  # a decoding still using one keeps it alive until it ends
         graph = kept.get(key)
         if graph is None or graph.busy:
             graph = StepGraph(model, rows, capacity, source)

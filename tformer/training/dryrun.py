@@ -148,7 +148,9 @@ def _stepper(
         with precision.autocast():
             logits = forward(src, tgt[:, :-1]).logits
             labels = tgt[:, 1:]
-            loss = sequence_loss(logits, labels, train_config.label_smoothing) / labels.numel()
+            loss = sequence_loss(
+                logits, labels, train_config.label_smoothing, fused=train_config.compile
+            ) / labels.numel()
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)

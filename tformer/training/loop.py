@@ -278,7 +278,9 @@ class TrainingLoop:
         with contextlib.nullcontext() if sync else self.forward.no_sync():  # type: ignore[operator]
             with self.precision.autocast():
                 logits = self.forward(batch.src, batch.tgt_in).logits
-                loss = sequence_loss(logits, batch.tgt_out, self.cfg.label_smoothing)
+                loss = sequence_loss(
+                    logits, batch.tgt_out, self.cfg.label_smoothing, fused=self.cfg.compile
+                )
             scaled = loss / n_tokens
             if world.distributed:  # DDP averages gradients over ranks; we want the sum
                 scaled = scaled * world.world_size

@@ -14,10 +14,17 @@ log-softmax, and a backward pass over both: about a third of a small model's CPU
 because the (tokens x V) logits are by far the largest tensor of the model. Here each block stays
 in cache, the exponentials are taken once, and what is kept for backward is the gradient itself,
 in the logits' own dtype.
+
+With ``fused=True`` on a GPU (training with ``--compile``) the same formulas are compiled with
+``torch.compile`` into a couple of kernels that read the logits twice and write the gradient
+once, where the blocks take a dozen passes over an fp32 copy of them (docs/performance.md).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,18 +37,67 @@ _BLOCK_ELEMENTS = 1 << 20  # fp32 rows per block: 4 MB, about one core's share o
 # in 4 MB blocks spent more time launching them than the model's step (docs/performance.md):
 # there blocks are as large as a bounded fp32 workspace allows.
 _DEVICE_BLOCK_ELEMENTS = 1 << 28  # 1 GB of fp32
+# Where ``fused=True`` compiles the loss; on the CPU the blocks above are the faster code.
+_FUSED_DEVICES = frozenset({"cuda"})
+
+
+def _gradient_dtype(dtype: torch.dtype) -> torch.dtype:
+    # bf16 keeps fp32's range, so its gradient can be stored as is; fp16's cannot hold the
+    # tiny probabilities of a large vocabulary, so it is kept in fp32 until backward.
+    return dtype if dtype != torch.float16 else torch.float32
+
+
+def fused_loss_and_grad(
+    logits: Tensor, labels: Tensor, smoothing: float, want_grad: bool
+) -> tuple[Tensor, Tensor | None]:
+    """The summed loss and its gradient as whole-tensor expressions, for a compiler to fuse
+    (eagerly it would materialise several fp32 copies of the logits)."""
+    x = logits.float()
+    vocab = x.size(1)
+    keep = labels != PAD_ID
+    safe = labels.masked_fill(~keep, 0)[:, None]
+    lse = torch.logsumexp(x, dim=1)
+    loss = lse - (1.0 - smoothing) * x.gather(1, safe).squeeze(1)
+    if smoothing:
+        loss = loss - (smoothing / vocab) * x.sum(dim=1)
+    total = loss.masked_fill(~keep, 0.0).sum()
+    if not want_grad:
+        return total, None
+    onehot = torch.arange(vocab, device=x.device)[None, :] == safe
+    grad = torch.exp(x - lse[:, None]) - smoothing / vocab - (1.0 - smoothing) * onehot
+    grad = torch.where(keep[:, None], grad, 0.0)
+    return total, grad.to(_gradient_dtype(logits.dtype))
+
+
+@functools.cache
+def _compiled() -> Callable[..., tuple[Tensor, Tensor | None]]:
+    # Compiled once per process, for any number of rows (dynamic shapes), on first use.
+    return torch.compile(fused_loss_and_grad, dynamic=True)
+
+
+def fusable(device: torch.device) -> bool:
+    """Whether ``fused=True`` compiles the loss on ``device`` (a GPU with Triton)."""
+    return device.type in _FUSED_DEVICES and (
+        device.type == "cpu" or importlib.util.find_spec("triton") is not None
+    )
 
 
 class SmoothedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed cross-entropy of (N, V) logits against (N,) labels."""
 
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, labels: Tensor, smoothing: float) -> Tensor:
+    def forward(
+        ctx: Any, logits: Tensor, labels: Tensor, smoothing: float, fused: bool = False
+    ) -> Tensor:
         n, vocab = logits.shape
-        # bf16 keeps fp32's range, so its gradient can be stored as is; fp16's cannot hold the
-        # tiny probabilities of a large vocabulary, so it is kept in fp32 until backward.
-        keep_dtype = logits.dtype if logits.dtype != torch.float16 else torch.float32
+        keep_dtype = _gradient_dtype(logits.dtype)
         want_grad = ctx.needs_input_grad[0]
+        ctx.logits_dtype = logits.dtype
+        if fused and fusable(logits.device):
+            with torch.autocast(logits.device.type, enabled=False):
+                fused_total, fused_grad = _compiled()(logits, labels, smoothing, want_grad)
+            ctx.save_for_backward(fused_grad)
+            return fused_total
         grad = torch.empty_like(logits, dtype=keep_dtype) if want_grad else None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         elements = _BLOCK_ELEMENTS if logits.device.type == "cpu" else _DEVICE_BLOCK_ELEMENTS
@@ -74,28 +130,34 @@ class SmoothedCrossEntropy(torch.autograd.Function):
                     x.masked_fill_(~keep[:, None], 0.0)
                     grad[start : start + rows] = x
         ctx.save_for_backward(grad)
-        ctx.logits_dtype = logits.dtype
         return total
 
     @staticmethod
-    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, None, None]:
+    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, None, None, None]:
         (grad,) = ctx.saved_tensors
         # The 0-dim fp32 factor is applied in fp32 arithmetic, so the result is rounded once.
         # In place: the saved gradient is used once (a second backward would be refused by
         # autograd's version check instead of reading a scaled tensor).
-        return grad.mul_(grad_output).to(ctx.logits_dtype), None, None
+        return grad.mul_(grad_output).to(ctx.logits_dtype), None, None, None
 
 
 def sequence_loss(
-    logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float = 0.0,
+    *,
+    fused: bool = False,
 ) -> torch.Tensor:
     """Summed cross-entropy over the non-padding labels (divide by their count for a mean).
 
     Args:
         logits: (B, T, V); labels: (B, T) with PAD_ID where nothing is predicted.
+        fused: compile the loss where :func:`fusable` (training with ``--compile``).
 
     Returns:
         A float32 scalar.
     """
     flat = logits.reshape(-1, logits.size(-1))
-    return SmoothedCrossEntropy.apply(flat, labels.reshape(-1), float(label_smoothing))
+    return SmoothedCrossEntropy.apply(
+        flat, labels.reshape(-1), float(label_smoothing), fused
+    )
