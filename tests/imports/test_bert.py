@@ -5,6 +5,7 @@ compute transformers' function: logits, fill-mask's top 5 and token ids equal.""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers  
 from tests.imports.conftest import lines  # noqa: E402
 from tests.imports.test_gpt2 import fine_tuned_losses  # noqa: E402
 from tformer.analysis.language import fill_mask  # noqa: E402
+from tformer.analysis.score import score_masked_text  # noqa: E402
 from tformer.checkpoint.store import load_checkpoint  # noqa: E402
 from tformer.config import EOS_ID  # noqa: E402
 from tformer.data.hf_tokenizers import to_tformer_ids  # noqa: E402
@@ -135,6 +137,47 @@ def test_fill_mask_top5_equal_transformers(bert: BertCase, toy_data: Path) -> No
         )
         checked += 1
     assert checked >= 5
+
+
+def test_score_is_the_pseudo_log_likelihood_transformers_gives(
+    bert: BertCase, toy_data: Path
+) -> None:
+    """tformer score on BERT: each word piece masked alone in [CLS] text [SEP], its log
+    probability from BertForMaskedLM, the same tokens' loss, rank and top choice."""
+    ckpt = load_checkpoint(bert.out)
+    to_ours = mapping(bert)
+    for text in lines("val", "en", 6, toy_data):
+        scored = score_masked_text(ckpt.model, ckpt.tokenizers, text)
+        hf = bert.tokenizer(text, return_tensors="pt")["input_ids"][0]
+        copies = hf.repeat(len(hf) - 2, 1)
+        positions = torch.arange(1, len(hf) - 1)
+        copies[positions - 1, positions] = bert.tokenizer.mask_token_id
+        with torch.no_grad():
+            logits = bert.model(input_ids=copies).logits[positions - 1, positions]
+        logp = logits.log_softmax(-1)
+        theirs = -logp[torch.arange(len(positions)), hf[1:-1]]
+        assert scored.label_ids == [to_ours[i] for i in hf[1:-1].tolist()]
+        torch.testing.assert_close(torch.tensor(scored.loss), theirs, atol=1e-4, rtol=1e-4)
+        assert scored.top_ids == [to_ours[i] for i in logits.argmax(-1).tolist()]
+        assert scored.perplexity == pytest.approx(math.exp(float(theirs.mean())), rel=1e-4)
+
+
+def test_fill_mask_with_int8_layers_stays_close_to_float(
+    bert: BertCase, toy_data: Path
+) -> None:
+    from tformer.fast.int8 import quantize_int8
+
+    text = "a man in a <mask> shirt is <mask> ."
+    exact = fill_mask(load_checkpoint(bert.out), text, top_k=5)
+    ckpt = load_checkpoint(bert.out)
+    quantize_int8(ckpt.model)
+    assert any("Int8" in type(m).__name__ for m in ckpt.model.modules())
+    int8 = fill_mask(ckpt, text, top_k=5)
+    for ours, theirs in zip(int8, exact, strict=True):
+        assert ours.fillers[0].token == theirs.fillers[0].token
+        assert [f.probability for f in ours.fillers] != [f.probability for f in theirs.fillers]
+        assert ours.fillers[0].probability == pytest.approx(theirs.fillers[0].probability,
+                                                            abs=0.05)  # fmt: skip
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from tformer.analysis.language import LN2, encode_with_masks, evaluate_language, fill_mask
 from tformer.checkpoint import load_checkpoint
 from tformer.cli.commands import app
-from tformer.config import PAD_ID, ModelConfig, TrainConfig
+from tformer.config import EOS_ID, MASK_ID, PAD_ID, ModelConfig, TrainConfig
 from tformer.data.lm import MaskedObjective, bundled_text_dir, lm_examples, load_texts
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
@@ -170,6 +170,13 @@ def test_fill_mask_prints_the_top_fillers(bert_run: TrainResult) -> None:
     assert [f.probability for f in filled.fillers] == probabilities
     code, out = invoke("fill-mask", bert_run.run_dir, "6 <mask> 2025 = <mask>025-03-06")
     assert code == 0 and out.count("<mask>") == 2
+    # With int8 layers: the same top filler, its probability from the quantised model.
+    code, out = invoke("fill-mask", bert_run.run_dir, "6 March 2025 = <mask>025-03-06",
+                       "--top-k", "3", "--json", "--quantize", "int8")
+    assert code == 0, out
+    (int8,) = json.loads(out)["masks"]
+    assert int8["fillers"][0]["token"] == mask["fillers"][0]["token"]
+    assert int8["fillers"][0]["probability"] == pytest.approx(probabilities[0], abs=0.05)
 
 
 def test_inspect_attention_shows_each_familys_own_maps(
@@ -202,7 +209,7 @@ def test_evaluate_writes_a_language_models_card(gpt_run: TrainResult, tmp_path: 
     [
         (("fill-mask", "{gpt}", "a <mask>"), "decoder-only", "encoder-only"),
         (("generate", "{bert}", "a"), "encoder-only", "encoder-decoder or decoder-only"),
-        (("score", "{bert}", "a"), "encoder-only", "encoder-decoder or decoder-only"),
+        (("compare", "{bert}", "a"), "encoder-only", "encoder-decoder or decoder-only"),
         (("align", "{bert}", "--source", "{file}", "--target", "{file}"), "encoder-only",
          "encoder-decoder"),
         (("serve", "{gpt}"), "decoder-only", "encoder-decoder"),
@@ -220,6 +227,32 @@ def test_a_command_for_another_family_is_refused_in_one_line(
     assert code == 2 and "Traceback" not in out
     assert f"works on {wanted} models" in out, out
     assert f"is an {family} model" in out or f"is a {family} model" in out, out
+
+
+def test_score_on_an_encoder_only_model_is_its_pseudo_log_likelihood(
+    bert_run: TrainResult,
+) -> None:
+    # Each token masked alone, by hand, through the model: the same losses as tformer score.
+    text = "6 March 2025 = 2025-03-06"
+    code, out = invoke("score", bert_run.run_dir, text, "--json")
+    assert code == 0, out
+    record = json.loads(out)
+    assert record["objective"] == "pseudo-log-likelihood"
+    ckpt = load_checkpoint(bert_run.run_dir)
+    ids = ckpt.tokenizers.source.encode(text)
+    read = [*ids, EOS_ID] if ckpt.model_config.bos_first else ids
+    losses = []
+    with torch.no_grad():
+        for i, token in enumerate(ids):
+            masked = list(read)
+            masked[i] = MASK_ID
+            logits = ckpt.model.eval()(torch.tensor([masked]), None).logits[0, i]
+            losses.append(-float(logits.log_softmax(-1)[token]))
+    assert [p["label_id"] for p in record["positions"]] == ids
+    assert {p["input"] for p in record["positions"]} == {"<mask>"}
+    assert [p["loss"] for p in record["positions"]] == pytest.approx(losses, abs=1e-4)
+    code, out = invoke("score", bert_run.run_dir, text, "--masks")
+    assert code == 2 and "encoder-only model reads its whole text" in out
 
 
 def test_export_refuses_and_int8_decodes_a_language_model(gpt_run: TrainResult,

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from tformer.checkpoint.store import Tokenizers
-from tformer.config import PAD_ID, UNK, UNK_ID
+from tformer.config import EOS_ID, MASK_ID, PAD_ID, UNK, UNK_ID
 from tformer.data.batching import BatchPlan, shift_right
 from tformer.data.lm import CausalObjective, lm_examples
 from tformer.data.pairs import KeptTexts, encode_pairs, unfit
@@ -82,6 +82,9 @@ class PairScore:
     loss: list[float]
     smoothed_loss: list[float]
     label_smoothing: float
+    # A masked language model's pseudo-log-likelihood: each position scored with its token
+    # alone replaced by <mask> (``input`` is then <mask> throughout).
+    masked: bool = False
 
     @property
     def tokens(self) -> int:
@@ -151,6 +154,8 @@ class PairScore:
             "label_smoothing": self.label_smoothing,
             **self.totals(),
         }
+        if self.masked:
+            out["objective"] = "pseudo-log-likelihood"
         if positions:
             out["positions"] = self.records()
         return out
@@ -327,6 +332,72 @@ def score_text(
     return _pair_score((0, ("", text)), [], ids, row, tokenizers, label_smoothing)
 
 
+# Masked copies of a text run together in batches of at most this many rows.
+_MASKED_ROWS = 32
+
+
+@torch.no_grad()
+def score_masked_text(
+    model: Transformer, tokenizers: Tokenizers, text: str, *, label_smoothing: float = 0.0
+) -> PairScore:
+    """An encoder-only model's pseudo-log-likelihood of ``text`` (Salazar et al., 2020, "Masked
+    Language Model Scoring"): each token in turn replaced by ``<mask>``, the rest left as it
+    is, and that token's probability, rank and loss read at its position. Perplexity is then
+    the pseudo-perplexity. The special tokens the model reads around the text are not scored.
+
+    Raises:
+        DataError: the text is empty, holds characters the tokenizer encodes as ``<unk>``, or
+            does not fit the model's positions.
+    """
+    tokenizer = tokenizers.source
+    check_encodable(tokenizer, text, "TEXT", "model's")
+    ids = tokenizer.encode(text)
+    config = model.config
+    read = [*ids, EOS_ID] if config.bos_first else ids  # as the model reads a text
+    limit = config.max_len - (1 if config.bos_first else 0)
+    if not ids or len(read) > limit:
+        what = "empty" if not ids else f"{len(read)} tokens as the model reads it"
+        raise DataError(f"TEXT: {what}; the model reads 1 to {limit} tokens")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    rows = []
+    try:
+        for start in range(0, len(ids), _MASKED_ROWS):
+            positions = torch.arange(start, min(start + _MASKED_ROWS, len(ids)), device=device)
+            copies = torch.tensor(read, device=device).repeat(positions.numel(), 1)
+            copies[torch.arange(positions.numel(), device=device), positions] = MASK_ID
+            logits = model(copies, None).logits  # (rows, L, V)
+            rows.append(logits[torch.arange(positions.numel(), device=device), positions])
+    finally:
+        model.train(was_training)
+    figures = position_scores(torch.cat(rows)[None], torch.tensor([ids], device=device),
+                              label_smoothing)  # fmt: skip
+    row = {name: value[0].cpu().tolist() for name, value in figures.items()}
+    top_ids = [int(i) for i in row["top"]]
+    masks = [MASK_ID] * len(ids)
+    return PairScore(
+        index=0,
+        source="",
+        reference=text,
+        source_ids=[],
+        source_tokens=[],
+        input_ids=masks,
+        input_tokens=tokenizer.tokens(masks),
+        label_ids=ids,
+        label_tokens=tokenizer.tokens(ids),
+        p_label=row["p_label"],
+        rank=[int(r) for r in row["rank"]],
+        top_ids=top_ids,
+        top_tokens=tokenizer.tokens(top_ids),
+        p_top=row["p_top"],
+        loss=row["loss"],
+        smoothed_loss=row["smoothed_loss"],
+        label_smoothing=label_smoothing,
+        masked=True,
+    )
+
+
 def unknown_characters(tokenizer: Tokenizer, text: str) -> list[str]:
     """The pieces of ``text`` that ``tokenizer`` can only encode as ``<unk>``."""
     (encoding,) = tokenizer.encodings([text])
@@ -334,14 +405,14 @@ def unknown_characters(tokenizer: Tokenizer, text: str) -> list[str]:
     return [text[start:end] for i, (start, end) in pieces if i == UNK_ID]
 
 
-def check_encodable(tokenizer: Tokenizer, text: str, name: str) -> None:
+def check_encodable(tokenizer: Tokenizer, text: str, name: str, side: str = "target") -> None:
     """Refuse ``text`` when the tokenizer maps part of it to ``<unk>``."""
     unknown = unknown_characters(tokenizer, text)
     if unknown:
         raise DataError(
             f"{name} {excerpt(text)}: {excerpt(''.join(dict.fromkeys(unknown)))} cannot be "
-            f"encoded by the target tokenizer (it would be scored as {UNK}); "
-            "give a reference in the tokenizer's alphabet"
+            f"encoded by the {side} tokenizer (it would be scored as {UNK}); "
+            f"give a {name.lower()} in the tokenizer's alphabet"
         )
 
 

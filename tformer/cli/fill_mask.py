@@ -12,7 +12,15 @@ from rich.table import Table
 from tformer.analysis.language import fill_mask
 from tformer.cli.app import app
 from tformer.cli.console import console
-from tformer.cli.options import CHECKPOINT, CHECKPOINT_CHOICE, DEVICE, load_chosen, require_family
+from tformer.cli.options import (
+    CHECKPOINT,
+    CHECKPOINT_CHOICE,
+    DEVICE,
+    QUANTIZE,
+    apply_quantize,
+    load_chosen,
+    require_family,
+)
 from tformer.errors import ConfigError
 
 MAX_TOP_K = 1000
@@ -28,6 +36,7 @@ def fill_mask_command(
     top_k: int = typer.Option(5, "--top-k", "-k", help="Fillers shown per mask."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     device: str = DEVICE,
+    quantize: str = QUANTIZE,
 ) -> None:
     """Fill in each <mask> of TEXT with an encoder-only (masked language) model.
 
@@ -39,6 +48,7 @@ def fill_mask_command(
         raise ConfigError('the input has no <mask>: write <mask> where a word is to be filled in')
     require_family(checkpoint, "fill-mask", "encoder-only")
     ckpt = load_chosen(checkpoint, device)
+    apply_quantize(ckpt.model, quantize)
     results = fill_mask(ckpt, text, top_k=top_k)
     if as_json:
         data = {

@@ -15,10 +15,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from tformer.analysis.language import has_mask_token
 from tformer.analysis.score import (
     PairScore,
     ScoreSummary,
     decoder_masks,
+    score_masked_text,
     score_pair,
     score_pairs,
     score_text,
@@ -36,6 +38,7 @@ from tformer.cli.options import (
     CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
+    LANGUAGE_MODELS,
     MASK_HEADS,
     SOURCE_FIELD,
     TARGET_FIELD,
@@ -106,7 +109,8 @@ def score_command(
       tformer score checkpoints/dates --split test --worst 5 --out test-tokens.tsv
     """
     whole_split = data is not None or split is not None
-    if require_family(checkpoint, "score", "encoder-decoder", "decoder-only") == "decoder-only":
+    family = require_family(checkpoint, "score", "encoder-decoder", *LANGUAGE_MODELS)
+    if family != "encoder-decoder":
         _score_text(checkpoint, source, reference, whole_split, as_json, masks, out, device,
                     mask_heads)  # fmt: skip
         return
@@ -154,7 +158,8 @@ def _score_text(
     device: str,
     mask_heads: str | None,
 ) -> None:
-    """A decoder-only model scores one text (its positions as a pair's; no source)."""
+    """A language model scores one text (its positions as a pair's; no source): a decoder-only
+    model each next token, an encoder-only one each token masked in turn."""
     if whole_split:
         raise ConfigError(
             "--data / --split: a language model's split is measured by tformer evaluate "
@@ -167,8 +172,20 @@ def _score_text(
     if out is not None:
         file_option(out, "--out")
     ckpt = load_chosen(checkpoint, device)
+    masked = ckpt.model_config.arch == "encoder-only"
+    if masked and masks:
+        raise ConfigError(
+            "--masks draws a decoder's causal and cross-attention masks; an encoder-only model "
+            "reads its whole text (tformer inspect-attention shows what it attends to)"
+        )
+    if masked and not has_mask_token(ckpt.tokenizers.source):
+        raise ConfigError(
+            f"{checkpoint}: the tokenizer has no <mask> token, which scoring a masked language "
+            "model needs"
+        )
     apply_mask_heads(ckpt.model, mask_heads)
-    scored = score_text(
+    scorer = score_masked_text if masked else score_text
+    scored = scorer(
         ckpt.model, ckpt.tokenizers, text, label_smoothing=ckpt.train_config.label_smoothing
     )
     _write_tsv(out, [scored])
@@ -279,7 +296,13 @@ def _token(token: str) -> Text:
 def pair_table(scored: PairScore) -> Table:
     """One row per decoder position; the caption holds the pair's totals."""
     totals = scored.totals()
-    caption = (
+    how = (
+        "each token scored with it alone masked (pseudo-log-likelihood; perplexity is the "
+        "pseudo-perplexity). "
+        if scored.masked
+        else ""
+    )
+    caption = how + (
         f"loss: -log p(label); smoothed: with label smoothing ε={scored.label_smoothing:g} "
         f"(the training loss). Sum {totals['loss_sum']:.4f}, mean {totals['mean_loss']:.4f}, "
         f"perplexity {totals['perplexity']:.3f}; smoothed sum "

@@ -26,7 +26,7 @@ from tformer.device import cpuinfo
 from tformer.errors import ConfigError
 from tformer.fast.attention import FastMultiHeadAttention
 from tformer.fast.step import FastTransformer, lean_step_fits
-from tformer.model.families import DecoderOnlyTransformer
+from tformer.model.families import DecoderOnlyTransformer, EncoderOnlyTransformer
 from tformer.model.transformer import Transformer
 
 QUANTIZE_CHOICES = ("none", "int8")
@@ -107,6 +107,18 @@ class Int8DecoderOnlyTransformer(Int8Transformer, DecoderOnlyTransformer):
     step and the int8 projection."""
 
 
+class Int8EncoderOnlyTransformer(EncoderOnlyTransformer):
+    """An encoder-only model (BERT) with int8 layers: the encoder's products, the masked-LM
+    head's dense layer and the output projection (its LayerNorm stays float32)."""
+
+    int8_projection: Int8Linear
+
+    def project(self, hidden: Tensor) -> Tensor:
+        if self.mlm_transform is not None:
+            hidden = self.mlm_transform(hidden)
+        return self.int8_projection(hidden)
+
+
 def check_quantize(quantize: str, device: torch.device) -> bool:
     """``--quantize``: True for int8 (CPU only), False for none; anything else is refused."""
     if quantize not in QUANTIZE_CHOICES:
@@ -121,8 +133,8 @@ def check_quantize(quantize: str, device: torch.device) -> bool:
     return quantize == "int8"
 
 
-def quantize_int8(model: Transformer) -> Int8Transformer:
-    """Quantise ``model`` (in place, on the CPU) for int8 decoding and return it.
+def quantize_int8(model: Transformer) -> Transformer:
+    """Quantise ``model`` (in place, on the CPU) for int8 inference and return it.
 
     Every ``nn.Linear`` becomes an :class:`Int8Linear` and so does the output projection (the
     target embedding when tied, the embedding itself staying float32 for the lookup; with
@@ -131,15 +143,10 @@ def quantize_int8(model: Transformer) -> Int8Transformer:
     """
     from tformer.fast.accelerate import accelerate, forget_fast_weights
 
-    if isinstance(model, Int8Transformer):
+    if is_quantized(model):
         return model
     if next(model.parameters()).device.type != "cpu":
         raise ConfigError("int8 decoding runs on the CPU only: load the model with --device cpu")
-    if model.config.arch == "encoder-only":
-        raise ConfigError(
-            "--quantize int8 decodes encoder-decoder and decoder-only models; this is a "
-            "--arch encoder-only model: leave out --quantize"
-        )
     if not lean_step_fits(model.config):
         raise ConfigError(
             "--quantize int8 decodes through the lean step, which has no relative position "
@@ -158,10 +165,15 @@ def quantize_int8(model: Transformer) -> Int8Transformer:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child.weight, child.bias))
-    model.__class__ = Int8Transformer if model.config.is_seq2seq else Int8DecoderOnlyTransformer
+    if model.config.arch == "encoder-only":
+        model.__class__ = Int8EncoderOnlyTransformer
+    else:
+        model.__class__ = (
+            Int8Transformer if model.config.is_seq2seq else Int8DecoderOnlyTransformer
+        )
     model.int8_projection = projection
-    return model  # type: ignore[return-value]
+    return model
 
 
 def is_quantized(model: nn.Module) -> bool:
-    return isinstance(model, Int8Transformer)
+    return isinstance(model, Int8Transformer | Int8EncoderOnlyTransformer)
