@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,6 +83,16 @@ class Client:
         raise AssertionError("the server did not answer /health")
 
 
+def jsdom_driver() -> tuple[str, Path]:
+    """node and page_driver.js, or a skip saying which of node and jsdom is missing."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the page cannot be run in jsdom")
+    if subprocess.run([node, "-e", "require('jsdom')"], capture_output=True).returncode != 0:
+        pytest.skip("jsdom cannot be loaded by node (npm install jsdom; NODE_PATH)")
+    return node, Path(__file__).with_name("page_driver.js")
+
+
 @dataclass
 class Running:
     client: Client
@@ -89,8 +103,6 @@ class Running:
 @pytest.fixture(scope="package")
 def served(trained: TrainResult) -> Iterator[Running]:
     """The digit model served with small limits (the tests cross them) and a 50 ms window."""
-    from tformer.serve.app import create_app
-    from tformer.serve.server import uvicorn_server
     from tformer.serve.settings import ServeSettings
 
     loaded = load_checkpoint(trained.run_dir)
@@ -105,15 +117,27 @@ def served(trained: TrainResult) -> Iterator[Running]:
         max_queue=MAX_QUEUE,
         request_timeout=REQUEST_TIMEOUT,
     )
+    with serving(loaded, settings) as running:
+        yield running
+
+
+@contextmanager
+def serving(loaded: Checkpoint, settings: Any) -> Iterator[Running]:
+    """``loaded`` served by uvicorn in a thread with these ``ServeSettings``, until the end."""
+    from tformer.serve.app import create_app
+    from tformer.serve.server import uvicorn_server
+
     app = create_app(loaded, settings)
     server = uvicorn_server(app, "127.0.0.1", settings.port, settings.request_timeout)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     client = Client(settings.port)
     client.wait_ready()
-    yield Running(client, loaded, app)
-    server.should_exit = True
-    thread.join(timeout=30)
+    try:
+        yield Running(client, loaded, app)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 @pytest.fixture

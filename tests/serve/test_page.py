@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
 
-from .conftest import Client  # noqa: E402
+from .conftest import Client, jsdom_driver  # noqa: E402
 
 
 def test_page_scripts_parse(client: Client, tmp_path: Path) -> None:
@@ -46,12 +46,7 @@ def test_page_runs_in_jsdom(client: Client) -> None:
     """The page's scripts run in jsdom against the real server: the output streams in, the
     heatmap draws and answers hover and the selectors, the explain table fills, a refused
     setting shows its one line. Not a browser (no layout), but every line of the script."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed: the page cannot be run in jsdom")
-    if subprocess.run([node, "-e", "require('jsdom')"], capture_output=True).returncode != 0:
-        pytest.skip("jsdom cannot be loaded by node (npm install jsdom; NODE_PATH)")
-    driver = Path(__file__).with_name("page_driver.js")
+    node, driver = jsdom_driver()
     run = subprocess.run([node, str(driver), f"http://127.0.0.1:{client.port}/"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

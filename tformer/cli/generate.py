@@ -49,7 +49,7 @@ from tformer.cli.options import (
     warn_long_inputs,
 )
 from tformer.config import EOS_ID, check_text
-from tformer.decoding.api import stream_tokens
+from tformer.decoding.api import fit_input, stream_tokens
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
 from tformer.errors import ConfigError, DataError
@@ -289,7 +289,11 @@ def _explain(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
             title = f"output {index + 1}/{len(outputs)}: {title}"
         decoder_only = loaded.model_config.arch == "decoder-only"
         # The source columns as the encoder read them (with the <eos> Marian's models add).
-        read = src if decoder_only else source_as_read(src or [EOS_ID], loaded.model_config)
+        read = (
+            fit_input(loaded.model, src)
+            if decoder_only
+            else source_as_read(src or [EOS_ID], loaded.model_config)
+        )
         table = explanation_table(
             steps, read, loaded.tokenizers, config, hyp, title=title, decoder_only=decoder_only
         )

@@ -48,7 +48,8 @@ def serve_command(
     quantize: str = QUANTIZE,
     **values: Any,
 ) -> None:
-    """Serve translations over HTTP, with a web page at / (needs the serve extra).
+    """Serve translations (or a decoder-only model's continuations) over HTTP, with a web page
+    at / (needs the serve extra).
 
     Requests that arrive together are decoded in one batch. The JSON API is described
     at the page /docs of the server. Ctrl-C or SIGTERM finishes the requests in flight
@@ -67,7 +68,7 @@ def serve_command(
 
     settings = ServeSettings(**values)
     check_address(settings.host, settings.port)  # before the minutes a large model may take
-    require_family(checkpoint, "serve", "encoder-decoder")
+    require_family(checkpoint, "serve", "encoder-decoder", "decoder-only")
     loaded = load_chosen(checkpoint, device)
     apply_quantize(loaded.model, quantize)
 

@@ -10,9 +10,9 @@ from typing import Any
 from tformer.analysis.attention import attention_maps
 from tformer.analysis.explain import explain
 from tformer.checkpoint.store import Checkpoint
-from tformer.config import EOS_ID, SEED_LIMIT, check_text
+from tformer.config import BOS, EOS_ID, SEED_LIMIT, check_text
 from tformer.data.tokenizer import Tokenizer
-from tformer.decoding.api import long_inputs_warning, long_target_warning
+from tformer.decoding.api import fit_input, long_inputs_warning, long_target_warning
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.decoding.text import translate
 from tformer.errors import ConfigError
@@ -105,9 +105,11 @@ class Service:
     ) -> list[str]:
         """What ``tformer generate`` warns of for these inputs: those longer than the model's
         max_len are read up to it (possible when --max-input-tokens is above it)."""
-        max_len = self.loaded.model_config.max_len
+        config = self.loaded.model_config
+        max_len = config.max_len
+        prompts = config.arch == "decoder-only"
         found = [
-            long_inputs_warning([len(ids) for ids in src], max_len),
+            long_inputs_warning([len(ids) for ids in src], max_len, prompts=prompts),
             None if target is None else long_target_warning(len(target), max_len, "target"),
         ]
         return [message for message in found if message is not None]
@@ -186,8 +188,12 @@ class Service:
             ids = target[: loaded.model_config.max_len - 1]
             hyp, text = Hypothesis(ids=ids, token_logprobs=[], finished=True), request.target
         steps = explain(loaded.model, src, hyp, config)
-        read = source_as_read(src or [EOS_ID], loaded.model_config)  # as the encoder reads it
-        source_tokens = tokenizers.source.tokens(read)
+        if loaded.model_config.arch == "decoder-only":  # its last layer's self-attention row
+            prompt = tokenizers.source.tokens(fit_input(loaded.model, src))
+            source_tokens = [BOS, *prompt, *tokenizers.target.tokens(hyp.ids)]
+        else:
+            read = source_as_read(src or [EOS_ID], loaded.model_config)  # as the encoder reads
+            source_tokens = tokenizers.source.tokens(read)
         return {
             "source": request.source,
             "output": text,
