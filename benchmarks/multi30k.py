@@ -6,7 +6,7 @@ evaluates it on test2016 with sacreBLEU and chrF, and writes the result card to
 benchmarks/results/multi30k-<src>-<tgt>-<date>.{json,md}.
 
 Usage: python benchmarks/multi30k.py [--src en --tgt de] [--time-budget 60m]
-       [--beam-size 4] [--length-penalty 0.6] [--smoke]
+       [--recipe multi30k] [--beam-size 4] [--length-penalty 0.6] [--smoke]
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def main() -> None:
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")
     parser.add_argument("--time-budget", default="60m")
+    parser.add_argument("--recipe", default="multi30k", help="the recipe trained (its name "
+                        "enters the result card's file name unless it is multi30k)")
     parser.add_argument("--out", default=None)
     # Beam search with the paper's length penalty (alpha 0.6), as translation results are
     # usually reported; --beam-size 1 evaluates greedy decoding.
@@ -59,12 +61,14 @@ def main() -> None:
         print(json.dumps({"skipped": f"{DATA} is not present"}))
         return
     name = f"multi30k-{args.src}-{args.tgt}"
+    if args.recipe != "multi30k":
+        name += f"-{args.recipe.removeprefix('multi30k-')}"
     out = Path(args.out or ROOT / "checkpoints" / name)
     data = DATA
     if args.smoke:
         data = smoke_data(out.parent / f"{name}-smoke-data", (args.src, args.tgt))
     train = ["train", "--data", str(data), "--src-lang", args.src, "--tgt-lang", args.tgt,
-             "--recipe", "multi30k", "--out", str(out), "--overwrite"]
+             "--recipe", args.recipe, "--out", str(out), "--overwrite"]
     if args.smoke:
         train += ["--preset", "tiny", "--max-steps", "5", "--eval-every", "5", "--save-every",
                   "5", "--vocab-size", "500"]
