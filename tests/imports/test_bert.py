@@ -27,7 +27,7 @@ from tformer.analysis.score import score_masked_text  # noqa: E402
 from tformer.checkpoint.store import load_checkpoint  # noqa: E402
 from tformer.config import EOS_ID  # noqa: E402
 from tformer.data.hf_tokenizers import to_tformer_ids  # noqa: E402
-from tformer.errors import CheckpointError, ConfigError  # noqa: E402
+from tformer.errors import CheckpointError, ConfigError, DataError  # noqa: E402
 from tformer.imports import import_model  # noqa: E402
 from tformer.imports.bert import bert_order  # noqa: E402
 
@@ -160,6 +160,17 @@ def test_score_is_the_pseudo_log_likelihood_transformers_gives(
         torch.testing.assert_close(torch.tensor(scored.loss), theirs, atol=1e-4, rtol=1e-4)
         assert scored.top_ids == [to_ours[i] for i in logits.argmax(-1).tolist()]
         assert scored.perplexity == pytest.approx(math.exp(float(theirs.mean())), rel=1e-4)
+
+
+def test_score_reads_up_to_max_len_tokens_after_cls(bert: BertCase) -> None:
+    # [CLS] has a position of its own: max_len counts the text and its [SEP].
+    ckpt = load_checkpoint(bert.out)
+    limit = ckpt.model_config.max_len
+    assert ckpt.tokenizers.source.encode("a " * 3) == ckpt.tokenizers.source.encode("a") * 3
+    fits = score_masked_text(ckpt.model, ckpt.tokenizers, "a " * (limit - 1))
+    assert fits.tokens == limit - 1
+    with pytest.raises(DataError, match=f"{limit + 1} tokens as the model reads it"):
+        score_masked_text(ckpt.model, ckpt.tokenizers, "a " * limit)
 
 
 def test_fill_mask_with_int8_layers_stays_close_to_float(

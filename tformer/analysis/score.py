@@ -354,7 +354,7 @@ def score_masked_text(
     ids = tokenizer.encode(text)
     config = model.config
     read = [*ids, EOS_ID] if config.bos_first else ids  # as the model reads a text
-    limit = config.max_len - (1 if config.bos_first else 0)
+    limit = config.max_len  # <bos>, with bos_first, has a position of its own beyond it
     if not ids or len(read) > limit:
         what = "empty" if not ids else f"{len(read)} tokens as the model reads it"
         raise DataError(f"TEXT: {what}; the model reads 1 to {limit} tokens")

@@ -76,10 +76,11 @@ def _compiled() -> Callable[..., tuple[Tensor, Tensor | None]]:
 
 
 def fusable(device: torch.device) -> bool:
-    """Whether ``fused=True`` compiles the loss on ``device`` (a GPU with Triton)."""
-    return device.type in _FUSED_DEVICES and (
-        device.type == "cpu" or importlib.util.find_spec("triton") is not None
-    )
+    """Whether ``fused=True`` compiles the loss on ``device`` (a GPU with Triton, which the
+    compiler writes GPU kernels in)."""
+    if device.type not in _FUSED_DEVICES:
+        return False
+    return device.type != "cuda" or importlib.util.find_spec("triton") is not None
 
 
 class SmoothedCrossEntropy(torch.autograd.Function):
