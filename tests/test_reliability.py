@@ -142,8 +142,10 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(
     real = train_module.sequence_loss
     steps = {"n": 0}
 
-    def poisoned(logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0) -> object:
-        loss = real(logits, labels, smoothing)
+    def poisoned(
+        logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0, *, fused: bool = False
+    ) -> object:
+        loss = real(logits, labels, smoothing, fused=fused)
         if logits.requires_grad:  # a training step, not an evaluation
             steps["n"] += 1
             if steps["n"] == 7:
