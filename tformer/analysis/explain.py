@@ -12,11 +12,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tformer.config import BOS_ID, EOS_ID
+from tformer.checkpoint.store import Tokenizers
+from tformer.config import BOS, BOS_ID, EOS_ID
 from tformer.decoding.api import fit_input, fit_source
 from tformer.decoding.logits import mask_special_tokens
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.model import Transformer
+from tformer.model.transformer import source_as_read
 
 
 @dataclass
@@ -101,3 +103,15 @@ def explain(
 
 def _pairs(indices: Tensor, values: Tensor) -> list[tuple[int, float]]:
     return list(zip(indices.tolist(), values.tolist(), strict=True))
+
+
+def attended_tokens(
+    model: Transformer, tokenizers: Tokenizers, src_ids: Sequence[int], hyp: Hypothesis
+) -> list[str]:
+    """The tokens that each step's ``source`` positions index: the source as the encoder reads
+    it (with the <eos> Marian's models add), or a decoder-only model's <bos> + prompt (as it
+    is read) + output."""
+    if model.config.arch == "decoder-only":
+        prompt = tokenizers.source.tokens(fit_input(model, src_ids))
+        return [BOS, *prompt, *tokenizers.target.tokens(hyp.ids)]
+    return tokenizers.source.tokens(source_as_read(list(src_ids) or [EOS_ID], model.config))

@@ -21,14 +21,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tformer.analysis.language import as_read, has_mask_token
 from tformer.checkpoint.store import Tokenizers
-from tformer.config import EOS_ID, MASK_ID, PAD_ID, UNK, UNK_ID
+from tformer.config import MASK, MASK_ID, PAD_ID, UNK, UNK_ID
 from tformer.data.batching import BatchPlan, shift_right
 from tformer.data.lm import CausalObjective, lm_examples
 from tformer.data.pairs import KeptTexts, encode_pairs, unfit
 from tformer.data.sources import TextPair
 from tformer.data.tokenizer import Tokenizer
-from tformer.errors import DataError
+from tformer.errors import ConfigError, DataError
 from tformer.metrics import EVAL_BATCH_TOKENS
 from tformer.model import Transformer
 from tformer.model.attention import causal_mask, padding_mask
@@ -250,9 +251,25 @@ def _pair_score(
     smoothing: float,
 ) -> PairScore:
     """One pair's record from its row of the batch (padding positions cut off)."""
-    index, pair = pair_at
     tgt_in, tgt_out = shift_right(tgt_ids)
-    n = len(tgt_out)
+    return _scored(pair_at, src_ids, tgt_in, tgt_out, row, tokenizers, smoothing)
+
+
+def _scored(
+    pair_at: tuple[int, TextPair],
+    src_ids: list[int],
+    input_ids: list[int],
+    label_ids: list[int],
+    row: dict[str, list[Any]],
+    tokenizers: Tokenizers,
+    smoothing: float,
+    *,
+    masked: bool = False,
+) -> PairScore:
+    """The record of ``label_ids`` read from ``input_ids``, with ``row``'s figures for them
+    (the positions beyond the labels cut off); labels are in the target's vocabulary."""
+    index, pair = pair_at
+    n = len(label_ids)
     top_ids = [int(i) for i in row["top"][:n]]
     target = tokenizers.target
     return PairScore(
@@ -261,10 +278,10 @@ def _pair_score(
         reference=pair[1],
         source_ids=src_ids,
         source_tokens=tokenizers.source.tokens(src_ids),
-        input_ids=tgt_in,
-        input_tokens=target.tokens(tgt_in),
-        label_ids=tgt_out,
-        label_tokens=target.tokens(tgt_out),
+        input_ids=input_ids,
+        input_tokens=target.tokens(input_ids),
+        label_ids=label_ids,
+        label_tokens=target.tokens(label_ids),
         p_label=row["p_label"][:n],
         rank=[int(r) for r in row["rank"][:n]],
         top_ids=top_ids,
@@ -273,6 +290,7 @@ def _pair_score(
         loss=row["loss"][:n],
         smoothed_loss=row["smoothed_loss"][:n],
         label_smoothing=smoothing,
+        masked=masked,
     )
 
 
@@ -350,10 +368,15 @@ def score_masked_text(
             does not fit the model's positions.
     """
     tokenizer = tokenizers.source
+    if not has_mask_token(tokenizer):
+        raise ConfigError(
+            f"the tokenizer has no {MASK} token at id {MASK_ID}, which scoring a masked "
+            "language model needs"
+        )
     check_encodable(tokenizer, text, "TEXT", "model's")
     ids = tokenizer.encode(text)
     config = model.config
-    read = [*ids, EOS_ID] if config.bos_first else ids  # as the model reads a text
+    read = as_read(config, ids)
     limit = config.max_len  # <bos>, with bos_first, has a position of its own beyond it
     if not ids or len(read) > limit:
         what = "empty" if not ids else f"{len(read)} tokens as the model reads it"
@@ -365,37 +388,17 @@ def score_masked_text(
     try:
         for start in range(0, len(ids), _MASKED_ROWS):
             positions = torch.arange(start, min(start + _MASKED_ROWS, len(ids)), device=device)
+            copy = torch.arange(positions.numel(), device=device)
             copies = torch.tensor(read, device=device).repeat(positions.numel(), 1)
-            copies[torch.arange(positions.numel(), device=device), positions] = MASK_ID
-            logits = model(copies, None).logits  # (rows, L, V)
-            rows.append(logits[torch.arange(positions.numel(), device=device), positions])
+            copies[copy, positions] = MASK_ID
+            rows.append(model(copies, None).logits[copy, positions])  # (rows, V)
     finally:
         model.train(was_training)
     figures = position_scores(torch.cat(rows)[None], torch.tensor([ids], device=device),
                               label_smoothing)  # fmt: skip
     row = {name: value[0].cpu().tolist() for name, value in figures.items()}
-    top_ids = [int(i) for i in row["top"]]
     masks = [MASK_ID] * len(ids)
-    return PairScore(
-        index=0,
-        source="",
-        reference=text,
-        source_ids=[],
-        source_tokens=[],
-        input_ids=masks,
-        input_tokens=tokenizer.tokens(masks),
-        label_ids=ids,
-        label_tokens=tokenizer.tokens(ids),
-        p_label=row["p_label"],
-        rank=[int(r) for r in row["rank"]],
-        top_ids=top_ids,
-        top_tokens=tokenizer.tokens(top_ids),
-        p_top=row["p_top"],
-        loss=row["loss"],
-        smoothed_loss=row["smoothed_loss"],
-        label_smoothing=label_smoothing,
-        masked=True,
-    )
+    return _scored((0, ("", text)), [], masks, ids, row, tokenizers, label_smoothing, masked=True)
 
 
 def unknown_characters(tokenizer: Tokenizer, text: str) -> list[str]:

@@ -26,7 +26,7 @@ def _strategy(config: DecodingConfig) -> str:
 
 def explanation_table(
     steps: Sequence[StepExplanation],
-    src_ids: Sequence[int],
+    columns: Sequence[str],
     tokenizers: Tokenizers,
     config: DecodingConfig,
     hyp: Hypothesis,
@@ -36,11 +36,9 @@ def explanation_table(
 ) -> Table:
     """Columns: step, token, its probability after each processor stage (the model's first),
     the most probable alternatives, and the source tokens attended to most (a decoder-only
-    model's: the tokens of <bos> + prompt + output its self-attention row weighted most)."""
-    tgt, src = tokenizers.target, tokenizers.source
-    src_tokens = src.tokens(src_ids) if src_ids else ["<eos>"]
-    if decoder_only:
-        src_tokens = ["<bos>", *src.tokens(src_ids), *tgt.tokens(hyp.ids)]
+    model's: the tokens of <bos> + prompt + output its self-attention row weighted most);
+    ``columns`` are the tokens those positions index (``attended_tokens``)."""
+    tgt = tokenizers.target
     stages = list(steps[0].probs) if steps else ["model"]
     caption = f"{_strategy(config)}. log p {hyp.logprob:.3f}"
     if config.beam_size > 1:
@@ -63,6 +61,6 @@ def explanation_table(
         alternatives = ", ".join(
             f"{escape(tgt.id_to_token(i))} {p:.3f}" for i, p in step.alternatives if p > 0
         )
-        source = ", ".join(f"{escape(src_tokens[j])} {w:.2f}" for j, w in step.source)
+        source = ", ".join(f"{escape(columns[j])} {w:.2f}" for j, w in step.source)
         table.add_row(str(t), escape(tgt.id_to_token(step.token)), *probs, alternatives, source)
     return table

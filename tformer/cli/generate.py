@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from tformer.analysis.explain import explain
+from tformer.analysis.explain import attended_tokens, explain
 from tformer.checkpoint import Checkpoint
 from tformer.cli.app import app
 from tformer.cli.compare import default_settings, print_comparison
@@ -48,14 +48,13 @@ from tformer.cli.options import (
     require_family,
     warn_long_inputs,
 )
-from tformer.config import EOS_ID, check_text
-from tformer.decoding.api import fit_input, stream_tokens
+from tformer.config import check_text
+from tformer.decoding.api import stream_tokens
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
 from tformer.errors import ConfigError, DataError
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
-from tformer.model.transformer import source_as_read
 
 NUM_SAMPLES = typer.Option(
     default(DecodingConfig, "num_samples"), "--num-samples", "-n", help="Samples per input."
@@ -288,14 +287,9 @@ def _explain(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
         if len(outputs) > 1:
             title = f"output {index + 1}/{len(outputs)}: {title}"
         decoder_only = loaded.model_config.arch == "decoder-only"
-        # The source columns as the encoder read them (with the <eos> Marian's models add).
-        read = (
-            fit_input(loaded.model, src)
-            if decoder_only
-            else source_as_read(src or [EOS_ID], loaded.model_config)
-        )
+        columns = attended_tokens(loaded.model, loaded.tokenizers, src, hyp)
         table = explanation_table(
-            steps, read, loaded.tokenizers, config, hyp, title=title, decoder_only=decoder_only
+            steps, columns, loaded.tokenizers, config, hyp, title=title, decoder_only=decoder_only
         )
         console.print(table)
 

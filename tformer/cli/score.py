@@ -15,7 +15,6 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from tformer.analysis.language import has_mask_token
 from tformer.analysis.score import (
     PairScore,
     ScoreSummary,
@@ -177,11 +176,6 @@ def _score_text(
         raise ConfigError(
             "--masks draws a decoder's causal and cross-attention masks; an encoder-only model "
             "reads its whole text (tformer inspect-attention shows what it attends to)"
-        )
-    if masked and not has_mask_token(ckpt.tokenizers.source):
-        raise ConfigError(
-            f"{checkpoint}: the tokenizer has no <mask> token, which scoring a masked language "
-            "model needs"
         )
     apply_mask_heads(ckpt.model, mask_heads)
     scorer = score_masked_text if masked else score_text

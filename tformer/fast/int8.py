@@ -119,6 +119,13 @@ class Int8EncoderOnlyTransformer(EncoderOnlyTransformer):
         return self.int8_projection(hidden)
 
 
+_INT8_FAMILIES: dict[str, type[Transformer]] = {
+    "encoder-decoder": Int8Transformer,
+    "decoder-only": Int8DecoderOnlyTransformer,
+    "encoder-only": Int8EncoderOnlyTransformer,
+}
+
+
 def check_quantize(quantize: str, device: torch.device) -> bool:
     """``--quantize``: True for int8 (CPU only), False for none; anything else is refused."""
     if quantize not in QUANTIZE_CHOICES:
@@ -165,12 +172,7 @@ def quantize_int8(model: Transformer) -> Transformer:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child.weight, child.bias))
-    if model.config.arch == "encoder-only":
-        model.__class__ = Int8EncoderOnlyTransformer
-    else:
-        model.__class__ = (
-            Int8Transformer if model.config.is_seq2seq else Int8DecoderOnlyTransformer
-        )
+    model.__class__ = _INT8_FAMILIES[model.config.arch]
     model.int8_projection = projection
     return model
 

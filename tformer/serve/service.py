@@ -8,15 +8,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from tformer.analysis.attention import attention_maps
-from tformer.analysis.explain import explain
+from tformer.analysis.explain import attended_tokens, explain
 from tformer.checkpoint.store import Checkpoint
-from tformer.config import BOS, EOS_ID, SEED_LIMIT, check_text
+from tformer.config import SEED_LIMIT, check_text
 from tformer.data.tokenizer import Tokenizer
-from tformer.decoding.api import fit_input, long_inputs_warning, long_target_warning
+from tformer.decoding.api import long_inputs_warning, long_target_warning
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.decoding.text import translate
 from tformer.errors import ConfigError
-from tformer.model.transformer import source_as_read
 from tformer.serve.answers import (
     attention_record,
     explain_record,
@@ -188,12 +187,7 @@ class Service:
             ids = target[: loaded.model_config.max_len - 1]
             hyp, text = Hypothesis(ids=ids, token_logprobs=[], finished=True), request.target
         steps = explain(loaded.model, src, hyp, config)
-        if loaded.model_config.arch == "decoder-only":  # its last layer's self-attention row
-            prompt = tokenizers.source.tokens(fit_input(loaded.model, src))
-            source_tokens = [BOS, *prompt, *tokenizers.target.tokens(hyp.ids)]
-        else:
-            read = source_as_read(src or [EOS_ID], loaded.model_config)  # as the encoder reads
-            source_tokens = tokenizers.source.tokens(read)
+        source_tokens = attended_tokens(loaded.model, tokenizers, src, hyp)
         return {
             "source": request.source,
             "output": text,

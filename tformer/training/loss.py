@@ -75,12 +75,18 @@ def _compiled() -> Callable[..., tuple[Tensor, Tensor | None]]:
     return torch.compile(fused_loss_and_grad, dynamic=True)
 
 
+@functools.cache
+def _has_triton() -> bool:
+    # Looked up once: the loss asks at every training step.
+    return importlib.util.find_spec("triton") is not None
+
+
 def fusable(device: torch.device) -> bool:
     """Whether ``fused=True`` compiles the loss on ``device`` (a GPU with Triton, which the
     compiler writes GPU kernels in)."""
     if device.type not in _FUSED_DEVICES:
         return False
-    return device.type != "cuda" or importlib.util.find_spec("triton") is not None
+    return device.type != "cuda" or _has_triton()
 
 
 class SmoothedCrossEntropy(torch.autograd.Function):
