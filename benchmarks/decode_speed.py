@@ -201,7 +201,7 @@ def marian_runner(
 
 # -- CTranslate2 with the same weights ---------------------------------------------------------
 
-CT2_COMPUTE_TYPES = ("float32", "int8")
+CT2_COMPUTE_TYPES = {"cpu": ("float32", "int8"), "cuda": ("float32",)}
 
 
 def ct2_token(i: int) -> str:
@@ -225,8 +225,9 @@ def to_ctranslate2(model: Transformer, output_dir: str) -> None:
     save_model(model, Path(output_dir), vocabulary, vocabulary)
 
 
-def ct2_translators(model: Transformer, threads: int) -> dict[str, Any]:
-    """One CTranslate2 translator per compute type, all loaded from one conversion."""
+def ct2_translators(model: Transformer, threads: int, device: str = "cpu") -> dict[str, Any]:
+    """One CTranslate2 translator per compute type, all loaded from one conversion of
+    ``model`` (on the CPU) and run on ``device``."""
     import ctranslate2
 
     with tempfile.TemporaryDirectory(prefix="tformer-ct2-") as folder:
@@ -235,12 +236,12 @@ def ct2_translators(model: Transformer, threads: int) -> dict[str, Any]:
         return {
             compute_type: ctranslate2.Translator(
                 folder,
-                device="cpu",
+                device=device,
                 compute_type=compute_type,
                 inter_threads=1,
                 intra_threads=threads,
             )
-            for compute_type in CT2_COMPUTE_TYPES
+            for compute_type in CT2_COMPUTE_TYPES[device]
         }
 
 

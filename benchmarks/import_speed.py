@@ -133,15 +133,16 @@ print(json.dumps({"seconds": seconds, "baseline_rss_mb": before, "peak_rss_mb": 
 
 def import_once(folder: Path, out: Path) -> dict[str, float]:
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(folder), str(out)],
-        capture_output=True,
-        text=True,
-        check=True,
+        [sys.executable, "-c", CHILD, str(folder), str(out)], capture_output=True, text=True
     )
+    if done.returncode != 0:
+        sys.exit(f"the import failed:\n{done.stderr.strip()}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def decoding(folder: Path, imported: Path, sizes: dict[str, int], *, smoke: bool) -> None:
+def decoding(
+    folder: Path, imported: Path, sizes: dict[str, int], *, smoke: bool, device: str = "cpu"
+) -> None:
     """The imported model's decoding speed next to HF generate and CTranslate2."""
     import torch
     import transformers
@@ -154,16 +155,13 @@ def decoding(folder: Path, imported: Path, sizes: dict[str, int], *, smoke: bool
     from tformer.fast.int8 import quantize_int8
 
     length, new_tokens, big = (8, 8, 4) if smoke else (32, 64, 32)
-    model = accelerate(load_checkpoint(imported, "cpu").model).eval()
-    int8 = quantize_int8(load_checkpoint(imported, "cpu").model).eval()
-    marian = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
+    on = torch.device(device)
+    # As `tformer generate` runs it: accelerated (on a GPU, its steps as CUDA graphs).
+    model = accelerate(load_checkpoint(imported, "cpu").model.to(on)).eval()
+    marian = transformers.MarianMTModel.from_pretrained(str(folder)).eval().to(on)
     impls = {
         "tformer": bench.Impl(
             lambda src, case, cache: bench.tformer_runner(model, src, case, new_tokens, cache),
-            caches=(True,),
-        ),
-        "tformer-int8": bench.Impl(
-            lambda src, case, cache: bench.tformer_runner(int8, src, case, new_tokens, cache),
             caches=(True,),
         ),
         "hf-generate": bench.Impl(
@@ -171,17 +169,33 @@ def decoding(folder: Path, imported: Path, sizes: dict[str, int], *, smoke: bool
             caches=(True,),
         ),
     }
+    if on.type == "cpu":  # tformer's int8 decoding is a CPU path
+        int8 = quantize_int8(load_checkpoint(imported, "cpu").model).eval()
+        impls["tformer-int8"] = bench.Impl(
+            lambda src, case, cache: bench.tformer_runner(int8, src, case, new_tokens, cache),
+            caches=(True,),
+        )
     cases = [bench.Case("greedy", 1), bench.Case("beam4", 1), bench.Case("greedy", big)]
+    if on.type == "cuda":  # a GPU user's batches: beam search at batch 32 too
+        cases.append(bench.Case("beam4", big))
     meta = {"benchmark": "import_decode_speed", "threads": torch.get_num_threads(),
-            "torch": torch.__version__, **{f"model_{k}": v for k, v in sizes.items()}}  # fmt: skip
+            "torch": torch.__version__, "device": on.type,
+            **({"gpu": torch.cuda.get_device_name(on)} if on.type == "cuda" else {}),
+            **{f"model_{k}": v for k, v in sizes.items()}}  # fmt: skip
     repeats = 1 if smoke else 3
-    rows = bench.run_cases(impls, cases, length, sizes["vocab"], repeats, meta)
+    rows = bench.run_cases(impls, cases, length, sizes["vocab"], repeats, meta, on)
     try:
-        import ctranslate2  # noqa: F401
+        import ctranslate2
     except ImportError:
         print(json.dumps({"note": "ctranslate2 is not installed: CTranslate2 skipped"}))
     else:  # after the torch ones, as decode_speed.py does (two OpenMP runtimes slow each other)
-        translators = bench.ct2_translators(model, torch.get_num_threads())
+        if on.type == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+            print(json.dumps({"note": "this CTranslate2 build sees no GPU: CTranslate2 skipped"}))
+            translators = {}
+        else:
+            # The product's export of the imported checkpoint, read from a CPU copy.
+            weights = load_checkpoint(imported, "cpu").model.eval()
+            translators = bench.ct2_translators(weights, torch.get_num_threads(), on.type)
         ct2 = {
             f"ctranslate2-{kind}": bench.ct2_impl(translator, kind, new_tokens)
             for kind, translator in translators.items()
@@ -197,6 +211,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run (CI)")
     parser.add_argument("--repeats", type=int, default=3, help="imports of the same folder")
+    parser.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda"], help="where the decoding runs"
+    )
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else FULL
     repeats = 1 if args.smoke else args.repeats
@@ -223,7 +240,7 @@ def main() -> None:
             }
             print(json.dumps(record), flush=True)
             rows.append(record)
-        decoding(folder, root / "out-0", sizes, smoke=args.smoke)
+        decoding(folder, root / "out-0", sizes, smoke=args.smoke, device=args.device)
     print("\n| run | seconds | weights MB | peak RSS MB (baseline) | peak growth / weights |")
     print("|---:|---:|---:|---:|---:|")
     for r in rows:

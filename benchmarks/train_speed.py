@@ -106,6 +106,21 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5,
     return 2 * n**3 / min(times) / 1e9
 
 
+# How Adam updates the weights, the same for every implementation: "auto" is what tformer's
+# training uses on the device (fused kernels on a GPU, foreach on a CPU).
+ADAM = "auto"
+# tformer's attention kernel: "auto" is its own choice (tformer/fast/attention.py), "fused"
+# always torch's fused kernel.
+ATTENTION = "auto"
+
+
+def adam(params: list[torch.nn.Parameter]) -> torch.optim.Adam:
+    from tformer.training.optim import update_kernels
+
+    kernels = update_kernels(params) if ADAM == "auto" else {ADAM: True}
+    return torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **kernels)
+
+
 def optimize(loss: torch.Tensor, params: list[torch.nn.Parameter],
              optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> None:
     """backward, clip, step, zero: the same update for every implementation (fp16 scaled)."""
@@ -152,6 +167,10 @@ def tformer_step(work: Workload, run: Run) -> Callable[[], None]:
     from tformer.model import Transformer
     from tformer.training.loss import sequence_loss
 
+    if ATTENTION == "fused":  # torch's fused kernel everywhere, where tformer may write it out
+        from tformer.fast.attention import FastMultiHeadAttention
+
+        FastMultiHeadAttention.fused_kernel = lambda self, q, k: True  # type: ignore[method-assign]
     d = work.dims
     config = ModelConfig(src_vocab_size=d["vocab"], tgt_vocab_size=d["vocab"],
                          d_model=d["d_model"], n_heads=d["n_heads"],
@@ -159,7 +178,7 @@ def tformer_step(work: Workload, run: Run) -> Callable[[], None]:
                          d_ff=d["d_ff"], dropout=0.1)
     model = accelerate(Transformer(config)).to(run.device).train()
     params = list(model.parameters())
-    optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+    optimizer = adam(params)
     src, tgt_in, tgt_out = (t.to(run.device) for t in work.data())
     forward, scaler = run.wrap(model), run.mode.scaler()
 
@@ -180,7 +199,7 @@ def torch_transformer_step(work: Workload, run: Run) -> Callable[[], None]:
     head = torch.nn.Linear(d["d_model"], d["vocab"], bias=False).to(run.device)
     head.weight = embed.weight
     params = list(embed.parameters()) + list(core.parameters())
-    optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+    optimizer = adam(params)
     src, tgt_in, tgt_out = (t.to(run.device) for t in work.data())
     mask = torch.nn.Transformer.generate_square_subsequent_mask(work.length, device=run.device)
     scale = d["d_model"] ** 0.5
@@ -215,7 +234,7 @@ def marian_step(work: Workload, run: Run) -> Callable[[], None]:
                           decoder_start_token_id=1, max_position_embeddings=512)
     model = MarianMTModel(config).to(run.device).train()
     params = list(model.parameters())
-    optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+    optimizer = adam(params)
     src, tgt_in, tgt_out = (t.to(run.device) for t in work.data())
     forward, scaler = run.wrap(model), run.mode.scaler()
 
@@ -258,7 +277,8 @@ def measure(impl: str, work: Workload, run: Run, repeats: int) -> dict[str, Any]
     )
     return {
         "impl": impl, "shape": work.shape, "precision": run.precision,
-        "compiled": run.compiled, "device": run.device.type, "batch": work.batch,
+        "compiled": run.compiled, "device": run.device.type, "batch": work.batch, "adam": ADAM,
+        "attention": ATTENTION,
         "ms_per_step": round(seconds * 1000, 2),
         "target_tokens_per_s": round(tokens / seconds, 1),
         "total_tokens_per_s": round(2 * tokens / seconds, 1),
@@ -273,7 +293,8 @@ def profile(impl: str, work: Workload, run: Run) -> None:
     from torch.profiler import profile as profiler
 
     step = IMPLEMENTATIONS[impl](work, run)
-    step()
+    for _ in range(3 if run.compiled else 1):  # as measure(): compiling stays out of it
+        step()
     synchronize(run.device)
     activities = [ProfilerActivity.CPU] + (
         [ProfilerActivity.CUDA] if run.device.type == "cuda" else []
@@ -283,14 +304,15 @@ def profile(impl: str, work: Workload, run: Run) -> None:
             step()
         synchronize(run.device)
     key = "cuda_time_total" if run.device.type == "cuda" else "cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=20), flush=True)
+    print(prof.key_averages().table(sort_by=key, row_limit=30), flush=True)
 
 
 def run_isolated(impl: str, shape: str, precision: str, repeats: int, *, batch: int = 64,
                  device: str = "cpu", compiled: bool = False) -> dict[str, Any] | None:
     """One measurement in a fresh process, so peak memory belongs to that configuration."""
     cmd = [sys.executable, __file__, "--one", impl, shape, precision, str(repeats),
-           "--batch", str(batch), "--device", device] + (["--compile"] if compiled else [])
+           "--batch", str(batch), "--device", device, "--adam", ADAM, "--attention", ATTENTION] + (
+               ["--compile"] if compiled else [])
     # Every implementation gets the allocator setting tformer makes for itself (huge pages for
     # large tensors, see tformer/fast/process.py), so the comparison is of the code, not of it.
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1")}
@@ -319,10 +341,25 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="with --one: print torch.profiler's 20 costliest operations of two steps",
+        help="with --one: print torch.profiler's 30 costliest operations of two steps",
+    )
+    parser.add_argument(
+        "--adam",
+        default="auto",
+        choices=["auto", "foreach", "fused"],
+        help="Adam's update kernels for every implementation (auto: tformer's own choice, "
+        "fused on a GPU and foreach on a CPU)",
+    )
+    parser.add_argument(
+        "--attention",
+        default="auto",
+        choices=["auto", "fused"],
+        help="tformer's attention kernel (auto: its own choice; fused: always torch's)",
     )
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global ADAM, ATTENTION
+    ADAM, ATTENTION = args.adam, args.attention
     device = torch.device(args.device)
     if args.one:
         impl, shape, precision, repeats = args.one
@@ -389,6 +426,10 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|---:|")
     for r in rows:
         precision = r["precision"] + (" compiled" if r.get("compiled") else "")
+        if r.get("adam", "auto") != "auto":
+            precision += f" (Adam {r['adam']})"
+        if r.get("attention", "auto") != "auto":
+            precision += f" ({r['attention']} attention)"
         if "skipped" in r:
             print(f"| {r['shape']} | {precision} | {r['impl']} | skipped: {r['skipped']} "
                   "| | | |")

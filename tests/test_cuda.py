@@ -308,3 +308,53 @@ def test_graphed_decoding_after_training_steps_uses_the_new_weights(
             torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt_out.flatten()).backward()
             optimizer.step()
             optimizer.zero_grad()
+
+
+def test_adam_on_the_gpu_updates_in_fused_kernels_as_foreach_does() -> None:
+    from tformer.config import TrainConfig
+    from tformer.training.optim import build_optimizer
+
+    torch.manual_seed(0)
+    config = ModelConfig(src_vocab_size=50, tgt_vocab_size=50, d_model=32, n_heads=2,
+                         n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0)  # fmt: skip
+    fused_model = Transformer(config).cuda()
+    foreach_model = Transformer(config).cuda()
+    foreach_model.load_state_dict(fused_model.state_dict())
+    fused = build_optimizer(fused_model, TrainConfig())
+    assert fused.defaults["fused"] is True
+    foreach = torch.optim.Adam(foreach_model.parameters(), betas=(0.9, 0.98), eps=1e-9,
+                               foreach=True)  # fmt: skip
+    for optimizer in (fused, foreach):
+        for group in optimizer.param_groups:
+            group["lr"] = 1e-3
+    before = {name: p.detach().clone() for name, p in fused_model.named_parameters()}
+    # The same gradients for both (some weights' backprop gradients are rounding noise, which
+    # Adam's normalisation would blow up into different updates).
+    for _ in range(5):
+        for a, b in zip(fused_model.parameters(), foreach_model.parameters(), strict=True):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        fused.step()
+        foreach.step()
+    for (name, a), b in zip(fused_model.named_parameters(), foreach_model.parameters(),
+                            strict=True):  # fmt: skip
+        assert not torch.equal(a, before[name]), name
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_short_keys_train_through_the_formula_in_a_compiled_gpu_step() -> None:
+    from tformer.fast.attention import GPU_SHORT_KEYS, fused_backward_is_slow
+
+    q = torch.randn(2, 2, 3, 8, device=CUDA, requires_grad=True)
+    low = q.to(torch.bfloat16)
+    assert not fused_backward_is_slow(low, GPU_SHORT_KEYS)  # eager: torch's fused kernel
+
+    def decided(keys: int) -> bool:
+        decide = torch.compile(lambda x: (x * 1, fused_backward_is_slow(x, keys)), fullgraph=True)
+        return bool(decide(low)[1])
+
+    assert decided(GPU_SHORT_KEYS)
+    assert not decided(GPU_SHORT_KEYS + 1)
+    assert not fused_backward_is_slow(q, 8)  # fp32
+    with torch.no_grad():
+        assert not fused_backward_is_slow(low, 8)  # decoding

@@ -468,6 +468,23 @@ def test_missing_packages_name_the_extra(
         spm_tokenizer(path)
 
 
+def test_a_converter_too_old_to_split_as_sentencepiece_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # transformers before 5.24 builds no pre-tokenizer for a SentencePiece model, so its
+    # tokenizer would give other ids: that version is named instead of used.
+    converter = pytest.importorskip("transformers.convert_slow_tokenizer").SpmConverter
+    path = tmp_path / "any.model"
+    path.write_bytes(b"\x0a")
+
+    def before_5_24(proto: Any, vocab: Any, merges: Any = None) -> None:
+        raise AssertionError("not to be called")
+
+    monkeypatch.setattr(converter, "build_tokenizer_from_spm_proto", staticmethod(before_5_24))
+    with pytest.raises(ConfigError, match=r"needs transformers 5\.24 or newer \(this is 5\."):
+        spm_tokenizer(path)
+
+
 @needs_multi30k
 def test_marian_folder_problems_are_named(joint_marian: tuple[Path, Any], tmp_path: Path) -> None:
     folder, marian = joint_marian

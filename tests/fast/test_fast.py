@@ -262,8 +262,8 @@ def test_inference_projection_layout_matches_training_and_follows_weight_updates
 def test_only_accelerated_attention_leaves_the_fused_kernel_for_bf16_cpu_training() -> None:
     x = torch.randn(1, 1, 2, 4, requires_grad=True).to(torch.bfloat16)
     plain_attention = MultiHeadAttention(8, 2)
-    assert plain_attention.fused_kernel(x)  # the paper's module: one kernel everywhere
+    assert plain_attention.fused_kernel(x, x)  # the paper's module: one kernel everywhere
     fast_attention = accelerate(Transformer(tiny())).decoder.layers[0].self_attn
     assert isinstance(fast_attention, FastMultiHeadAttention)
-    assert not fast_attention.fused_kernel(x)
-    assert fast_attention.fused_kernel(x.detach())
+    assert not fast_attention.fused_kernel(x, x)
+    assert fast_attention.fused_kernel(x.detach(), x.detach())

@@ -74,7 +74,7 @@ def test_bf16_training_path_matches_torch_sdpa_in_fp32(masking: str) -> None:
     mask = padding_mask(ids, 0) if masking == "padding" else None
     causal = masking == "causal"
     low = [x.to(torch.bfloat16) for x in leaves]
-    assert fused_backward_is_slow(low[0])
+    assert fused_backward_is_slow(low[0], length)
     ours, weights = scaled_dot_product_attention(*low, mask, causal=causal, fused=False)
     assert weights is None and ours.dtype == torch.bfloat16
     upstream = torch.randn(b, h, length, d)
@@ -91,12 +91,13 @@ def test_bf16_training_path_matches_torch_sdpa_in_fp32(masking: str) -> None:
 
 def test_only_reduced_precision_cpu_training_leaves_the_fused_kernel() -> None:
     x = torch.randn(1, 1, 2, 4, requires_grad=True)
-    assert not fused_backward_is_slow(x)  # fp32
-    assert fused_backward_is_slow(x.to(torch.bfloat16))
-    assert fused_backward_is_slow(x.to(torch.float16))
+    assert not fused_backward_is_slow(x, 2)  # fp32
+    assert fused_backward_is_slow(x.to(torch.bfloat16), 2)
+    assert fused_backward_is_slow(x.to(torch.float16), 2)
+    assert fused_backward_is_slow(x.to(torch.bfloat16), 4096)  # on a CPU, at any length
     with torch.no_grad():
-        assert not fused_backward_is_slow(x.to(torch.bfloat16))  # inference
-    assert not fused_backward_is_slow(x.detach().to(torch.bfloat16))
+        assert not fused_backward_is_slow(x.to(torch.bfloat16), 2)  # inference
+    assert not fused_backward_is_slow(x.detach().to(torch.bfloat16), 2)
 
 
 def test_causal_mask_with_offset() -> None:

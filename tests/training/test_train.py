@@ -195,3 +195,16 @@ def test_refuses_to_resume_nothing(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="no tformer run"):
         train(None, TrainConfig(), out=tmp_path / "nothing", resume=True)
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_adam_on_the_cpu_updates_with_foreach_kernels() -> None:
+    from tformer.config import TrainConfig
+    from tformer.training.optim import build_optimizer
+
+    model = torch.nn.Linear(3, 2)
+    plain = build_optimizer(model, TrainConfig())
+    decayed = build_optimizer(model, TrainConfig(weight_decay=0.01))
+    assert type(plain) is torch.optim.Adam and type(decayed) is torch.optim.AdamW
+    for optimizer in (plain, decayed):
+        assert optimizer.defaults["foreach"] is True and not optimizer.defaults["fused"]
+        assert optimizer.defaults["betas"] == (0.9, 0.98) and optimizer.defaults["eps"] == 1e-9

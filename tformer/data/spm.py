@@ -15,6 +15,7 @@ named ``spm``, as SentencePiece's tools and files are, so as not to shadow the p
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -31,6 +32,8 @@ from tformer.errors import CheckpointError, ConfigError
 from tformer.paths import first_line
 
 INSTALL = 'pip install "tformer[import]"'
+# The first transformers whose SentencePiece converter builds sentencepiece's pre-tokenizer.
+TRANSFORMERS_FOR_SPM = "5.24"
 SPM_SUFFIXES = (".spm", ".model")
 # Marian's tokenizer files (``MarianTokenizer.save_pretrained``).
 SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
@@ -488,11 +491,20 @@ def _model_pb2() -> Any:
 
 def _converter() -> Any:
     try:
+        import transformers
         from transformers.convert_slow_tokenizer import SpmConverter
     except ImportError as error:
         raise ConfigError(
             f"converting a SentencePiece model needs the transformers package; {INSTALL}"
         ) from error
+    # Older converters build no pre-tokenizer: their tokenizers would split text otherwise
+    # than sentencepiece does, so they are refused rather than used.
+    build = SpmConverter.build_tokenizer_from_spm_proto
+    if "legacy" not in inspect.signature(build).parameters:
+        raise ConfigError(
+            f"converting a SentencePiece model needs transformers {TRANSFORMERS_FOR_SPM} or "
+            f"newer (this is {transformers.__version__}); {INSTALL}"
+        )
     return SpmConverter
 
 

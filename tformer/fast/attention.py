@@ -19,20 +19,28 @@ from tformer.fast.linear import direct, linear, unpacked_linear
 from tformer.model.attention import MultiHeadAttention, repeat_kv
 from tformer.model.cache import KVCache
 
+# Keys up to this many positions train faster in a compiled GPU step through the formula.
+GPU_SHORT_KEYS = 32
 
-def fused_backward_is_slow(q: Tensor) -> bool:
-    """True where torch's fused kernel is the slow choice: bf16/fp16 training on a CPU.
+
+def fused_backward_is_slow(q: Tensor, keys: int) -> bool:
+    """True where torch's fused kernel is the slow choice: bf16/fp16 training on a CPU, and
+    in a compiled GPU training step over at most ``GPU_SHORT_KEYS`` keys.
 
     Its CPU backward in reduced precision is several times slower than the written-out
     formula at the short lengths of translation, while its forward is as fast, so inference
-    and fp32 keep the fused kernel (docs/performance.md has the figures).
+    and fp32 keep the fused kernel. On a GPU the fused kernel alone is the faster one, but
+    under ``torch.compile`` the formula's small (B, H, Q, K) scores fuse with the projections,
+    masking and dropout around them, and the whole step is faster at a sentence's length
+    (docs/performance.md has the figures).
     """
-    return (
-        q.device.type == "cpu"
-        and q.dtype in (torch.bfloat16, torch.float16)
-        and q.requires_grad
-        and torch.is_grad_enabled()
-    )
+    if not (
+        q.dtype in (torch.bfloat16, torch.float16) and q.requires_grad and torch.is_grad_enabled()
+    ):
+        return False
+    if q.device.type == "cuda":
+        return keys <= GPU_SHORT_KEYS and torch.compiler.is_compiling()
+    return q.device.type == "cpu"
 
 
 class FoldingKVCache(KVCache):
@@ -104,8 +112,8 @@ class FoldedSource:
 class FastMultiHeadAttention(MultiHeadAttention):
     """:class:`MultiHeadAttention` with ``step`` for cached decoding; same parameters."""
 
-    def fused_kernel(self, q: Tensor) -> bool:
-        return not fused_backward_is_slow(q)
+    def fused_kernel(self, q: Tensor, k: Tensor) -> bool:
+        return not fused_backward_is_slow(q, k.size(-2))
 
     def step(
         self,

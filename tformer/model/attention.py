@@ -248,11 +248,11 @@ class MultiHeadAttention(nn.Module):
             causal=causal,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights,
-            fused=self.fused_kernel(q),
+            fused=self.fused_kernel(q, k),
             bias=bias,
             scale=self.scale,
         )
 
-    def fused_kernel(self, q: Tensor) -> bool:
+    def fused_kernel(self, q: Tensor, k: Tensor) -> bool:
         """Whether attention that returns no weights runs torch's fused kernel (here: always)."""
         return True

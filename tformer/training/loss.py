@@ -16,8 +16,9 @@ in cache, the exponentials are taken once, and what is kept for backward is the 
 in the logits' own dtype.
 
 With ``fused=True`` on a GPU (training with ``--compile``) the same formulas are compiled with
-``torch.compile`` into a couple of kernels that read the logits twice and write the gradient
-once, where the blocks take a dozen passes over an fp32 copy of them (docs/performance.md).
+``torch.compile``: forward reads the logits for the loss and each row's lse, backward reads them
+once more and writes the gradient, already scaled by grad_output. The blocks take a dozen passes
+over an fp32 copy of them (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -47,32 +48,36 @@ def _gradient_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype != torch.float16 else torch.float32
 
 
-def fused_loss_and_grad(
-    logits: Tensor, labels: Tensor, smoothing: float, want_grad: bool
-) -> tuple[Tensor, Tensor | None]:
-    """The summed loss and its gradient as whole-tensor expressions, for a compiler to fuse
-    (eagerly it would materialise several fp32 copies of the logits)."""
+def fused_loss(logits: Tensor, labels: Tensor, smoothing: float) -> tuple[Tensor, Tensor]:
+    """The summed loss and each row's lse as whole-tensor expressions, for a compiler to fuse
+    into one pass over the logits (eagerly it would materialise fp32 copies of them)."""
     x = logits.float()
-    vocab = x.size(1)
     keep = labels != PAD_ID
     safe = labels.masked_fill(~keep, 0)[:, None]
     lse = torch.logsumexp(x, dim=1)
     loss = lse - (1.0 - smoothing) * x.gather(1, safe).squeeze(1)
     if smoothing:
-        loss = loss - (smoothing / vocab) * x.sum(dim=1)
-    total = loss.masked_fill(~keep, 0.0).sum()
-    if not want_grad:
-        return total, None
-    onehot = torch.arange(vocab, device=x.device)[None, :] == safe
+        loss = loss - (smoothing / x.size(1)) * x.sum(dim=1)
+    return loss.masked_fill(~keep, 0.0).sum(), lse
+
+
+def fused_grad(
+    logits: Tensor, labels: Tensor, lse: Tensor, smoothing: float, scale: Tensor
+) -> Tensor:
+    """``scale`` times the loss's gradient, from the logits and :func:`fused_loss`'s lse: one
+    read of the logits and one write of the gradient, in their dtype, rounded once."""
+    x = logits.float()
+    vocab = x.size(1)
+    keep = labels != PAD_ID
+    onehot = torch.arange(vocab, device=x.device)[None, :] == labels[:, None]
     grad = torch.exp(x - lse[:, None]) - smoothing / vocab - (1.0 - smoothing) * onehot
-    grad = torch.where(keep[:, None], grad, 0.0)
-    return total, grad.to(_gradient_dtype(logits.dtype))
+    return torch.where(keep[:, None], grad * scale, 0.0).to(logits.dtype)
 
 
 @functools.cache
-def _compiled() -> Callable[..., tuple[Tensor, Tensor | None]]:
+def _compiled() -> tuple[Callable[..., tuple[Tensor, Tensor]], Callable[..., Tensor]]:
     # Compiled once per process, for any number of rows (dynamic shapes), on first use.
-    return torch.compile(fused_loss_and_grad, dynamic=True)
+    return torch.compile(fused_loss, dynamic=True), torch.compile(fused_grad, dynamic=True)
 
 
 @functools.cache
@@ -100,10 +105,14 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         keep_dtype = _gradient_dtype(logits.dtype)
         want_grad = ctx.needs_input_grad[0]
         ctx.logits_dtype = logits.dtype
-        if fused and fusable(logits.device):
+        ctx.fused = fused and fusable(logits.device)
+        if ctx.fused:
+            # The gradient waits for backward, where grad_output's factor is known: it is then
+            # written once, already scaled (scaling a saved gradient cost another two passes).
             with torch.autocast(logits.device.type, enabled=False):
-                fused_total, fused_grad = _compiled()(logits, labels, smoothing, want_grad)
-            ctx.save_for_backward(fused_grad)
+                fused_total, lse = _compiled()[0](logits, labels, smoothing)
+            ctx.smoothing = smoothing
+            ctx.save_for_backward(logits, labels, lse)
             return fused_total
         grad = torch.empty_like(logits, dtype=keep_dtype) if want_grad else None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
@@ -141,6 +150,11 @@ class SmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, None, None, None]:
+        if ctx.fused:
+            logits, labels, lse = ctx.saved_tensors
+            with torch.autocast(logits.device.type, enabled=False):
+                scaled = _compiled()[1](logits, labels, lse, ctx.smoothing, grad_output.float())
+            return scaled, None, None, None
         (grad,) = ctx.saved_tensors
         # The 0-dim fp32 factor is applied in fp32 arithmetic, so the result is rounded once.
         # In place: the saved gradient is used once (a second backward would be refused by

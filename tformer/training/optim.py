@@ -106,14 +106,18 @@ def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Adam:
     """Adam (beta2 0.98, eps 1e-9 by default); AdamW-style decay only when asked for."""
     params = [p for p in model.parameters() if p.requires_grad]
     betas = (train.beta1, train.beta2)
-    # foreach updates all tensors in a few kernels instead of one Python loop per parameter.
+    kernels = update_kernels(params)
     if train.weight_decay > 0:
         return torch.optim.AdamW(
-            params,
-            lr=0.0,
-            betas=betas,
-            eps=train.eps,
-            weight_decay=train.weight_decay,
-            foreach=True,
+            params, lr=0.0, betas=betas, eps=train.eps, weight_decay=train.weight_decay, **kernels
         )
-    return torch.optim.Adam(params, lr=0.0, betas=betas, eps=train.eps, foreach=True)
+    return torch.optim.Adam(params, lr=0.0, betas=betas, eps=train.eps, **kernels)
+
+
+def update_kernels(params: list[torch.nn.Parameter]) -> dict[str, bool]:
+    """How Adam updates the weights: on a GPU in one fused kernel per group of tensors (a
+    single pass over weights, gradients and moments); elsewhere with foreach, a few kernels
+    over all tensors instead of one Python loop per parameter."""
+    if params and all(p.device.type == "cuda" for p in params):
+        return {"fused": True}
+    return {"foreach": True}
