@@ -128,12 +128,14 @@ def test_the_faster_of_split_and_whole_is_measured_once_per_shape(
     import time
     import types
 
+    # A delay no product of these sizes takes, even on a machine busy with other tests.
+    DELAY = 0.05  # noqa: N806
     monkeypatch.setattr(linear_module, "_SPLIT_PAYS", {})
     weight, bias, x = torch.randn(384, 256), torch.randn(384), torch.randn(1, 256)
     split = linear_module.split_linear
 
     def slow_split(*args: object) -> torch.Tensor:
-        time.sleep(0.002)
+        time.sleep(DELAY)
         return split(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(linear_module, "split_linear", slow_split)
@@ -142,7 +144,7 @@ def test_the_faster_of_split_and_whole_is_measured_once_per_shape(
     assert linear_module.split_pays(x, weight, bias, 2) is False  # kept: measured once
 
     def slow_linear(*args: object) -> torch.Tensor:
-        time.sleep(0.002)
+        time.sleep(DELAY)
         return F.linear(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(linear_module, "F", types.SimpleNamespace(linear=slow_linear))
