@@ -77,9 +77,9 @@ def parse_heads(text: str, model: TransformerBase, option: str = "--mask-heads")
                 f"{', '.join(PARTS)} (e.g. enc.0.1, cross.1.*)"
             )
         if fields[0] not in layers:
-            arch = model.config.arch
+            family = model.family
             raise ConfigError(
-                f"{option} {item!r}: {article(arch)} {arch} model has no {PARTS[fields[0]]}; "
+                f"{option} {item!r}: {article(family)} {family} model has no {PARTS[fields[0]]}; "
                 f"its heads are {', '.join(f'{p}.LAYER.HEAD' for p in layers)}"
             )
         part, layer_text, head_text = fields
