@@ -34,6 +34,8 @@ KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
 Layer = int | Literal["all"]
 Head = int | Literal["all", "mean"]
 
+FILE_FORMAT = "tformer-attention"
+FILE_VERSION = 1
 
 
 def default_kind(family: type[TransformerBase]) -> str:
@@ -51,9 +53,6 @@ def check_kind(kind: str, family: type[TransformerBase]) -> None:
             f"--kind {kind}: {article(name)} {name} model has no {kind} attention; use --kind "
             f"{' or '.join(family.attention_kinds)}"
         )
-
-FILE_FORMAT = "tformer-attention"
-FILE_VERSION = 1
 
 
 @dataclass(frozen=True)
