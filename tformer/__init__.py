@@ -91,6 +91,7 @@ _EXPORTS: dict[str, str] = {
     "verify_checkpoint": "tformer.checkpoint",
     "DecoderOnlyTransformer": "tformer.model",
     "EncoderOnlyTransformer": "tformer.model",
+    "TransformerBase": "tformer.model",
     "FilledMask": "tformer.analysis.language",
     "LanguageEvaluation": "tformer.analysis.language",
     "build_model": "tformer.model",
@@ -142,6 +143,7 @@ if TYPE_CHECKING:
         DecoderOnlyTransformer,
         EncoderOnlyTransformer,
         Transformer,
+        TransformerBase,
         build_model,
     )
     from tformer.model.heads import HeadName, heads_masked, mask_heads, parse_heads
@@ -202,6 +204,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "Transformer",
+    "TransformerBase",
     "__version__",
     "ablate",
     "accelerate",

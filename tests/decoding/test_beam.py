@@ -48,10 +48,15 @@ class TableModel(nn.Module):
     ``QUIET`` ends at once, so tests can watch finished rows leave the batch.
     """
 
+    # What a model says it has (TransformerBase): a translation model's decoder.
+    reads_source = True
+    generates = True
+    continues_prompts = False
+
     def __init__(self, table: dict[int, dict[int, float]] = TABLE) -> None:
         super().__init__()
         self.anchor = nn.Parameter(torch.zeros(1))  # gives the model a device
-        self.config = SimpleNamespace(max_len=16, arch="encoder-decoder")
+        self.config = SimpleNamespace(max_len=16)
         self.register_buffer("table", log_table(table))
         self.register_buffer("quiet", log_table({t: {EOS_ID: 1.0} for t in range(V)}))
         self.batch_sizes: list[int] = []

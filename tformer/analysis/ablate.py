@@ -26,7 +26,7 @@ from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
 from tformer.errors import ConfigError
 from tformer.metrics import corpus_scores
-from tformer.model import EncoderOutput, Transformer
+from tformer.model import EncoderOutput, TransformerBase
 from tformer.model.heads import PARTS, HeadName, all_heads, attention_layers, heads_masked
 from tformer.training.loss import sequence_loss
 
@@ -102,7 +102,7 @@ Measure = Callable[[], Quality]
 
 
 def quality_probe(
-    model: Transformer,
+    model: TransformerBase,
     tokenizers: Tokenizers,
     pairs: Sequence[TextPair],
     *,
@@ -136,7 +136,7 @@ class TeacherForcedLoss:
     cross-attention head cannot change them, and those are two thirds of the heads.
     """
 
-    def __init__(self, model: Transformer, batches: Sequence[Batch]) -> None:
+    def __init__(self, model: TransformerBase, batches: Sequence[Batch]) -> None:
         self.model, self.batches = model, batches
         self.memory: list[EncoderOutput] | None = None
 
@@ -163,7 +163,7 @@ def importance(metric: str, baseline: Quality, masked_quality: Quality) -> float
 
 
 def head_effects(
-    model: Transformer,
+    model: TransformerBase,
     measure: Measure,
     metric: str,
     heads: Sequence[HeadName],
@@ -199,7 +199,7 @@ def head_effects(
 
 
 def ablate(
-    model: Transformer,
+    model: TransformerBase,
     tokenizers: Tokenizers,
     pairs: Sequence[TextPair],
     *,
@@ -251,7 +251,7 @@ def ablate_language(
 
 
 def ablate_with(
-    model: Transformer,
+    model: TransformerBase,
     measure: Measure,
     metric: str,
     measured: int,
@@ -277,7 +277,7 @@ def ablate_with(
 
 
 def prune_curve(
-    model: Transformer,
+    model: TransformerBase,
     measure: Measure,
     metric: str,
     heads: Sequence[HeadName],
@@ -305,6 +305,6 @@ def prune_curve(
             quality = measure_with(model, measure, pruned)
 
 
-def measure_with(model: Transformer, measure: Measure, heads: Sequence[HeadName]) -> Quality:
+def measure_with(model: TransformerBase, measure: Measure, heads: Sequence[HeadName]) -> Quality:
     with heads_masked(model, heads):
         return measure()

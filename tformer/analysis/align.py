@@ -32,7 +32,7 @@ from tformer.config import BOS_ID
 from tformer.data.batching import bucket_batches, pad
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import ConfigError
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 
 Link = tuple[int, int]  # (source index, target index), 0-based
 Choice = int | Literal["mean"]
@@ -154,7 +154,7 @@ def select(cross: Sequence[Tensor], layer: Choice, head: Choice) -> Tensor:
 
 
 def cross_attention(
-    model: Transformer,
+    model: TransformerBase,
     tokenizers: Tokenizers,
     pairs: Sequence[tuple[str, str]],
     *,
@@ -203,7 +203,7 @@ def cross_attention(
 
 @torch.no_grad()
 def _batch_maps(
-    model: Transformer,
+    model: TransformerBase,
     src_ids: list[list[int]],
     tgt_ids: list[list[int]],
     layer: Choice,
@@ -218,7 +218,7 @@ def _batch_maps(
 
 
 def align(
-    model: Transformer,
+    model: TransformerBase,
     tokenizers: Tokenizers,
     pairs: Sequence[tuple[str, str]],
     *,

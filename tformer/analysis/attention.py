@@ -26,7 +26,7 @@ from tformer.config import BOS_ID, EOS, EOS_ID, article
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
 from tformer.errors import ConfigError
-from tformer.model import Transformer
+from tformer.model import TransformerBase, model_class
 from tformer.model.transformer import source_as_read
 
 Kind = Literal["encoder", "decoder", "cross"]
@@ -34,17 +34,25 @@ KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
 Layer = int | Literal["all"]
 Head = int | Literal["all", "mean"]
 
-# The maps each family has: a decoder-only model only causal self-attention, an encoder-only
-# one only bidirectional self-attention.
-FAMILY_KINDS: dict[str, tuple[str, ...]] = {
-    "encoder-decoder": KINDS,
-    "decoder-only": ("decoder",),
-    "encoder-only": ("encoder",),
-}
-DEFAULT_KIND = {"encoder-decoder": "cross", "decoder-only": "decoder", "encoder-only": "encoder"}
-
 FILE_FORMAT = "tformer-attention"
 FILE_VERSION = 1
+
+
+def default_kind(family: type[TransformerBase]) -> str:
+    """The maps shown unless --kind says: cross-attention where the model has it, else the
+    one kind it has (a decoder-only model's causal, an encoder-only one's bidirectional)."""
+    kinds = family.attention_kinds
+    return "cross" if "cross" in kinds else kinds[0]
+
+
+def check_kind(kind: str, family: type[TransformerBase]) -> None:
+    """Refuse ``--kind`` maps that a model of ``family`` does not have, in one line."""
+    if kind not in family.attention_kinds:
+        name = family.family
+        raise ConfigError(
+            f"--kind {kind}: {article(name)} {name} model has no {kind} attention; use --kind "
+            f"{' or '.join(family.attention_kinds)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -113,13 +121,13 @@ class AttentionResult:
     def maps(self, kind: str) -> Tensor:
         if kind not in KINDS:
             raise ConfigError(f"--kind {kind!r} must be one of {', '.join(KINDS)}")
-        kinds = FAMILY_KINDS[self.arch]
-        if kind not in kinds:
-            raise ConfigError(
-                f"--kind {kind}: {article(self.arch)} {self.arch} model has no {kind} "
-                f"attention; use --kind {' or '.join(kinds)}"
-            )
+        check_kind(kind, model_class(self.arch))
         return getattr(self, kind)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of maps the model has (its family's ``attention_kinds``)."""
+        return model_class(self.arch).attention_kinds
 
     @property
     def predicted_tokens(self) -> list[str]:
@@ -206,7 +214,7 @@ def inspect_attention(
 
 @overload
 def inspect_attention(
-    checkpoint: Transformer,
+    checkpoint: TransformerBase,
     source: Tokenizers,
     target: str,
     decoding: str | None = None,
@@ -215,7 +223,7 @@ def inspect_attention(
 
 
 def inspect_attention(
-    checkpoint: Checkpoint | Transformer,
+    checkpoint: Checkpoint | TransformerBase,
     source: str | Tokenizers,
     target: str | None = None,
     decoding: DecodingConfig | str | None = None,
@@ -251,7 +259,7 @@ def inspect_attention(
 
 @torch.no_grad()
 def attention_maps(
-    model: Transformer,
+    model: TransformerBase,
     tokenizers: Tokenizers,
     source: str,
     target: str | None = None,
@@ -264,9 +272,9 @@ def attention_maps(
     was_training = model.training
     model.eval()
     try:
-        if model.config.arch == "encoder-only":
+        if not model.generates:
             return _inspect_encoder(model, tokenizers, source)
-        if model.config.arch == "decoder-only":
+        if model.continues_prompts:
             return _inspect_decoder(model, tokenizers, source, target, decoding)
         return _inspect(model, tokenizers, source, target, decoding)
     finally:
@@ -280,7 +288,7 @@ def _stack(maps: list[Tensor]) -> Tensor:
     return torch.stack([m[0] for m in maps]).float().cpu()
 
 
-def _inspect_encoder(model: Transformer, tokenizers: Tokenizers, text: str) -> AttentionResult:
+def _inspect_encoder(model: TransformerBase, tokenizers: Tokenizers, text: str) -> AttentionResult:
     """An encoder-only model's self-attention over ``text`` (whose ``<mask>`` are masks)."""
     device = next(model.parameters()).device
     ids = encode_with_masks_of(tokenizers.source, text)
@@ -299,12 +307,12 @@ def _inspect_encoder(model: Transformer, tokenizers: Tokenizers, text: str) -> A
         source_text=text,
         target_text="",
         generated=False,
-        arch="encoder-only",
+        arch=model.family,
     )
 
 
 def _inspect_decoder(
-    model: Transformer,
+    model: TransformerBase,
     tokenizers: Tokenizers,
     prompt: str,
     target: str | None,
@@ -329,12 +337,12 @@ def _inspect_decoder(
         source_text=prompt,
         target_text=target,
         generated=generated,
-        arch="decoder-only",
+        arch=model.family,
     )
 
 
 def _target(
-    model: Transformer,
+    model: TransformerBase,
     tokenizers: Tokenizers,
     text: str,
     target: str | None,
@@ -348,7 +356,7 @@ def _target(
 
 
 def _inspect(
-    model: Transformer,
+    model: TransformerBase,
     tokenizers: Tokenizers,
     source: str,
     target: str | None,

@@ -26,7 +26,7 @@ from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
 from tformer.device import cpuinfo
 from tformer.metrics import EVAL_BATCH_TOKENS, Scores, corpus_scores
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 from tformer.training.loss import sequence_loss
 from tformer.version import __version__
 
@@ -42,7 +42,7 @@ def teacher_forced_batches(
 
 
 @torch.no_grad()
-def batches_loss(model: Transformer, batches: Sequence[Batch]) -> tuple[float, int]:
+def batches_loss(model: TransformerBase, batches: Sequence[Batch]) -> tuple[float, int]:
     """Mean per-token cross-entropy of ``model`` over ``batches``, and the number of tokens."""
     total, tokens = 0.0, 0
     for batch in batches:

@@ -17,7 +17,7 @@ from tformer.config import BOS, BOS_ID, EOS_ID
 from tformer.decoding.api import fit_input, fit_source
 from tformer.decoding.logits import mask_special_tokens
 from tformer.decoding.settings import DecodingConfig, Hypothesis
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 from tformer.model.transformer import source_as_read
 
 
@@ -44,7 +44,7 @@ class StepExplanation:
 
 @torch.no_grad()
 def explain(
-    model: Transformer,
+    model: TransformerBase,
     src_ids: Sequence[int],
     hyp: Hypothesis,
     config: DecodingConfig,
@@ -62,7 +62,7 @@ def explain(
     chosen = [*hyp.ids, EOS_ID] if hyp.finished else list(hyp.ids)
     if not chosen:
         return []
-    if model.config.arch == "decoder-only":
+    if model.continues_prompts:
         # The prompt is part of the decoder's input; each output step reads one row after it.
         prompt = fit_input(model, src_ids)
         tgt_in = torch.tensor([[BOS_ID, *prompt, *chosen[:-1]]], device=device)
@@ -106,12 +106,12 @@ def _pairs(indices: Tensor, values: Tensor) -> list[tuple[int, float]]:
 
 
 def attended_tokens(
-    model: Transformer, tokenizers: Tokenizers, src_ids: Sequence[int], hyp: Hypothesis
+    model: TransformerBase, tokenizers: Tokenizers, src_ids: Sequence[int], hyp: Hypothesis
 ) -> list[str]:
     """The tokens that each step's ``source`` positions index: the source as the encoder reads
     it (with the <eos> Marian's models add), or a decoder-only model's <bos> + prompt (as it
     is read) + output."""
-    if model.config.arch == "decoder-only":
+    if model.continues_prompts:
         prompt = tokenizers.source.tokens(fit_input(model, src_ids))
         return [BOS, *prompt, *tokenizers.target.tokens(hyp.ids)]
     return tokenizers.source.tokens(source_as_read(list(src_ids) or [EOS_ID], model.config))

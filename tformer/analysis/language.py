@@ -76,7 +76,7 @@ def evaluate_language(ckpt: Checkpoint, docs: Sequence[str], *, split: str = "te
     the loss and the accuracy of the top prediction are over the masked tokens only.
     """
     started = time.perf_counter()
-    model, config = ckpt.model, ckpt.model_config
+    model = ckpt.model
     model.eval()
     total, tokens, correct = 0.0, 0, 0
     for batch in language_batches(ckpt, docs):
@@ -87,11 +87,11 @@ def evaluate_language(ckpt: Checkpoint, docs: Sequence[str], *, split: str = "te
         correct += int((logits.argmax(dim=-1) == batch.tgt_out)[labelled].sum())
     loss = total / max(tokens, 1)
     metrics: dict[str, float] = {}
-    if config.arch == "decoder-only":
+    if model.fills_masks:
+        metrics["masked_accuracy"] = round(correct / max(tokens, 1), 5)
+    else:
         characters = sum(len(doc) + 1 for doc in docs if doc)
         metrics["bits_per_char"] = round(total / LN2 / max(characters, 1), 5)
-    else:
-        metrics["masked_accuracy"] = round(correct / max(tokens, 1), 5)
     return LanguageEvaluation(
         split=split,
         documents=len(docs),

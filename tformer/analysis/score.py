@@ -31,7 +31,7 @@ from tformer.data.sources import TextPair
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import ConfigError, DataError
 from tformer.metrics import EVAL_BATCH_TOKENS
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 from tformer.model.attention import causal_mask, padding_mask
 from tformer.model.transformer import source_as_read
 from tformer.paths import excerpt
@@ -194,7 +194,7 @@ def position_scores(logits: Tensor, labels: Tensor, smoothing: float) -> dict[st
 
 @torch.no_grad()
 def score_pairs(
-    model: Transformer,
+    model: TransformerBase,
     tokenizers: Tokenizers,
     pairs: Sequence[TextPair],
     *,
@@ -295,7 +295,7 @@ def _scored(
 
 
 def score_pair(
-    model: Transformer,
+    model: TransformerBase,
     tokenizers: Tokenizers,
     source: str,
     reference: str,
@@ -321,7 +321,7 @@ def score_pair(
 
 @torch.no_grad()
 def score_text(
-    model: Transformer, tokenizers: Tokenizers, text: str, *, label_smoothing: float = 0.0
+    model: TransformerBase, tokenizers: Tokenizers, text: str, *, label_smoothing: float = 0.0
 ) -> PairScore:
     """A decoder-only model's ``text`` teacher-forced as it trains on one document (``<bos>``
     text ``<eos>``): at each position the next token's probability, rank and loss. The
@@ -356,7 +356,7 @@ _MASKED_ROWS = 32
 
 @torch.no_grad()
 def score_masked_text(
-    model: Transformer, tokenizers: Tokenizers, text: str, *, label_smoothing: float = 0.0
+    model: TransformerBase, tokenizers: Tokenizers, text: str, *, label_smoothing: float = 0.0
 ) -> PairScore:
     """An encoder-only model's pseudo-log-likelihood of ``text`` (Salazar et al., 2020, "Masked
     Language Model Scoring"): each token in turn replaced by ``<mask>``, the rest left as it

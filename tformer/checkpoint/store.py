@@ -60,7 +60,7 @@ from tformer.checkpoint.weights import check_finite, check_weights, weights_meta
 from tformer.config import INT_LIMIT, SPECIAL_TOKENS, ModelConfig, TrainConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
-from tformer.model import Transformer, build_model
+from tformer.model import TransformerBase, build_model
 from tformer.paths import excerpt, follow_umask_tree, json_loads, whole_message
 from tformer.version import __version__
 
@@ -113,7 +113,7 @@ class Tokenizers:
 class Checkpoint:
     """A loaded checkpoint: model (in eval mode), configs, tokenizers and where it came from."""
 
-    model: Transformer
+    model: TransformerBase
     model_config: ModelConfig
     train_config: TrainConfig
     tokenizers: Tokenizers
@@ -133,7 +133,7 @@ def _pause_for_tests() -> None:
 def save_checkpoint(
     run_dir: Path,
     *,
-    model: Transformer,
+    model: TransformerBase,
     train_config: TrainConfig,
     tokenizers: Tokenizers,
     step: int,
@@ -189,7 +189,7 @@ def save_checkpoint(
 def write_checkpoint(
     folder: Path,
     *,
-    model: Transformer,
+    model: TransformerBase,
     train_config: TrainConfig,
     tokenizers: Tokenizers,
     origin: dict[str, Any] | None = None,
@@ -234,7 +234,7 @@ def read_origin(folder: Path) -> dict[str, Any] | None:
 
 def _write_model_files(
     folder: Path,
-    model: Transformer,
+    model: TransformerBase,
     train_config: TrainConfig,
     tokenizers: Tokenizers,
     step: int,
@@ -400,7 +400,7 @@ def check_vocabulary(folder: Path, tokenizers: Tokenizers, model_config: ModelCo
             )
 
 
-def load_weights(model: Transformer, weights: Path) -> None:
+def load_weights(model: TransformerBase, weights: Path) -> None:
     """Load ``weights`` into ``model``, refusing a file whose values are not all finite."""
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing; the checkpoint is incomplete")

@@ -25,7 +25,6 @@ from tformer.cli.options import (
     CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
-    LANGUAGE_MODELS,
     LIMIT,
     MAX_NEW_TOKENS,
     SOURCE_FIELD,
@@ -33,11 +32,11 @@ from tformer.cli.options import (
     TEXT_FIELD,
     check_batch_size,
     check_limit,
+    checkpoint_family,
     data_of,
     file_option,
     language_split,
     load_chosen,
-    require_family,
     split_pairs,
 )
 from tformer.cli.render import weight_color
@@ -100,16 +99,16 @@ def ablate_command(
     """
     _check_options(metric, limit, prune_step, top, save)
     check_batch_size(batch_size)
-    arch = require_family(checkpoint, "ablate", "encoder-decoder", *LANGUAGE_MODELS)
-    if arch in LANGUAGE_MODELS and metric != "loss":
+    family = checkpoint_family(checkpoint, "ablate")
+    if not family.reads_source and metric != "loss":
         raise ConfigError(
-            f"--metric {metric}: a language model ({arch}) is ablated by its loss; leave out "
-            "--metric"
+            f"--metric {metric}: a language model ({family.family}) is ablated by its loss; "
+            "leave out --metric"
         )
     data, source_field, target_field, text_field = data_of(
         checkpoint, data, source_field, target_field, text_field
     )
-    if arch in LANGUAGE_MODELS:
+    if not family.reads_source:
         docs = language_split(data, text_field, split, limit)
         measured = f"{len(docs):,} documents"
     else:
@@ -140,7 +139,7 @@ def ablate_command(
                 prune_step=prune_step if prune else None,
                 on_head=lambda _: progress.advance(task),
             )
-            if arch in LANGUAGE_MODELS
+            if not family.reads_source
             else ablate(
                 ckpt.model,
                 ckpt.tokenizers,

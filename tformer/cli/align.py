@@ -31,11 +31,11 @@ from tformer.cli.options import (
     SPLIT,
     TARGET_FIELD,
     check_limit,
+    checkpoint_family,
     data_of,
     existing_file,
     file_option,
     load_chosen,
-    require_family,
     split_pairs,
     warn_long_inputs,
 )
@@ -193,7 +193,7 @@ def _align(
                 "undefined; mark the links annotators were sure of with i-j"
             )
     pairs = aligned
-    require_family(checkpoint, "align", "encoder-decoder")
+    checkpoint_family(checkpoint, "align", "reads_source")
     ckpt = load_chosen(checkpoint, device)
     layer, head = choices
     check_choice(layer, ckpt.model_config.n_decoder_layers, "--layer", "decoder layers")

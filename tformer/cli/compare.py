@@ -24,10 +24,10 @@ from tformer.cli.options import (
     TEXTS,
     apply_quantize,
     check_batch_size,
+    checkpoint_family,
     default,
     load_chosen,
     read_inputs,
-    require_family,
     warn_long_inputs,
 )
 from tformer.decoding.settings import DecodingConfig
@@ -185,7 +185,7 @@ def compare_command(
         seed=seed,
     )
     inputs = read_inputs(texts, input_file)
-    require_family(checkpoint, "compare", "encoder-decoder", "decoder-only")
+    checkpoint_family(checkpoint, "compare", "generates")
     loaded = load_chosen(checkpoint, device)
     apply_quantize(loaded.model, quantize)
     warn_long_inputs(loaded.tokenizers.source, inputs, loaded.model_config.max_len)

@@ -25,7 +25,6 @@ from tformer.cli.options import (
     CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
-    LANGUAGE_MODELS,
     LENGTH_PENALTY,
     LIMIT,
     MASK_HEADS,
@@ -47,12 +46,12 @@ from tformer.cli.options import (
     apply_quantize,
     check_batch_size,
     check_limit,
+    checkpoint_family,
     data_of,
     decoding_config,
     folder_option,
     language_split,
     load_chosen,
-    require_family,
     split_pairs,
     warn_long_inputs,
 )
@@ -104,11 +103,11 @@ def evaluate_command(
     check_limit(limit)
     check_batch_size(batch_size)
     folder_option(out, "--out")
-    arch = require_family(checkpoint, "evaluate", "encoder-decoder", *LANGUAGE_MODELS)
+    family = checkpoint_family(checkpoint, "evaluate")
     data, source_field, target_field, text_field = data_of(
         checkpoint, data, source_field, target_field, text_field
     )
-    if arch in LANGUAGE_MODELS:
+    if not family.reads_source:
         _evaluate_language(checkpoint, data, text_field, split, limit, out, device, mask_heads)
         return
     # The same decoding flags as `tformer generate`; one output per input is scored.

@@ -18,8 +18,8 @@ from tformer.cli.options import (
     DEVICE,
     QUANTIZE,
     apply_quantize,
+    checkpoint_family,
     load_chosen,
-    require_family,
 )
 from tformer.errors import ConfigError
 
@@ -46,7 +46,7 @@ def fill_mask_command(
         raise ConfigError(f"--top-k {top_k} must be from 1 to {MAX_TOP_K}")
     if "<mask>" not in text:
         raise ConfigError('the input has no <mask>: write <mask> where a word is to be filled in')
-    require_family(checkpoint, "fill-mask", "encoder-only")
+    checkpoint_family(checkpoint, "fill-mask", "fills_masks")
     ckpt = load_chosen(checkpoint, device)
     apply_quantize(ckpt.model, quantize)
     results = fill_mask(ckpt, text, top_k=top_k)

@@ -41,11 +41,11 @@ from tformer.cli.options import (
     apply_mask_heads,
     apply_quantize,
     check_batch_size,
+    checkpoint_family,
     decoding_config,
     default,
     load_chosen,
     read_inputs,
-    require_family,
     warn_long_inputs,
 )
 from tformer.config import check_text
@@ -54,14 +54,14 @@ from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
 from tformer.errors import ConfigError, DataError
 from tformer.fast.accelerate import accelerate
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 
 NUM_SAMPLES = typer.Option(
     default(DecodingConfig, "num_samples"), "--num-samples", "-n", help="Samples per input."
 )
 
 
-def _prepare(model: Transformer, quantize: str, mask_heads: str | None) -> None:
+def _prepare(model: TransformerBase, quantize: str, mask_heads: str | None) -> None:
     """--mask-heads; int8 layers with --quantize int8; tformer's float32 speed-ups otherwise."""
     apply_mask_heads(model, mask_heads)
     if quantize == "none":
@@ -144,7 +144,7 @@ def generate_command(
     if interactive:
         if texts or input_file is not None:
             raise ConfigError("--interactive reads inputs at a prompt: drop TEXT / --input-file")
-        require_family(checkpoint, "generate", "encoder-decoder", "decoder-only")
+        checkpoint_family(checkpoint, "generate", "generates")
         loaded = load_chosen(checkpoint, device)
         _prepare(loaded.model, quantize, mask_heads)
         _interactive(loaded, config, as_json=as_json, stream=stream)
@@ -152,14 +152,14 @@ def generate_command(
     inputs = read_inputs(texts, input_file)
     if explain_steps and len(inputs) != 1:
         raise ConfigError(f"--explain shows one input at a time; got {len(inputs)}")
-    require_family(checkpoint, "generate", "encoder-decoder", "decoder-only")
+    checkpoint_family(checkpoint, "generate", "generates")
     loaded = load_chosen(checkpoint, device)
     _prepare(loaded.model, quantize, mask_heads)
     warn_long_inputs(
         loaded.tokenizers.source,
         inputs,
         loaded.model_config.max_len,
-        prompts=loaded.model_config.arch == "decoder-only",
+        prompts=loaded.model.continues_prompts,
     )
     if compare:
         settings = default_settings(max_new_tokens=max_new_tokens, seed=seed or 0)
@@ -286,7 +286,7 @@ def _explain(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
         title = f"{text!r} -> {generation.text!r}"
         if len(outputs) > 1:
             title = f"output {index + 1}/{len(outputs)}: {title}"
-        decoder_only = loaded.model_config.arch == "decoder-only"
+        decoder_only = loaded.model.continues_prompts
         columns = attended_tokens(loaded.model, loaded.tokenizers, src, hyp)
         table = explanation_table(
             steps, columns, loaded.tokenizers, config, hyp, title=title, decoder_only=decoder_only
@@ -323,7 +323,7 @@ def _interactive(
             loaded.tokenizers.source,
             [text],
             loaded.model_config.max_len,
-            prompts=loaded.model_config.arch == "decoder-only",
+            prompts=loaded.model.continues_prompts,
         )
         if _should_stream(stream, config, 1, as_json):
             _stream(loaded, text, config)

@@ -13,7 +13,7 @@ from tformer.cli.app import app
 from tformer.cli.console import console
 from tformer.config import DEFAULT_PRESET, PRESETS, ModelConfig, preset
 from tformer.errors import ConfigError
-from tformer.model import Transformer
+from tformer.model import Transformer, model_class
 
 
 @app.command("info")
@@ -94,7 +94,7 @@ def derived_rows(config: ModelConfig) -> list[tuple[str, str]]:
         ),
         ("feed-forward hidden width (effective)", f"{config.ffn_hidden:,}"),
     ]
-    if config.arch != "encoder-only":  # it reads its input at once: nothing is cached
+    if model_class(config.arch).generates:  # else it reads its input at once: nothing cached
         rows.append(("KV cache bytes per token (float32)", kv_cache_text(config)))
     return rows
 

@@ -8,11 +8,11 @@ import typer
 from rich.markup import escape
 
 from tformer.analysis.attention import (
-    DEFAULT_KIND,
-    FAMILY_KINDS,
     KINDS,
     Head,
     Layer,
+    check_kind,
+    default_kind,
     inspect_attention,
 )
 from tformer.analysis.head_stats import eos_column, head_statistics
@@ -26,14 +26,14 @@ from tformer.cli.options import (
     SEED,
     TEMPERATURE,
     apply_mask_heads,
+    checkpoint_family,
     load_chosen,
-    require_family,
     warn_long_inputs,
     warn_long_target,
 )
 from tformer.cli.render import render_selection, stats_table
 from tformer.cli.render_files import check_save_path, save_maps
-from tformer.config import ModelConfig, article
+from tformer.config import ModelConfig
 from tformer.decoding.settings import DecodingConfig
 from tformer.errors import CheckpointError, ConfigError
 
@@ -120,13 +120,9 @@ def inspect_attention_command(
     which_layer, which_head = parse_layer(layer), parse_head(head)
     check_save_path(save)
     decoding = DecodingConfig(temperature=temperature, seed=seed)
-    arch = require_family(checkpoint, "inspect-attention", *FAMILY_KINDS)
-    kind = kind or DEFAULT_KIND[arch]
-    if kind not in FAMILY_KINDS[arch]:
-        raise ConfigError(
-            f"--kind {kind}: {article(arch)} {arch} model has no {kind} attention; use --kind "
-            f"{' or '.join(FAMILY_KINDS[arch])}"
-        )
+    family = checkpoint_family(checkpoint, "inspect-attention")
+    kind = kind or default_kind(family)
+    check_kind(kind, family)
     loaded = load_chosen(checkpoint, device)
     apply_mask_heads(loaded.model, mask_heads)
     warn_long_inputs(loaded.tokenizers.source, [text], loaded.model_config.max_len)
@@ -135,11 +131,11 @@ def inspect_attention_command(
     result = inspect_attention(loaded, text, target, decoding)
     selection = result.selection(kind, which_layer, which_head, checkpoint=str(loaded.path))
     origin = "model output" if result.generated else "given target"
-    if arch == "encoder-only":
+    if not family.generates:
         console.print(f"input: {escape(result.source_text)}", soft_wrap=True)
     else:
-        first = "prompt" if arch == "decoder-only" else "source"
-        second = "continuation" if arch == "decoder-only" else "target"
+        first = "prompt" if family.continues_prompts else "source"
+        second = "continuation" if family.continues_prompts else "target"
         console.print(
             f"{first}: {escape(result.source_text)}\n{second} ({origin}): "
             f"{escape(result.target_text)}",

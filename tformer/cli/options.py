@@ -10,7 +10,7 @@ import typing
 from collections.abc import Callable, Sequence
 from inspect import Parameter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import typer
 from rich.markup import escape
@@ -25,11 +25,12 @@ from tformer.decoding.api import long_inputs_warning, long_target_warning
 from tformer.decoding.settings import DecodingConfig, check_rows
 from tformer.device import resolve_device
 from tformer.errors import CheckpointError, ConfigError, DataError
+from tformer.model.families import FAMILIES
 
 if TYPE_CHECKING:  # importing the tokenizers library is slow: only commands that need it do
     from tformer.data.sources import TextPair
     from tformer.data.tokenizer import Tokenizer
-    from tformer.model import Transformer
+    from tformer.model import TransformerBase
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -405,7 +406,7 @@ def split_lines(text: str) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
-def apply_quantize(model: Transformer, quantize: str) -> None:
+def apply_quantize(model: TransformerBase, quantize: str) -> None:
     """``--quantize int8``: quantise ``model`` in place (CPU only); ``none`` leaves it."""
     from tformer.fast.int8 import check_quantize, quantize_int8  # loads torch
 
@@ -424,7 +425,7 @@ MASK_HEADS = typer.Option(
 )
 
 
-def apply_mask_heads(model: Transformer, mask_heads: str | None) -> list[str]:
+def apply_mask_heads(model: TransformerBase, mask_heads: str | None) -> list[str]:
     """``--mask-heads``: silence the named heads of ``model`` in place; their names."""
     if mask_heads is None:
         return []
@@ -534,9 +535,6 @@ def split_pairs(
     return list(pairs[:limit] if limit else pairs)
 
 
-LANGUAGE_MODELS = ("decoder-only", "encoder-only")
-
-
 def language_split(data: str | None, text_field: str, split: str, limit: int | None) -> list[str]:
     """The (first ``limit``) documents of ``split`` in ``--data`` (the bundled text when
     None), or one line naming the splits there are."""
@@ -556,20 +554,26 @@ _FAMILY_TOOLS = {
 }
 
 
-def require_family(checkpoint: Path, command: str, *allowed: str) -> str:
-    """The architecture of ``checkpoint`` (read from its verified config.json, before any
-    weights), refused in one line unless it is one ``command`` works on."""
+Capability = Literal["reads_source", "generates", "continues_prompts", "fills_masks"]
+
+
+def checkpoint_family(
+    checkpoint: Path, command: str, needs: Capability | None = None
+) -> type[TransformerBase]:
+    """The model class of ``checkpoint``'s family (read from its verified config.json, before
+    any weights), refused in one line unless it has what ``command`` ``needs``."""
     config = ckpt.read_verified_config(ckpt.resolve(checkpoint))
     model = config.get("model") or {}
     arch = str(model.get("arch", "encoder-decoder")) if isinstance(model, dict) else ""
-    if arch not in allowed:
-        needs = " or ".join(allowed)
+    family = FAMILIES.get(arch)
+    if family is None or (needs is not None and not getattr(family, needs)):
+        allowed = [name for name, cls in FAMILIES.items() if needs is None or getattr(cls, needs)]
         hint = _FAMILY_TOOLS.get(arch, "")
         raise ConfigError(
-            f"tformer {command} works on {needs} models; {checkpoint} is "
+            f"tformer {command} works on {' or '.join(allowed)} models; {checkpoint} is "
             f"{article(arch)} {arch} model" + (f" ({hint})" if hint else "")
         )
-    return arch
+    return family
 
 
 SPLIT = typer.Option("test", "--split", help="train, validation or test.")

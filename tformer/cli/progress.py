@@ -17,6 +17,7 @@ from rich.progress import (
 from rich.table import Table
 
 from tformer.cli.console import console, err_console
+from tformer.model import model_class
 from tformer.training.dryrun import DryRunReport
 from tformer.training.reporting import Reporter, TrainResult
 
@@ -48,15 +49,16 @@ class RichReporter(Reporter):
         model = summary["model"]
         splits = ", ".join(f"{k} {v:,}" for k, v in summary["splits"].items())
         dropped = sum(summary["dropped"].values())
-        arch = model.get("arch", "encoder-decoder")
-        if arch == "encoder-decoder":
+        family = model_class(model.get("arch", "encoder-decoder"))
+        if family.reads_source:
             layers = f"{model['n_encoder_layers']}+{model['n_decoder_layers']} layers"
             rows = f"pairs ({dropped} dropped for length)"
         else:
-            stack = "encoder" if arch == "encoder-only" else "decoder"
-            layers = f"{arch}, {model[f'n_{stack}_layers']} layers"
+            stack = "decoder" if family.generates else "encoder"
+            layers = f"{family.family}, {model[f'n_{stack}_layers']} layers"
             rows = f"blocks of up to {model['max_len']} tokens"
-        vocab = model["src_vocab_size" if arch != "decoder-only" else "tgt_vocab_size"]
+        # The vocabulary shown: the source side's, but a decoder-only model keeps the target's.
+        vocab = model["tgt_vocab_size" if family.continues_prompts else "src_vocab_size"]
         err_console.print(
             f"[bold]tformer train[/] → {escape(summary['run_dir'])}  device {summary['device']}\n"
             f"model d_model {model['d_model']}, {model['n_heads']} heads, {layers}, d_ff "
@@ -70,7 +72,7 @@ class RichReporter(Reporter):
             + f"; global batch {_global_batch(summary['global_batch'])}"
             + (f"\nresuming from step {summary['resumed_from']}" if summary["resumed_from"] else "")
         )
-        if summary.get("lengths") and arch == "encoder-decoder":
+        if summary.get("lengths") and family.reads_source:
             err_console.print(_length_table(summary))
         if self.live:
             self.progress = Progress(

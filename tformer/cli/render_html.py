@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import Tensor
 
-from tformer.analysis.attention import FAMILY_KINDS, AttentionResult, AttentionSelection
+from tformer.analysis.attention import AttentionResult, AttentionSelection
 from tformer.config import SPECIAL_TOKENS
 
 DECIMALS = 4  # weights are stored rounded: enough for colours and hover values, 4x smaller
@@ -47,7 +47,7 @@ def page_data(result: AttentionResult, selection: AttentionSelection) -> dict[st
                 "columns": _AXES[kind][1],
                 "weights": _rounded(result.maps(kind)),
             }
-            for kind in FAMILY_KINDS[result.arch]
+            for kind in result.kinds
         },
         "initial": {
             "kind": selection.kind,

@@ -37,16 +37,15 @@ from tformer.cli.options import (
     CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
-    LANGUAGE_MODELS,
     MASK_HEADS,
     SOURCE_FIELD,
     TARGET_FIELD,
     apply_mask_heads,
     check_limit,
+    checkpoint_family,
     data_of,
     file_option,
     load_chosen,
-    require_family,
     split_pairs,
 )
 from tformer.cli.render import SPECIAL_STYLE, heatmap
@@ -108,8 +107,7 @@ def score_command(
       tformer score checkpoints/dates --split test --worst 5 --out test-tokens.tsv
     """
     whole_split = data is not None or split is not None
-    family = require_family(checkpoint, "score", "encoder-decoder", *LANGUAGE_MODELS)
-    if family != "encoder-decoder":
+    if not checkpoint_family(checkpoint, "score").reads_source:
         _score_text(checkpoint, source, reference, whole_split, as_json, masks, out, device,
                     mask_heads)  # fmt: skip
         return
@@ -171,7 +169,7 @@ def _score_text(
     if out is not None:
         file_option(out, "--out")
     ckpt = load_chosen(checkpoint, device)
-    masked = ckpt.model_config.arch == "encoder-only"
+    masked = ckpt.model.fills_masks
     if masked and masks:
         raise ConfigError(
             "--masks draws a decoder's causal and cross-attention masks; an encoder-only model "

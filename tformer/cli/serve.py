@@ -15,9 +15,9 @@ from tformer.cli.options import (
     DEVICE,
     QUANTIZE,
     apply_quantize,
+    checkpoint_family,
     config_parameter,
     load_chosen,
-    require_family,
     with_parameters,
 )
 from tformer.serve import require
@@ -68,7 +68,7 @@ def serve_command(
 
     settings = ServeSettings(**values)
     check_address(settings.host, settings.port)  # before the minutes a large model may take
-    require_family(checkpoint, "serve", "encoder-decoder", "decoder-only")
+    checkpoint_family(checkpoint, "serve", "generates")
     loaded = load_chosen(checkpoint, device)
     apply_quantize(loaded.model, quantize)
 

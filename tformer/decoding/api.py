@@ -18,7 +18,7 @@ from tformer.decoding.sampling import StepEvents, sample_steps
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.errors import ConfigError
 from tformer.fast import sharing
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 
 
 def _drain(events: StepEvents) -> list[list[Hypothesis]]:
@@ -29,7 +29,7 @@ def _drain(events: StepEvents) -> list[list[Hypothesis]]:
             return stop.value
 
 
-def decode(model: Transformer, src: Tensor, config: DecodingConfig) -> list[list[Hypothesis]]:
+def decode(model: TransformerBase, src: Tensor, config: DecodingConfig) -> list[list[Hypothesis]]:
     """Decode a padded (B, S) batch of source ids.
 
     A source longer than the model's ``max_len`` is read up to ``max_len`` tokens (the encoder
@@ -39,7 +39,7 @@ def decode(model: Transformer, src: Tensor, config: DecodingConfig) -> list[list
         For each source row, in row order: ``num_samples`` hypotheses (greedy / sampling), or
         the ``n_best`` best of beam search, best first.
     """
-    if model.config.arch == "decoder-only":
+    if model.continues_prompts:
         return _decode_prompts(model, src, config)
     src = src[:, : model.config.max_len]
     if config.beam_size > 1:
@@ -48,7 +48,7 @@ def decode(model: Transformer, src: Tensor, config: DecodingConfig) -> list[list
 
 
 def _decode_prompts(
-    model: Transformer, prompts: Tensor, config: DecodingConfig
+    model: TransformerBase, prompts: Tensor, config: DecodingConfig
 ) -> list[list[Hypothesis]]:
     """A decoder-only model's padded (B, P) prompts, decoded in groups of one length: a
     prompt is read in one pass after <bos>, so padding inside a group would sit between the
@@ -69,7 +69,7 @@ def _decode_prompts(
 
 
 def stream_tokens(
-    model: Transformer, src_ids: Sequence[int], config: DecodingConfig, sample: int = 0
+    model: TransformerBase, src_ids: Sequence[int], config: DecodingConfig, sample: int = 0
 ) -> Iterator[int]:
     """Yield the output tokens of one source as they are decoded (greedy or sampling).
 
@@ -90,11 +90,11 @@ def stream_tokens(
         yield tokens[0]
 
 
-def fit_input(model: Transformer, ids: Sequence[int]) -> list[int]:
+def fit_input(model: TransformerBase, ids: Sequence[int]) -> list[int]:
     """An input as ``model`` reads it: a source (:func:`fit_source`), or a decoder-only
     model's prompt, its last ``max_len - 1`` ids (after <bos>), possibly none."""
     max_len = model.config.max_len
-    if model.config.arch == "decoder-only":
+    if model.continues_prompts:
         return list(ids[len(ids) - (max_len - 1) :] if len(ids) >= max_len else ids)
     return fit_source(ids, max_len)
 
@@ -136,7 +136,7 @@ def long_target_warning(length: int, max_len: int, name: str = "--target") -> st
 
 
 def decode_texts(
-    model: Transformer,
+    model: TransformerBase,
     src_ids: Sequence[Sequence[int]],
     config: DecodingConfig,
     *,

@@ -22,7 +22,7 @@ from tformer.config import BOS_ID, EOS_ID, PAD_ID
 from tformer.decoding.logits import Stage, mask_special_tokens, run_stages
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.decoding.steppers import make_stepper, step_limit
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 
 
 def _hash64(*parts: int) -> int:
@@ -129,7 +129,10 @@ def _choose(scores: Tensor, history: Tensor, warpers: list[Stage], uniforms: lis
 
 @torch.inference_mode()  # lighter than no_grad: no version counters
 def sample_steps(
-    model: Transformer, src: Tensor, config: DecodingConfig, samples: Sequence[int] | None = None
+    model: TransformerBase,
+    src: Tensor,
+    config: DecodingConfig,
+    samples: Sequence[int] | None = None,
 ) -> StepEvents:
     """Greedy / sampling decoding of a padded (B, S) batch, step by step (see ``decode``).
 

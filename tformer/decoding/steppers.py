@@ -14,8 +14,8 @@ from torch import Tensor
 
 from tformer.decoding.settings import DecodingConfig
 from tformer.fast.graphs import GraphStepper, graphs_fit
-from tformer.fast.step import FastTransformer, lean_step_fits, step_mask
-from tformer.model import Transformer
+from tformer.fast.step import FastTransformer, LeanStep, lean_step_fits, step_mask
+from tformer.model import TransformerBase
 from tformer.model.transformer import EncoderOutput
 
 
@@ -31,7 +31,7 @@ class CachedStepper:
     """
 
     def __init__(
-        self, model: Transformer, encoded: EncoderOutput, prompts: Tensor | None = None
+        self, model: TransformerBase, encoded: EncoderOutput, prompts: Tensor | None = None
     ) -> None:
         self.model = model
         self.encoded = encoded
@@ -48,11 +48,7 @@ class CachedStepper:
             first = torch.cat([tokens[:, None], self.prompts], dim=1)
             self.prompts = None
             return model.decode(first, self.encoded, cache=self.cache).logits[:, -1].float()
-        if (
-            isinstance(model, FastTransformer)
-            and not model.training
-            and lean_step_fits(model.config)
-        ):
+        if isinstance(model, LeanStep) and not model.training and lean_step_fits(model.config):
             logits = model.step(tokens[:, None], self.encoded.memory, self._mask(), self.cache)
         else:
             logits = model.decode(tokens[:, None], self.encoded, cache=self.cache).logits
@@ -84,7 +80,7 @@ class RecomputeStepper:
     """The cache-free reference: re-runs the decoder over the whole prefix at every step."""
 
     def __init__(
-        self, model: Transformer, encoded: EncoderOutput, prompts: Tensor | None = None
+        self, model: TransformerBase, encoded: EncoderOutput, prompts: Tensor | None = None
     ) -> None:
         self.model = model
         self.encoded = encoded
@@ -108,12 +104,12 @@ class RecomputeStepper:
 Stepper = CachedStepper | RecomputeStepper | GraphStepper
 
 
-def make_stepper(model: Transformer, src: Tensor, use_cache: bool = True) -> Stepper:
+def make_stepper(model: TransformerBase, src: Tensor, use_cache: bool = True) -> Stepper:
     """Encode ``src`` (B, S) once and return the object that runs decoder steps over it.
 
     For a decoder-only model ``src`` holds the prompts, all of one length (no padding)."""
     encoded = model.encode(src)
-    prompts = src if model.config.arch == "decoder-only" else None
+    prompts = src if model.continues_prompts else None
     if use_cache and graphs_fit(model, encoded, prompts):
         assert isinstance(model, FastTransformer)
         return GraphStepper(model, encoded)
@@ -121,10 +117,10 @@ def make_stepper(model: Transformer, src: Tensor, use_cache: bool = True) -> Ste
     return kind(model, encoded, prompts)
 
 
-def step_limit(model: Transformer, config: DecodingConfig, src: Tensor | None = None) -> int:
+def step_limit(model: TransformerBase, config: DecodingConfig, src: Tensor | None = None) -> int:
     """Decoder steps at most: --max-new-tokens (the <eos> counts), within the model's positions
     (a decoder-only model's prompt, after <bos>, takes some of them)."""
     room = model.config.max_len
-    if model.config.arch == "decoder-only" and src is not None:
+    if model.continues_prompts and src is not None:
         room -= src.size(1)
     return max(min(config.max_new_tokens, room), 1)

@@ -14,7 +14,7 @@ from tformer.decoding.api import decode_texts
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.fast.accelerate import accelerate
 from tformer.fast.int8 import is_quantized
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Generation:
 
 
 def translate(
-    model: Transformer,
+    model: TransformerBase,
     tokenizers: Tokenizers,
     texts: Sequence[str],
     config: DecodingConfig | None = None,

@@ -19,6 +19,7 @@ from tformer.errors import ConfigError
 from tformer.export.ctranslate2 import export_ctranslate2
 from tformer.export.folder import MARKER, check_out, marker_text, staging, written_files
 from tformer.export.huggingface import check_marian, export_huggingface
+from tformer.model import model_class
 from tformer.paths import excerpt
 from tformer.version import __version__
 
@@ -110,7 +111,7 @@ def check_variants(config: ModelConfig, to: str) -> None:
     Raises:
         ConfigError: naming each variant the checkpoint uses that the target cannot express.
     """
-    if not config.is_seq2seq:
+    if not model_class(config.arch).reads_source:
         raise ConfigError(
             f"--to {to} exports an encoder-decoder (translation) model; this checkpoint is a "
             f"--arch {config.arch} model, which tformer export does not write"

@@ -205,7 +205,9 @@ def export_ctranslate2(checkpoint: Checkpoint, folder: Path, quantization: str |
     files = tokenizers.files()
     source = vocabulary(tokenizers.source, str(checkpoint.path / files["source"]))
     target = vocabulary(tokenizers.target, str(checkpoint.path / files["target"]))
-    save_model(checkpoint.model, folder, source, target, quantization)
+    model = checkpoint.model
+    assert isinstance(model, Transformer)  # the export refused the one-stack families
+    save_model(model, folder, source, target, quantization)
     for name in sorted(set(files.values())):
         shutil.copyfile(checkpoint.path / name, folder / name)
     (folder / README).write_text(

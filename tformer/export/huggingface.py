@@ -224,7 +224,9 @@ def _save_tokenizer(
 
 def export_huggingface(checkpoint: Checkpoint, folder: Path) -> None:
     """The whole Hugging Face export of ``checkpoint`` into the (new, empty) ``folder``."""
-    marian = to_marian(checkpoint.model)
+    model = checkpoint.model
+    assert isinstance(model, Transformer)  # the export refused the one-stack families
+    marian = to_marian(model)
     marian.save_pretrained(str(folder))
     tokenizers = checkpoint.tokenizers
     max_len = checkpoint.model_config.max_len

@@ -17,10 +17,11 @@ from tformer.fast.step import (
     FastFeedForward,
     FastGatedFeedForward,
     FastTransformer,
+    LeanStep,
 )
 from tformer.model.attention import MultiHeadAttention
 from tformer.model.layers import DecoderLayer, FeedForward, GatedFeedForward
-from tformer.model.transformer import Transformer
+from tformer.model.transformer import Transformer, TransformerBase
 
 SWAPS: dict[type[nn.Module], type[nn.Module]] = {
     nn.Linear: Linear,
@@ -42,7 +43,7 @@ def _swap(model: nn.Module, table: dict[type[nn.Module], type[nn.Module]]) -> No
             module.__class__ = new
 
 
-def accelerate(model: Transformer) -> Transformer:
+def accelerate(model: TransformerBase) -> TransformerBase:
     """Swap tformer's speed-ups into ``model`` (in place) and return it.
 
     Packed and split linear products and the lean cached decoding step (with folded
@@ -56,7 +57,7 @@ def accelerate(model: Transformer) -> Transformer:
     return model
 
 
-def plain(model: Transformer) -> Transformer:
+def plain(model: TransformerBase) -> TransformerBase:
     """Undo :func:`accelerate`: every module back to the model's own class (in place)."""
     _swap(model, _PLAIN)
     forget_fast_weights(model)
@@ -72,4 +73,4 @@ def forget_fast_weights(model: nn.Module) -> None:
 
 def is_accelerated(model: nn.Module) -> bool:
     """Whether :func:`accelerate` has been applied to ``model``."""
-    return isinstance(model, FastTransformer)
+    return isinstance(model, LeanStep)

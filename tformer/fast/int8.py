@@ -25,9 +25,9 @@ from torch import Tensor, nn
 from tformer.device import cpuinfo
 from tformer.errors import ConfigError
 from tformer.fast.attention import FastMultiHeadAttention
-from tformer.fast.step import FastTransformer, lean_step_fits
+from tformer.fast.step import FastTransformer, LeanStep, lean_step_fits
 from tformer.model.families import DecoderOnlyTransformer, EncoderOnlyTransformer
-from tformer.model.transformer import Transformer
+from tformer.model.transformer import Transformer, TransformerBase
 
 QUANTIZE_CHOICES = ("none", "int8")
 
@@ -93,8 +93,9 @@ def _float(layer: nn.Module) -> tuple[Tensor, Tensor]:
     return weight, torch.zeros(layer.out_features) if bias is None else bias
 
 
-class Int8Transformer(FastTransformer):
-    """:class:`FastTransformer` whose output projection is an :class:`Int8Linear` too."""
+class Int8Model(TransformerBase):
+    """A model whose output projection is an :class:`Int8Linear` too; mixed in before the
+    family's class, so each family keeps its own ``encode`` / ``decode``."""
 
     int8_projection: Int8Linear
 
@@ -102,16 +103,18 @@ class Int8Transformer(FastTransformer):
         return self.int8_projection(hidden)
 
 
-class Int8DecoderOnlyTransformer(Int8Transformer, DecoderOnlyTransformer):
+class Int8Transformer(Int8Model, FastTransformer):
+    """:class:`FastTransformer` whose output projection is an :class:`Int8Linear` too."""
+
+
+class Int8DecoderOnlyTransformer(Int8Model, LeanStep, DecoderOnlyTransformer):
     """A decoder-only model (GPT) with int8 layers: its own ``encode`` / ``decode``, the lean
     step and the int8 projection."""
 
 
-class Int8EncoderOnlyTransformer(EncoderOnlyTransformer):
+class Int8EncoderOnlyTransformer(Int8Model, EncoderOnlyTransformer):
     """An encoder-only model (BERT) with int8 layers: the encoder's products, the masked-LM
     head's dense layer and the output projection (its LayerNorm stays float32)."""
-
-    int8_projection: Int8Linear
 
     def project(self, hidden: Tensor) -> Tensor:
         if self.mlm_transform is not None:
@@ -119,10 +122,11 @@ class Int8EncoderOnlyTransformer(EncoderOnlyTransformer):
         return self.int8_projection(hidden)
 
 
-_INT8_FAMILIES: dict[str, type[Transformer]] = {
-    "encoder-decoder": Int8Transformer,
-    "decoder-only": Int8DecoderOnlyTransformer,
-    "encoder-only": Int8EncoderOnlyTransformer,
+# Each family's int8 class, keyed by the family's own class.
+_INT8_FAMILIES: dict[type[TransformerBase], type[TransformerBase]] = {
+    Transformer: Int8Transformer,
+    DecoderOnlyTransformer: Int8DecoderOnlyTransformer,
+    EncoderOnlyTransformer: Int8EncoderOnlyTransformer,
 }
 
 
@@ -140,7 +144,7 @@ def check_quantize(quantize: str, device: torch.device) -> bool:
     return quantize == "int8"
 
 
-def quantize_int8(model: Transformer) -> Transformer:
+def quantize_int8(model: TransformerBase) -> TransformerBase:
     """Quantise ``model`` (in place, on the CPU) for int8 inference and return it.
 
     Every ``nn.Linear`` becomes an :class:`Int8Linear` and so does the output projection (the
@@ -172,10 +176,15 @@ def quantize_int8(model: Transformer) -> Transformer:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child.weight, child.bias))
-    model.__class__ = _INT8_FAMILIES[model.config.arch]
+    model.__class__ = _INT8_FAMILIES[_family(model)]
     model.int8_projection = projection
     return model
 
 
+def _family(model: TransformerBase) -> type[TransformerBase]:
+    """The family's own class among ``model``'s (accelerate swaps in a subclass of it)."""
+    return next(cls for cls in type(model).__mro__ if cls in _INT8_FAMILIES)
+
+
 def is_quantized(model: nn.Module) -> bool:
-    return isinstance(model, Int8Transformer | Int8EncoderOnlyTransformer)
+    return isinstance(model, Int8Model)

@@ -19,7 +19,7 @@ from tformer.fast.attention import FastMultiHeadAttention, FoldingKVCache
 from tformer.fast.linear import direct, fast_linear
 from tformer.model.cache import DecoderCache, LayerCache
 from tformer.model.layers import DecoderLayer, FeedForward, GatedFeedForward
-from tformer.model.transformer import Transformer
+from tformer.model.transformer import Decoder, Transformer, TransformerBase
 
 
 def layer_norm(norm: nn.LayerNorm | nn.RMSNorm, x: Tensor) -> Tensor:
@@ -91,8 +91,11 @@ class FastDecoderLayer(DecoderLayer):
         return x
 
 
-class FastTransformer(Transformer):
-    """:class:`Transformer` with a lean ``step`` and a faster inference projection."""
+class LeanStep(TransformerBase):
+    """A lean ``step`` and a faster inference projection for any family with a decoder;
+    mixed in before the family's own class (:class:`FastTransformer`, int8's decoder-only)."""
+
+    decoder: Decoder
 
     def step(
         self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecoderCache
@@ -138,3 +141,7 @@ class FastTransformer(Transformer):
             cached = (key, weight.detach().t().contiguous())
             self.__dict__["_transposed_cache"] = cached  # a plain attribute: not in state_dict
         return cached[1]
+
+
+class FastTransformer(LeanStep, Transformer):
+    """:class:`Transformer` with a lean ``step`` and a faster inference projection."""

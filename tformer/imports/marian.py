@@ -30,7 +30,7 @@ from tformer.config import BOS_ID, EOS, EOS_ID, PAD_ID, ModelConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
 from tformer.export.huggingface import TARGET_TOKENIZER, marian_feature_order
-from tformer.model import Transformer, build_model
+from tformer.model import Transformer, TransformerBase, build_model
 from tformer.paths import excerpt_list, first_line
 
 INSTALL = 'pip install "tformer[import]"'
@@ -48,7 +48,7 @@ NEVER = -1e4
 class Imported:
     """What an import produces: the model (eval mode), its tokenizers, and where it came from."""
 
-    model: Transformer
+    model: TransformerBase
     tokenizers: Tokenizers
     origin: dict[str, Any]
 

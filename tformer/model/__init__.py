@@ -14,13 +14,19 @@ from tformer.model.attention import (
     scaled_dot_product_attention,
 )
 from tformer.model.cache import DecoderCache, KVCache, LayerCache
-from tformer.model.families import DecoderOnlyTransformer, EncoderOnlyTransformer, build_model
+from tformer.model.families import (
+    DecoderOnlyTransformer,
+    EncoderOnlyTransformer,
+    build_model,
+    model_class,
+)
 from tformer.model.transformer import (
     AttentionMaps,
     DecoderOutput,
     EncoderOutput,
     Seq2SeqOutput,
     Transformer,
+    TransformerBase,
 )
 
 __all__ = [
@@ -35,8 +41,10 @@ __all__ = [
     "MultiHeadAttention",
     "Seq2SeqOutput",
     "Transformer",
+    "TransformerBase",
     "build_model",
     "causal_mask",
+    "model_class",
     "padding_mask",
     "scaled_dot_product_attention",
 ]

@@ -5,9 +5,10 @@
 - Encoder-only (BERT, Devlin et al. 2019): the encoder stack with an output projection over
   the vocabulary, trained to recover masked tokens (masked language modelling).
 
-Both subclass :class:`Transformer` so that everything written for a model (checkpoints,
-attention maps, head masks, decoding steppers) takes them; each keeps the parts its family
-has (``decoder`` or ``encoder``) and says which it is in ``config.arch``.
+Both are siblings of the encoder-decoder :class:`Transformer`: each derives from
+:class:`TransformerBase`, keeps the stack its family has (``decoder`` or ``encoder``) and answers
+the base's questions (what it reads, whether it generates or fills masks, which attention maps
+it has), so commands, checkpoints, head masks and decoding take any of the three.
 
 Shape legend: B batch, L length, D d_model, V vocabulary.
 """
@@ -30,37 +31,12 @@ from tformer.model.transformer import (
     EncoderOutput,
     Seq2SeqOutput,
     Transformer,
-    attention_and_feed_forward,
-    count_parameters,
+    TransformerBase,
+    logits_bias,
 )
 
 
-def _one_stack_counts(
-    model: Transformer, stack: Encoder | Decoder, part: str
-) -> dict[str, int]:
-    """Parameter counts of a one-stack model: embeddings (the tied projection once), its
-    ``part`` (encoder or decoder), and their attention and feed-forward shares."""
-    seen: set[int] = set()
-    embeddings = count_parameters(stack.embedding, seen)
-    if model.output_projection is not None:
-        embeddings += count_parameters(model.output_projection, seen)
-    head = getattr(model, "mlm_transform", None)  # BERT's masked-LM head counts with them
-    if head is not None:
-        embeddings += count_parameters(head, seen)
-    if model.logits_bias is not None:
-        embeddings += model.logits_bias.numel()
-    layers = count_parameters(stack, seen, skip="embedding")
-    attention, ff = attention_and_feed_forward(stack.layers)
-    return {
-        "embeddings": embeddings,
-        part: layers,
-        "attention": attention,
-        "feed_forward": ff,
-        "total": embeddings + layers,
-    }
-
-
-class DecoderOnlyTransformer(Transformer):
+class DecoderOnlyTransformer(TransformerBase):
     """A causal language model: embeddings, N blocks of causal self-attention and feed-forward,
     and the output projection (tied to the embedding unless ``tie_embeddings`` is off).
 
@@ -68,9 +44,15 @@ class DecoderOnlyTransformer(Transformer):
     training loop treats it as a translation model with an empty source.
     """
 
+    family = "decoder-only"
+    attention_kinds = ("decoder",)
+    reads_source = False
+    generates = True
+    continues_prompts = True
+    fills_masks = False
+
     def __init__(self, config: ModelConfig) -> None:
-        nn.Module.__init__(self)
-        self.config = config
+        super().__init__(config)
         embedding = token_embedding(config, config.tgt_vocab_size)
         self.decoder = Decoder(config, embedding, cross_attention=False)
         self.output_projection = (
@@ -80,6 +62,9 @@ class DecoderOnlyTransformer(Transformer):
         )
         self.logits_bias = logits_bias(config, config.tgt_vocab_size)
         self._init_linear_weights()
+
+    def stacks(self) -> dict[str, Encoder | Decoder]:
+        return {"decoder": self.decoder}
 
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
         """No encoder: an empty memory, so decoding code written for the encoder-decoder runs."""
@@ -111,12 +96,8 @@ class DecoderOnlyTransformer(Transformer):
         logits = self.project(hidden)
         return DecoderOutput(logits, self_maps if need_weights else None)
 
-    @torch.no_grad()
-    def parameter_counts(self) -> dict[str, int]:
-        return _one_stack_counts(self, self.decoder, "decoder")
 
-
-class EncoderOnlyTransformer(Transformer):
+class EncoderOnlyTransformer(TransformerBase):
     """A masked language model: embeddings, N blocks of bidirectional self-attention and
     feed-forward, and an output projection over the vocabulary at every position (tied to the
     embedding unless ``tie_embeddings`` is off).
@@ -124,9 +105,15 @@ class EncoderOnlyTransformer(Transformer):
     ``forward(src, tgt_in)`` ignores ``tgt_in``: the logits are for the positions of ``src``.
     """
 
+    family = "encoder-only"
+    attention_kinds = ("encoder",)
+    reads_source = False
+    generates = False
+    continues_prompts = False
+    fills_masks = True
+
     def __init__(self, config: ModelConfig) -> None:
-        nn.Module.__init__(self)
-        self.config = config
+        super().__init__(config)
         embedding = token_embedding(config, config.src_vocab_size)
         self.encoder = Encoder(config, embedding)
         self.mlm_transform = MaskedLMTransform(config) if config.mlm_head else None
@@ -137,6 +124,9 @@ class EncoderOnlyTransformer(Transformer):
         )
         self.logits_bias = logits_bias(config, config.src_vocab_size)
         self._init_linear_weights()
+
+    def stacks(self) -> dict[str, Encoder | Decoder]:
+        return {"encoder": self.encoder}
 
     def forward(
         self, src: Tensor, tgt_in: Tensor | None = None, need_weights: bool = False
@@ -159,19 +149,10 @@ class EncoderOnlyTransformer(Transformer):
         memory, maps = self.encoder(src, mask, need_weights)
         return EncoderOutput(memory, mask, maps if need_weights else None)
 
-    def output_weight(self) -> Tensor:
-        if self.output_projection is None:
-            return self.encoder.embedding.weight
-        return self.output_projection.weight
-
     def project(self, hidden: Tensor) -> Tensor:
         if self.mlm_transform is not None:
             hidden = self.mlm_transform(hidden)
-        return F.linear(hidden, self.output_weight(), self.logits_bias)
-
-    @torch.no_grad()
-    def parameter_counts(self) -> dict[str, int]:
-        return _one_stack_counts(self, self.encoder, "encoder")
+        return super().project(hidden)
 
 
 class MaskedLMTransform(nn.Module):
@@ -188,15 +169,18 @@ class MaskedLMTransform(nn.Module):
         return self.norm(self.activation(self.dense(hidden)))  # (B, L, D)
 
 
-def logits_bias(config: ModelConfig, vocab_size: int) -> nn.Parameter | None:
-    """The learned logits bias of ``output_bias`` (zeros to start), or None (the paper)."""
-    return nn.Parameter(torch.zeros(vocab_size)) if config.output_bias else None
+# The one place a family's name becomes its class; everything else asks the model.
+FAMILIES: dict[str, type[TransformerBase]] = {
+    cls.family: cls for cls in (Transformer, DecoderOnlyTransformer, EncoderOnlyTransformer)
+}
 
 
-def build_model(config: ModelConfig) -> Transformer:
+def model_class(arch: str) -> type[TransformerBase]:
+    """The class of family ``arch`` (its capabilities are class attributes, so they answer
+    before any weights exist)."""
+    return FAMILIES[arch]
+
+
+def build_model(config: ModelConfig) -> TransformerBase:
     """The model of ``config.arch``: the paper's encoder-decoder, decoder-only or encoder-only."""
-    if config.arch == "decoder-only":
-        return DecoderOnlyTransformer(config)
-    if config.arch == "encoder-only":
-        return EncoderOnlyTransformer(config)
-    return Transformer(config)
+    return model_class(config.arch)(config)

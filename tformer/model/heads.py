@@ -18,19 +18,14 @@ import torch
 from tformer.config import article
 from tformer.errors import ConfigError
 from tformer.model.attention import MultiHeadAttention
-from tformer.model.layers import DecoderLayer, EncoderLayer
-from tformer.model.transformer import Transformer
+from tformer.model.transformer import TransformerBase
 
 PARTS: dict[str, str] = {
     "enc": "encoder self-attention",
     "dec": "decoder self-attention",
     "cross": "cross-attention",
 }
-FAMILY_PARTS: dict[str, tuple[str, ...]] = {
-    "encoder-decoder": ("enc", "dec", "cross"),
-    "decoder-only": ("dec",),
-    "encoder-only": ("enc",),
-}
+KIND_PARTS = {"encoder": "enc", "decoder": "dec", "cross": "cross"}  # attention kind -> part
 
 
 @dataclass(frozen=True)
@@ -45,27 +40,13 @@ class HeadName:
         return f"{self.part}.{self.layer}.{self.head}"
 
 
-def attention_layers(model: Transformer) -> dict[str, list[MultiHeadAttention]]:
-    """The model's attention sub-layers by part, in layer order (only the parts its family
-    has: a decoder-only model ``dec``, an encoder-only one ``enc``)."""
-    arch = model.config.arch
-    parts: dict[str, list[MultiHeadAttention]] = {
-        part: [] for part in PARTS if part in FAMILY_PARTS[arch]
-    }
-    if arch != "decoder-only":
-        for layer in model.encoder.layers:
-            assert isinstance(layer, EncoderLayer)
-            parts["enc"].append(layer.self_attn)
-    if arch != "encoder-only":
-        for layer in model.decoder.layers:
-            assert isinstance(layer, DecoderLayer)
-            parts["dec"].append(layer.self_attn)
-            if layer.has_cross:
-                parts["cross"].append(layer.cross_attn)
-    return parts
+def attention_layers(model: TransformerBase) -> dict[str, list[MultiHeadAttention]]:
+    """The model's attention sub-layers by part, in layer order (only the parts it has: a
+    decoder-only model ``dec``, an encoder-only one ``enc``)."""
+    return {KIND_PARTS[kind]: layers for kind, layers in model.attention_parts().items()}
 
 
-def all_heads(model: Transformer) -> list[HeadName]:
+def all_heads(model: TransformerBase) -> list[HeadName]:
     """Every head of the model, part by part, layer by layer."""
     return [
         HeadName(part, i, h)
@@ -75,7 +56,7 @@ def all_heads(model: Transformer) -> list[HeadName]:
     ]
 
 
-def parse_heads(text: str, model: Transformer, option: str = "--mask-heads") -> list[HeadName]:
+def parse_heads(text: str, model: TransformerBase, option: str = "--mask-heads") -> list[HeadName]:
     """``"enc.0.1,cross.1.*"`` -> the heads it names, checked against ``model``.
 
     Negative layer and head numbers count from the end, as in ``inspect-attention``.
@@ -96,9 +77,9 @@ def parse_heads(text: str, model: Transformer, option: str = "--mask-heads") -> 
                 f"{', '.join(PARTS)} (e.g. enc.0.1, cross.1.*)"
             )
         if fields[0] not in layers:
-            arch = model.config.arch
+            family = model.family
             raise ConfigError(
-                f"{option} {item!r}: {article(arch)} {arch} model has no {PARTS[fields[0]]}; "
+                f"{option} {item!r}: {article(family)} {family} model has no {PARTS[fields[0]]}; "
                 f"its heads are {', '.join(f'{p}.LAYER.HEAD' for p in layers)}"
             )
         part, layer_text, head_text = fields
@@ -131,7 +112,7 @@ def _index(text: str, size: int, what: str, part: str) -> int:
     return value % size
 
 
-def mask_heads(model: Transformer, heads: Iterable[HeadName]) -> None:
+def mask_heads(model: TransformerBase, heads: Iterable[HeadName]) -> None:
     """Silence exactly ``heads`` (their gates to 0, every other head's back to 1), in place.
 
     An empty ``heads`` removes every mask. The gates follow the model's device and are not
@@ -150,7 +131,7 @@ def mask_heads(model: Transformer, heads: Iterable[HeadName]) -> None:
             attention.head_gate = gate
 
 
-def masked(model: Transformer) -> list[HeadName]:
+def masked(model: TransformerBase) -> list[HeadName]:
     """The heads masked in ``model`` now."""
     return [
         HeadName(part, i, h)
@@ -163,7 +144,7 @@ def masked(model: Transformer) -> list[HeadName]:
 
 
 @contextmanager
-def heads_masked(model: Transformer, heads: Sequence[HeadName]) -> Iterator[Transformer]:
+def heads_masked(model: TransformerBase, heads: Sequence[HeadName]) -> Iterator[TransformerBase]:
     """Within the block, ``heads`` are masked (and only they); the earlier masks come back
     afterwards."""
     before = masked(model)

@@ -3,8 +3,10 @@
 Shape legend: B batch, S source length, T target length, D d_model, H heads, V target vocabulary.
 
 Read top-down: ``Encoder`` maps source ids to "memory"; ``Decoder`` maps the target prefix and
-the memory to hidden states; ``Transformer`` ties them together with the output projection and
-offers ``encode`` / ``decode`` for generation and ``forward`` for teacher-forced training.
+the memory to hidden states; ``TransformerBase`` is what every family (this one and those of
+``families.py``) shares and answers; ``Transformer`` ties the two stacks together with the
+output projection and offers ``encode`` / ``decode`` for generation and ``forward`` for
+teacher-forced training.
 Attention weights are *returned* when asked for (``need_weights=True``), never stashed.
 """
 
@@ -12,13 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.config import EOS_ID, PAD_ID, ModelConfig
-from tformer.model.attention import padding_mask
+from tformer.model.attention import MultiHeadAttention, padding_mask
 from tformer.model.cache import DecoderCache, LayerCache
 from tformer.model.layers import (
     DecoderLayer,
@@ -145,12 +148,123 @@ class Decoder(nn.Module):
         return self.finish(x), self_maps, cross_maps
 
 
-class Transformer(nn.Module):
-    """Encoder, decoder and the final linear projection to target-vocabulary logits."""
+class TransformerBase(nn.Module):
+    """What the three families share, and what a command asks a model instead of its family.
+
+    The protocol: ``encode`` (B, S) ids -> memory, ``decode`` a target prefix -> logits,
+    ``project`` hidden states -> logits, and the attention sub-layers of each kind
+    (``attention_parts``). The class attributes say what a model has; they are read from
+    the class too, so a checkpoint's family answers them before its weights load.
+    """
+
+    family: ClassVar[str]  # its name, as config.arch spells it
+    attention_kinds: ClassVar[tuple[str, ...]]  # the maps it returns: encoder, decoder, cross
+    reads_source: ClassVar[bool]  # an encoder reads a source the decoder attends to
+    generates: ClassVar[bool]  # a decoder writes output one token at a time
+    continues_prompts: ClassVar[bool]  # its input is a prompt the decoder continues
+    fills_masks: ClassVar[bool]  # it predicts the <mask> tokens of its input
+
+    output_projection: nn.Linear | None
+    logits_bias: nn.Parameter | None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
+
+    def _init_linear_weights(self) -> None:
+        # Xavier-uniform for every projection, as in the reference implementations; biases 0.
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def stacks(self) -> dict[str, Encoder | Decoder]:
+        """The model's stacks by name (``encoder``, ``decoder``), in the order they run."""
+        raise NotImplementedError
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
+        """(B, S) input ids -> (B, S, D) states and the padding mask: the memory a decoder
+        attends to (empty for a prompt-continuing model), or an encoder-only model's output."""
+        raise NotImplementedError
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        encoded: EncoderOutput,
+        *,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> DecoderOutput:
+        """(B, T) decoder input ids -> (B, T, V) next-token logits (a model that generates)."""
+        raise NotImplementedError(f"{type(self).__name__} has no decoder")
+
+    def project(self, hidden: Tensor) -> Tensor:
+        """(B, T, D) -> (B, T, V) logits (plus Marian's bias with ``output_bias``)."""
+        return F.linear(hidden, self.output_weight(), self.logits_bias)
+
+    def output_weight(self) -> Tensor:
+        """The (V, D) output projection: when tied, the embedding of the stack that writes
+        the output (the last one) (section 3.4)."""
+        if self.output_projection is None:
+            return list(self.stacks().values())[-1].embedding.weight
+        return self.output_projection.weight
+
+    def new_cache(self) -> DecoderCache:
+        """Empty key/value caches for incremental decoding, one per decoder layer."""
+        return DecoderCache([LayerCache() for _ in self.stacks()["decoder"].layers])
+
+    def attention_parts(self) -> dict[str, list[MultiHeadAttention]]:
+        """The attention sub-layers of each of ``attention_kinds``, in layer order."""
+        parts: dict[str, list[MultiHeadAttention]] = {kind: [] for kind in self.attention_kinds}
+        for stack in self.stacks().values():
+            for layer in stack.layers:
+                if isinstance(layer, EncoderLayer):
+                    parts["encoder"].append(layer.self_attn)
+                    continue
+                assert isinstance(layer, DecoderLayer)
+                parts["decoder"].append(layer.self_attn)
+                if layer.has_cross:
+                    parts["cross"].append(layer.cross_attn)
+        return parts
+
+    @torch.no_grad()
+    def parameter_counts(self) -> dict[str, int]:
+        """Unique parameter counts per part (a tied matrix is counted once, under embeddings;
+        BERT's masked-LM head and the logits bias too)."""
+        stacks = self.stacks()
+        seen: set[int] = set()
+        embeddings = sum(count_parameters(stack.embedding, seen) for stack in stacks.values())
+        for head in (self.output_projection, getattr(self, "mlm_transform", None)):
+            if head is not None:
+                embeddings += count_parameters(head, seen)
+        if self.logits_bias is not None:
+            embeddings += self.logits_bias.numel()
+        layers = {
+            name: count_parameters(stack, seen, skip="embedding") for name, stack in stacks.items()
+        }
+        shares = [attention_and_feed_forward(stack.layers) for stack in stacks.values()]
+        return {
+            "embeddings": embeddings,
+            **layers,
+            "attention": sum(attention for attention, _ in shares),
+            "feed_forward": sum(ff for _, ff in shares),
+            "total": embeddings + sum(layers.values()),
+        }
+
+
+class Transformer(TransformerBase):
+    """Encoder, decoder and the final linear projection to target-vocabulary logits."""
+
+    family = "encoder-decoder"
+    attention_kinds = ("encoder", "decoder", "cross")
+    reads_source = True
+    generates = True
+    continues_prompts = False
+    fills_masks = False
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
         src_embedding = token_embedding(config, config.src_vocab_size)
         tgt_embedding = (
             src_embedding
@@ -161,25 +275,18 @@ class Transformer(nn.Module):
         self.decoder = Decoder(config, tgt_embedding)
         # Tied: the output projection *is* the target embedding matrix (section 3.4), so no
         # separate parameter exists; untied it is an ordinary bias-free linear layer.
-        self.output_projection: nn.Linear | None = (
+        self.output_projection = (
             None
             if config.tie_embeddings
             else nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
         )
         # Marian's bias on the logits (decoder_ff_logit_out_b), zeros to start; the paper has
         # none. Kept apart from the (possibly tied) matrix, so tying is unchanged.
-        self.logits_bias: nn.Parameter | None = (
-            nn.Parameter(torch.zeros(config.tgt_vocab_size)) if config.output_bias else None
-        )
+        self.logits_bias = logits_bias(config, config.tgt_vocab_size)
         self._init_linear_weights()
 
-    def _init_linear_weights(self) -> None:
-        # Xavier-uniform for every projection, as in the reference implementations; biases 0.
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+    def stacks(self) -> dict[str, Encoder | Decoder]:
+        return {"encoder": self.encoder, "decoder": self.decoder}
 
     # -- the three entry points ---------------------------------------------------------------
 
@@ -225,44 +332,10 @@ class Transformer(nn.Module):
         )
         return Seq2SeqOutput(decoded.logits, maps)
 
-    # -- helpers -------------------------------------------------------------------------------
 
-    def project(self, hidden: Tensor) -> Tensor:
-        """(B, T, D) -> (B, T, V) logits (plus Marian's bias with ``output_bias``)."""
-        return F.linear(hidden, self.output_weight(), self.logits_bias)
-
-    def output_weight(self) -> Tensor:
-        """The (V, D) output projection: the target embedding matrix when tied (section 3.4)."""
-        if self.output_projection is None:
-            return self.decoder.embedding.weight
-        return self.output_projection.weight
-
-    def new_cache(self) -> DecoderCache:
-        """Empty key/value caches for incremental decoding, one per decoder layer."""
-        return DecoderCache([LayerCache() for _ in self.decoder.layers])
-
-    @torch.no_grad()
-    def parameter_counts(self) -> dict[str, int]:
-        """Unique parameter counts per part (a tied matrix is counted once, under embeddings)."""
-        seen: set[int] = set()
-        embeddings = count_parameters(self.encoder.embedding, seen)
-        embeddings += count_parameters(self.decoder.embedding, seen)
-        if self.output_projection is not None:
-            embeddings += count_parameters(self.output_projection, seen)
-        if self.logits_bias is not None:
-            embeddings += self.logits_bias.numel()
-        encoder = count_parameters(self.encoder, seen, skip="embedding")
-        decoder = count_parameters(self.decoder, seen, skip="embedding")
-        enc_att, enc_ff = attention_and_feed_forward(self.encoder.layers)
-        dec_att, dec_ff = attention_and_feed_forward(self.decoder.layers)
-        return {
-            "embeddings": embeddings,
-            "encoder": encoder,
-            "decoder": decoder,
-            "attention": enc_att + dec_att,
-            "feed_forward": enc_ff + dec_ff,
-            "total": embeddings + encoder + decoder,
-        }
+def logits_bias(config: ModelConfig, vocab_size: int) -> nn.Parameter | None:
+    """The learned logits bias of ``output_bias`` (zeros to start), or None (the paper)."""
+    return nn.Parameter(torch.zeros(vocab_size)) if config.output_bias else None
 
 
 def relative_bias(config: ModelConfig, *, bidirectional: bool) -> RelativePositionBias | None:

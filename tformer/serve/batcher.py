@@ -27,7 +27,7 @@ from typing import Any
 from tformer.decoding.api import decode_texts
 from tformer.decoding.settings import MAX_ROWS, DecodingConfig, Hypothesis
 from tformer.errors import TformerError
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Batcher:
     """The worker thread and its queue."""
 
     def __init__(
-        self, model: Transformer, *, window_s: float, max_batch_tokens: int, max_waiting: int
+        self, model: TransformerBase, *, window_s: float, max_batch_tokens: int, max_waiting: int
     ) -> None:
         self.model = model
         self.window_s = window_s

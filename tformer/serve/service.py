@@ -104,9 +104,8 @@ class Service:
     ) -> list[str]:
         """What ``tformer generate`` warns of for these inputs: those longer than the model's
         max_len are read up to it (possible when --max-input-tokens is above it)."""
-        config = self.loaded.model_config
-        max_len = config.max_len
-        prompts = config.arch == "decoder-only"
+        max_len = self.loaded.model_config.max_len
+        prompts = self.loaded.model.continues_prompts
         found = [
             long_inputs_warning([len(ids) for ids in src], max_len, prompts=prompts),
             None if target is None else long_target_warning(len(target), max_len, "target"),

@@ -22,7 +22,7 @@ from tformer.decoding.api import fit_source
 from tformer.decoding.sampling import sample_steps
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.errors import TformerError
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 from tformer.serve.answers import output_record, settings_record
 from tformer.serve.limits import unexpected
 
@@ -30,7 +30,7 @@ Emit = Callable[[str, dict[str, Any]], None]
 
 
 def decode_streamed(
-    model: Transformer,
+    model: TransformerBase,
     tokenizers: Tokenizers,
     text: str,
     src_ids: list[int],

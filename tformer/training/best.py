@@ -12,7 +12,7 @@ from tformer import checkpoint as ckpt
 from tformer.config import TrainConfig
 from tformer.data.pairs import EncodedSplit
 from tformer.errors import CheckpointError
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 from tformer.training.loggers import Records
 from tformer.training.precision import Precision
 from tformer.training.validation import evaluate_loss, translation_scores
@@ -64,7 +64,7 @@ class BestKeeper:
 
     def evaluate(
         self,
-        model: Transformer,
+        model: TransformerBase,
         split: EncodedSplit,
         step: int,
         device: torch.device,
@@ -108,7 +108,7 @@ class BestKeeper:
             return value < self.best_value
         return value > self.best_value
 
-    def _save_best(self, model: Transformer, step: int, metrics: dict[str, float]) -> None:
+    def _save_best(self, model: TransformerBase, step: int, metrics: dict[str, float]) -> None:
         ckpt.save_checkpoint(
             self.out / ckpt.BEST,
             model=model,

@@ -23,7 +23,7 @@ from tformer.data.prepared import is_prepared, open_prepared
 from tformer.data.spm import load_tokenizer
 from tformer.device import resolve_device, seed_everything
 from tformer.fast.accelerate import accelerate
-from tformer.model import Transformer, build_model
+from tformer.model import TransformerBase, build_model
 from tformer.training.launch import Job
 from tformer.training.loss import sequence_loss
 from tformer.training.optim import build_optimizer
@@ -125,7 +125,7 @@ def measure_batch_limits(
 
 
 def _stepper(
-    model: Transformer,
+    model: TransformerBase,
     model_config: ModelConfig,
     train_config: TrainConfig,
     precision: Precision,

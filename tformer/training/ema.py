@@ -17,13 +17,13 @@ from collections.abc import Iterator
 
 import torch
 
-from tformer.model.transformer import Transformer
+from tformer.model.transformer import TransformerBase
 
 
 class WeightAverage:
     """The running average of a model's parameters (a tied matrix is averaged once)."""
 
-    def __init__(self, model: Transformer, decay: float) -> None:
+    def __init__(self, model: TransformerBase, decay: float) -> None:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"EMA decay {decay} must be in (0, 1)")
         self.decay = decay

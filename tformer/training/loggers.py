@@ -26,7 +26,7 @@ from tformer.config import PAD_ID
 from tformer.data.batching import IdPair, collate
 from tformer.data.pairs import EncodedSplit
 from tformer.errors import ConfigError
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 from tformer.paths import excerpt, first_line
 from tformer.training.reporting import Reporter
 
@@ -200,7 +200,7 @@ class Records:
             for logger in self.loggers:
                 logger.log(record["step"], values)
 
-    def attention(self, model: Transformer, split: EncodedSplit, step: int) -> None:
+    def attention(self, model: TransformerBase, split: EncodedSplit, step: int) -> None:
         """Log the mean attention entropy per layer on the split's first pairs (loggers only:
         metrics.jsonl keeps its records as they were)."""
         if not self.loggers or not split.pairs:
@@ -211,7 +211,7 @@ class Records:
 
 
 @torch.no_grad()
-def attention_entropy(model: Transformer, pairs: Sequence[IdPair]) -> dict[str, float]:
+def attention_entropy(model: TransformerBase, pairs: Sequence[IdPair]) -> dict[str, float]:
     """The mean entropy (nats) of the attention rows of each layer, by kind and layer.
 
     One teacher-forced pass in eval mode over ``pairs`` with the maps returned. For each pair,

@@ -30,7 +30,7 @@ from tformer.errors import (
     TrainingInterrupted,
 )
 from tformer.fast import sharing
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 from tformer.training import distributed as dist_
 from tformer.training.best import BestKeeper
 from tformer.training.distributed import World
@@ -53,7 +53,7 @@ FINAL_EVAL_SHARE = 0.05
 
 
 def wrap_for_training(
-    model: Transformer, device: torch.device, world: World, compile_: bool
+    model: TransformerBase, device: torch.device, world: World, compile_: bool
 ) -> torch.nn.Module:
     """What runs the forward pass: the model, wrapped for data parallelism and/or compiled.
 
@@ -81,7 +81,7 @@ class TrainingLoop:
 
     def __init__(
         self,
-        model: Transformer,
+        model: TransformerBase,
         optimizer: torch.optim.Optimizer,
         cfg: TrainConfig,
         model_config: ModelConfig,
@@ -410,7 +410,7 @@ class TrainingLoop:
         on the validation split; the test split is for ``tformer evaluate``. Under a time
         budget (auto) decoding stops 5% of the budget after training."""
         split = self.splits.get("validation")
-        if split is None or not split.pairs or not self.model_config.is_seq2seq:
+        if split is None or not split.pairs or not self.model.reads_source:
             return  # a language model has no output to compare: its loss says it
         if self.cfg.final_eval == "none":
             return

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 from tformer.training import distributed as dist_
 from tformer.training.distributed import World
 
@@ -44,7 +44,7 @@ class TrainResult:
     stopped_early: bool = False
     skipped_steps: int = 0
     # The trained model in memory (on rank 0 with EMA: the raw, not the averaged, weights).
-    model: Transformer | None = field(default=None, repr=False)
+    model: TransformerBase | None = field(default=None, repr=False)
     # Exact match of greedy outputs on the validation split where the targets are a few words
     # (the test split is left to ``tformer evaluate``; --final-eval).
     exact_match: float | None = None

@@ -15,7 +15,7 @@ import torch
 
 from tformer import checkpoint as ckpt
 from tformer.config import TrainConfig
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 from tformer.training.ema import WeightAverage, averaged
 from tformer.training.state import Position, rng_state
 
@@ -25,7 +25,7 @@ class RunSaver:
 
     def __init__(
         self,
-        model: Transformer,
+        model: TransformerBase,
         optimizer: torch.optim.Optimizer,
         cfg: TrainConfig,
         tokenizers: ckpt.Tokenizers,

@@ -18,7 +18,7 @@ from tformer.config import MASK, ModelConfig
 from tformer.data.pairs import EncodedSplit
 from tformer.errors import ConfigError
 from tformer.fast.accelerate import accelerate
-from tformer.model import Transformer, build_model
+from tformer.model import TransformerBase, build_model, model_class
 from tformer.training.configs import architecture, check_architecture
 from tformer.training.distributed import World
 from tformer.training.init_from import load_start, provenance
@@ -43,7 +43,7 @@ from tformer.training.resuming import check_data, load_for_resume
 class Setup:
     """What ``_run`` builds before the loop starts."""
 
-    model: Transformer
+    model: TransformerBase
     model_config: ModelConfig
     tokenizers: ckpt.Tokenizers
     splits: dict[str, EncodedSplit]
@@ -75,6 +75,7 @@ def set_up(
         raise ConfigError("a model configuration is needed unless resuming or fine-tuning")
     wanted = base.model_config if base else model_config
     assert wanted is not None
+    family = model_class(wanted.arch)
     data = load_data(
         cfg, options, job.tokenizer, base, wanted.max_len, report.tokenising, wanted.arch
     )
@@ -90,15 +91,15 @@ def set_up(
         tokenizers = base.tokenizers
     else:
         assert data.texts is not None
-        specials = (MASK,) if wanted.arch == "encoder-only" else ()
+        specials = (MASK,) if family.fills_masks else ()
         tokenizers = run_tokenizers(
             job.tokenizer, options.tokenizer, world, device, data.texts, specials
         )
-    if wanted.arch == "encoder-only":
+    if family.fills_masks:
         check_mask_token(tokenizers.source, options.tokenizer)
     model_config = base.model_config if base else sized_for(wanted, tokenizers)
     precision = resolve_precision(cfg.precision, device, model_config)
-    if not model_config.is_seq2seq:
+    if not family.reads_source:
         assert data.texts is not None
         splits = lm_splits(
             data.texts,

@@ -15,14 +15,14 @@ from tformer.data.pairs import EncodedSplit
 from tformer.decoding.api import decode_texts
 from tformer.decoding.settings import DecodingConfig
 from tformer.metrics import EVAL_BATCH_TOKENS, corpus_scores
-from tformer.model import Transformer
+from tformer.model import TransformerBase
 from tformer.training.loss import sequence_loss
 from tformer.training.precision import Precision
 
 
 @torch.no_grad()
 def evaluate_loss(
-    model: Transformer,
+    model: TransformerBase,
     split: EncodedSplit,
     device: torch.device,
     precision: Precision | None = None,
@@ -51,7 +51,7 @@ def evaluate_loss(
 
 @torch.no_grad()
 def translation_scores(
-    model: Transformer, split: EncodedSplit, tokenizers: ckpt.Tokenizers, limit: int
+    model: TransformerBase, split: EncodedSplit, tokenizers: ckpt.Tokenizers, limit: int
 ) -> dict[str, float]:
     """sacreBLEU BLEU and chrF of greedy translations of the split's first ``limit`` pairs."""
     pairs = split.pairs[:limit]
@@ -65,7 +65,7 @@ def translation_scores(
 
 
 def exact_match(
-    model: Transformer,
+    model: TransformerBase,
     split: EncodedSplit,
     tokenizers: ckpt.Tokenizers,
     *,
@@ -117,7 +117,7 @@ def short_targets(split: EncodedSplit) -> bool:
 
 
 def final_scores(
-    model: Transformer,
+    model: TransformerBase,
     split: EncodedSplit,
     tokenizers: ckpt.Tokenizers,
     *,
