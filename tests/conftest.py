@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 import random
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from filelock import FileLock
 
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.config import RECIPES, ModelConfig, TrainConfig, preset
@@ -22,38 +19,6 @@ from tformer.decoding.settings import Hypothesis
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
 from tformer.training.run import TrainResult, train
-
-
-def shared_run(
-    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], TrainResult]
-) -> TrainResult:
-    """``build(out)``'s training run, made once for the whole test session.
-
-    Under pytest-xdist each worker process has its own session fixtures: the first worker to
-    ask trains the run in the workers' common temporary folder, and the others wait for it and
-    read it from there (its figures from a JSON file, the model from its final checkpoint).
-    """
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # the folder every worker's own temporary folder is in
-    folder = base / f"shared-{name}"
-    record = folder / "result.json"
-    with FileLock(str(folder) + ".lock"):
-        if record.exists():
-            fields = json.loads(record.read_text(encoding="utf-8"))
-            for key in ("run_dir", "checkpoint"):
-                fields[key] = Path(fields[key])
-            if fields["final_pairs"] is not None:
-                fields["final_pairs"] = tuple(fields["final_pairs"])
-            model = load_checkpoint(fields["checkpoint"]).model
-            return TrainResult(**fields, model=model)
-        shutil.rmtree(folder, ignore_errors=True)  # what a worker that died left half-built
-        folder.mkdir(parents=True)
-        result = build(folder / name)
-        fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
-        del fields["model"]
-        record.write_text(json.dumps(fields, default=str), encoding="utf-8")
-        return result
 
 DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -146,11 +111,11 @@ TRAINED_STEPS = 600
 @pytest.fixture(scope="session")
 def trained(toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
     """A tiny model trained on the digit task; many tests read it, none writes to it."""
+    out = tmp_path_factory.mktemp("runs") / "toy"
     config = TrainConfig(data=str(toy_data), max_tokens=1024, lr=3e-3, warmup_steps=50,
                          max_steps=TRAINED_STEPS, eval_every=200, log_every=50, save_every=200,
                          label_smoothing=0.0, seed=0)
-    return shared_run(tmp_path_factory, "toy",
-                      lambda out: train(tiny_model(), config, out=out, vocab_size=64))
+    return train(tiny_model(), config, out=out, vocab_size=64)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -206,12 +171,7 @@ def date_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
 
     Held-out splits are cut down because every run ends by decoding its validation split.
     """
-    return shared_run(tmp_path_factory, "dates", _date_run)
-
-
-def _date_run(out: Path) -> TrainResult:
-    data = out.parent / "data"
-    data.mkdir(parents=True)
+    data = tmp_path_factory.mktemp("dates-data")
     bundled = bundled_data_dir()
     shutil.copy(bundled / "train.jsonl", data / "train.jsonl")
     for split, keep in (("validation", 200), ("test", 100)):
@@ -221,7 +181,7 @@ def _date_run(out: Path) -> TrainResult:
     config = TrainConfig(**{**recipe["train"], "data": str(data), "time_budget": None,
                             "max_steps": ALIGNMENT_STEPS,
                             "eval_every": 1000, "save_every": 1000})
-    return train(ModelConfig(**recipe["model"]), config, out=out)
+    return train(ModelConfig(**recipe["model"]), config, out=tmp_path_factory.mktemp("dates"))
 
 
 @pytest.fixture(scope="session")
@@ -276,16 +236,9 @@ def family_run(arch: str, out: Path) -> TrainResult:
 
 @pytest.fixture(scope="session")
 def gpt_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
-    return shared_run(tmp_path_factory, "gpt", lambda out: family_run("decoder-only", out))
+    return family_run("decoder-only", tmp_path_factory.mktemp("gpt") / "run")
 
 
 @pytest.fixture(scope="session")
 def bert_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
-    return shared_run(tmp_path_factory, "bert", lambda out: family_run("encoder-only", out))
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # Under pytest-xdist each worker has a core of its own: one torch thread each, or the
-    # workers' thread pools would contend for the same cores.
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        torch.set_num_threads(1)
+    return family_run("encoder-only", tmp_path_factory.mktemp("bert") / "run")
