@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import torch
+from click.testing import Result
+from typer.testing import CliRunner
 
 spm = pytest.importorskip("sentencepiece")
 transformers = pytest.importorskip("transformers")
@@ -23,6 +25,14 @@ MULTI30K = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
 SPM_LINES = 3000
 SPM_VOCAB = 250
 EOS_PUSH = 2.5
+
+
+def tformer(*args: str | Path) -> Result:
+    """A tformer command run in this process (a subprocess would import torch and transformers
+    again for each command)."""
+    from tformer.cli.commands import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def lines(split: str, lang: str, count: int, toy_data: Path) -> list[str]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
 
-from tests.imports.conftest import lines  # noqa: E402
+from tests.imports.conftest import lines, tformer  # noqa: E402
 from tests.imports.test_gpt2 import fine_tuned_losses  # noqa: E402
 from tformer.analysis.language import fill_mask  # noqa: E402
 from tformer.analysis.score import score_masked_text  # noqa: E402
@@ -194,18 +192,12 @@ def test_fill_mask_with_int8_layers_stays_close_to_float(
 @pytest.mark.slow
 def test_cli_import_and_fill_mask(bert: BertCase, tmp_path: Path) -> None:
     out = tmp_path / "cli"
-    run = subprocess.run(
-        [sys.executable, "-m", "tformer", "import", str(bert.folder), str(out)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr
+    run = tformer("import", bert.folder, out)
+    assert run.exit_code == 0, run.output
     config = json.loads((out / "config.json").read_text())["model"]
     assert config["arch"] == "encoder-only" and config["bos_first"] and config["mlm_head"]
-    filled = subprocess.run(
-        [sys.executable, "-m", "tformer", "fill-mask", str(out), "a man in a <mask> shirt"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert filled.returncode == 0, filled.stderr
+    filled = tformer("fill-mask", out, "a man in a <mask> shirt")
+    assert filled.exit_code == 0, filled.output
     assert "<mask>" in filled.stdout
 
 

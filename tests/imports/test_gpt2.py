@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: E402
 
 from tests.conftest import refusal_lines  # noqa: E402
-from tests.imports.conftest import lines  # noqa: E402
+from tests.imports.conftest import lines, tformer  # noqa: E402
 from tformer.analysis.language import evaluate_language  # noqa: E402
 from tformer.checkpoint.store import load_checkpoint  # noqa: E402
 from tformer.cli.commands import app  # noqa: E402
@@ -155,16 +153,10 @@ def test_greedy_equals_transformers_generate(gpt2: GPT2Case, toy_data: Path) -> 
 @pytest.mark.slow
 def test_cli_import_and_generate(gpt2: GPT2Case, tmp_path: Path) -> None:
     out = tmp_path / "cli"
-    run = subprocess.run(
-        [sys.executable, "-m", "tformer", "import", str(gpt2.folder), str(out)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr
-    generated = subprocess.run(
-        [sys.executable, "-m", "tformer", "generate", str(out), "A man in a blue shirt"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert generated.returncode == 0, generated.stderr
+    run = tformer("import", gpt2.folder, out)
+    assert run.exit_code == 0, run.output
+    generated = tformer("generate", out, "A man in a blue shirt")
+    assert generated.exit_code == 0, generated.output
     assert generated.stdout.strip()
 
 

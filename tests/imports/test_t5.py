@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +18,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
 
-from tests.imports.conftest import lines  # noqa: E402
+from tests.imports.conftest import lines, tformer  # noqa: E402
 from tformer.checkpoint.store import Checkpoint, load_checkpoint  # noqa: E402
 from tformer.config import BOS_ID, PAD_ID  # noqa: E402
 from tformer.decoding.api import decode_texts  # noqa: E402
@@ -197,16 +195,10 @@ def test_outputs_equal_generate(t5: T5Case, beams: int, toy_data: Path) -> None:
 @pytest.mark.slow
 def test_cli_import_then_generate(t5: T5Case, tmp_path: Path) -> None:
     out = tmp_path / "t5"
-    run = [sys.executable, "-m", "tformer"]
-    imported = subprocess.run([*run, "import", str(t5.folder), str(out)],
-                              capture_output=True, text=True)  # fmt: skip
-    assert imported.returncode == 0, imported.stderr
-    generated = subprocess.run(
-        [*run, "generate", str(out), PREFIX + "A man in a blue shirt."],
-        capture_output=True,
-        text=True,
-    )
-    assert generated.returncode == 0, generated.stderr
+    imported = tformer("import", t5.folder, out)
+    assert imported.exit_code == 0, imported.output
+    generated = tformer("generate", out, PREFIX + "A man in a blue shirt.")
+    assert generated.exit_code == 0, generated.output
     assert generated.stdout.strip()
 
 
