@@ -6,13 +6,15 @@ evaluates it on test2016 with sacreBLEU and chrF, and writes the result card to
 benchmarks/results/multi30k-<src>-<tgt>-<date>.{json,md}.
 
 Usage: python benchmarks/multi30k.py [--src en --tgt de] [--time-budget 60m]
-       [--recipe multi30k] [--beam-size 4] [--length-penalty 0.6] [--smoke]
+       [--recipe multi30k] [--train-args "--d-model 512 ..." --tag wide]
+       [--beam-size 4] [--length-penalty 0.6] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -49,6 +51,10 @@ def main() -> None:
     parser.add_argument("--time-budget", default="60m")
     parser.add_argument("--recipe", default="multi30k", help="the recipe trained (its name "
                         "enters the result card's file name unless it is multi30k)")
+    parser.add_argument("--train-args", default="", help="more `tformer train` flags, after "
+                        "the recipe's (one quoted string)")
+    parser.add_argument("--tag", default=None, help="a name for the run and its result card "
+                        "(needed with --train-args, whose model is not the recipe's)")
     parser.add_argument("--out", default=None)
     # Beam search with the paper's length penalty (alpha 0.6), as translation results are
     # usually reported; --beam-size 1 evaluates greedy decoding.
@@ -60,15 +66,20 @@ def main() -> None:
     if not DATA.is_dir():
         print(json.dumps({"skipped": f"{DATA} is not present"}))
         return
+    if args.train_args and not args.tag:
+        parser.error("--train-args changes the recipe's run: name it with --tag")
     name = f"multi30k-{args.src}-{args.tgt}"
     if args.recipe != "multi30k":
         name += f"-{args.recipe.removeprefix('multi30k-')}"
+    if args.tag:
+        name += f"-{args.tag}"
     out = Path(args.out or ROOT / "checkpoints" / name)
     data = DATA
     if args.smoke:
         data = smoke_data(out.parent / f"{name}-smoke-data", (args.src, args.tgt))
     train = ["train", "--data", str(data), "--src-lang", args.src, "--tgt-lang", args.tgt,
-             "--recipe", args.recipe, "--out", str(out), "--overwrite"]
+             "--recipe", args.recipe, "--out", str(out), "--overwrite",
+             *shlex.split(args.train_args)]
     if args.smoke:
         train += ["--preset", "tiny", "--max-steps", "5", "--eval-every", "5", "--save-every",
                   "5", "--vocab-size", "500"]
