@@ -84,24 +84,36 @@ def check_dtypes(path: Path, header: Header) -> None:
         )
 
 
-def expected_tensors(config: ModelConfig) -> list[dict[str, tuple[int, ...]]]:
-    """The tensors a model of ``config`` saves, built on the meta device (no memory): one
-    {name: shape} group per tensor; tied names share a group, of which the file holds one."""
-    with torch.device("meta"):
-        state = build_model(config).state_dict(keep_vars=True)
+def expected_tensors(
+    config: ModelConfig, model: torch.nn.Module | None = None
+) -> list[dict[str, tuple[int, ...]]]:
+    """The tensors a model of ``config`` saves, those of ``model`` when given (already built
+    for loading: building on the meta device imports ``torch._dynamo``, over a second) or else
+    built on the meta device (no memory): one {name: shape} group per tensor; tied names share
+    a group, of which the file holds one."""
+    if model is None:
+        with torch.device("meta"):
+            model = build_model(config)
+    state = model.state_dict(keep_vars=True)
     groups: dict[int, dict[str, tuple[int, ...]]] = {}
     for name, tensor in state.items():
         groups.setdefault(id(tensor), {})[name] = tuple(tensor.shape)
     return list(groups.values())
 
 
-def check_shapes(path: Path, header: Header, config: ModelConfig, config_path: Path) -> None:
-    """Tensor names and shapes are those ``config`` implies.
+def check_shapes(
+    path: Path,
+    header: Header,
+    config: ModelConfig,
+    config_path: Path,
+    model: torch.nn.Module | None = None,
+) -> None:
+    """Tensor names and shapes are those ``config`` implies (``model``: one built from it).
 
     Raises:
         CheckpointError: naming the missing, unexpected and mismatched tensors (a few each).
     """
-    groups = expected_tensors(config)
+    groups = expected_tensors(config, model)
     expected = {name: shape for group in groups for name, shape in group.items()}
     problems = []
     missing = [next(iter(g)) for g in groups if not set(g) & set(header.tensors)]
@@ -176,8 +188,11 @@ def check_architecture(path: Path, header: Header, config: ModelConfig, config_p
     return True
 
 
-def check_weights(weights: Path, config: ModelConfig, config_path: Path) -> bool:
-    """Everything the header says against ``config``: dtypes, names and shapes, architecture.
+def check_weights(
+    weights: Path, config: ModelConfig, config_path: Path, model: torch.nn.Module | None = None
+) -> bool:
+    """Everything the header says against ``config``: dtypes, names and shapes, architecture
+    (``model``: one built from ``config``, to read the expected shapes from).
 
     Returns:
         Whether the architecture record was there to compare (False: an old checkpoint).
@@ -185,7 +200,7 @@ def check_weights(weights: Path, config: ModelConfig, config_path: Path) -> bool
     header = read_header(weights)
     compared = check_architecture(weights, header, config, config_path)  # the clearest message
     check_dtypes(weights, header)
-    check_shapes(weights, header, config, config_path)
+    check_shapes(weights, header, config, config_path, model)
     return compared
 
 
