@@ -128,6 +128,8 @@ def measure(
     train on the text), for the smoke, whose timings are not compared."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "TFORMER_CACHE": str(scratch / "cache"),
            "HF_DATASETS_CACHE": str(scratch / "hf")}  # fmt: skip
+    if side_by_side:  # one thread each: two processes of two threads on two cores crawl
+        env["OMP_NUM_THREADS"] = "1"
     data = ["--data", str(corpus), "--src-lang", "en", "--tgt-lang", "de"]
     stop = ["--max-steps", str(steps), "--eval-every", str(steps * 10), *batch]
     prepare = ["prepare", *data, "--tokenizer", str(tokenizer)]

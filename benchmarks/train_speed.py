@@ -309,14 +309,18 @@ def profile(impl: str, work: Workload, run: Run) -> None:
 
 
 def run_isolated(impl: str, shape: str, precision: str, repeats: int, *, batch: int = 64,
-                 device: str = "cpu", compiled: bool = False) -> dict[str, Any] | None:
-    """One measurement in a fresh process, so peak memory belongs to that configuration."""
+                 device: str = "cpu", compiled: bool = False,
+                 threads: int | None = None) -> dict[str, Any] | None:
+    """One measurement in a fresh process, so peak memory belongs to that configuration;
+    ``threads``: its torch threads (default: torch's choice)."""
     cmd = [sys.executable, __file__, "--one", impl, shape, precision, str(repeats),
            "--batch", str(batch), "--device", device, "--adam", ADAM, "--attention", ATTENTION] + (
                ["--compile"] if compiled else [])
     # Every implementation gets the allocator setting tformer makes for itself (huge pages for
     # large tensors, see tformer/fast/process.py), so the comparison is of the code, not of it.
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1")}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
@@ -417,10 +421,12 @@ def main() -> None:
     def isolated(configuration: tuple[str, str, str, bool]) -> dict[str, Any] | None:
         impl, shape, precision, compiled = configuration
         return run_isolated(impl, shape, precision, repeats, batch=args.batch,
-                            device=args.device, compiled=compiled)  # fmt: skip
+                            device=args.device, compiled=compiled,
+                            threads=1 if args.smoke else None)  # fmt: skip
 
-    # Smoke: the processes run side by side, one a core (start-up is most of each, and the
-    # smoke's timings are not compared); otherwise one at a time, so none slows another.
+    # Smoke: the processes run side by side, one a core with one thread each (start-up is most
+    # of each, and the smoke's timings are not compared); otherwise one at a time, so none
+    # slows another.
     workers = (os.cpu_count() or 1) if args.smoke else 1
     with ThreadPoolExecutor(workers) as pool:
         for row in pool.map(isolated, configurations):
