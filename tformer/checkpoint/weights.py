@@ -13,7 +13,7 @@ implies. Checkpoints saved before the metadata existed have no record; they stil
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,16 +85,17 @@ def check_dtypes(path: Path, header: Header) -> None:
 
 
 def expected_tensors(
-    config: ModelConfig, model: torch.nn.Module | None = None
+    config: ModelConfig, model: Callable[[], torch.nn.Module] | None = None
 ) -> list[dict[str, tuple[int, ...]]]:
-    """The tensors a model of ``config`` saves, those of ``model`` when given (already built
-    for loading: building on the meta device imports ``torch._dynamo``, over a second) or else
-    built on the meta device (no memory): one {name: shape} group per tensor; tied names share
-    a group, of which the file holds one."""
+    """The tensors a model of ``config`` saves, those of the one ``model`` builds when given
+    (the model a load builds anyway: building on the meta device imports ``torch._dynamo``,
+    over a second) or else built on the meta device (no memory): one {name: shape} group per
+    tensor; tied names share a group, of which the file holds one."""
     if model is None:
         with torch.device("meta"):
-            model = build_model(config)
-    state = model.state_dict(keep_vars=True)
+            state = build_model(config).state_dict(keep_vars=True)
+    else:
+        state = model().state_dict(keep_vars=True)
     groups: dict[int, dict[str, tuple[int, ...]]] = {}
     for name, tensor in state.items():
         groups.setdefault(id(tensor), {})[name] = tuple(tensor.shape)
@@ -106,9 +107,9 @@ def check_shapes(
     header: Header,
     config: ModelConfig,
     config_path: Path,
-    model: torch.nn.Module | None = None,
+    model: Callable[[], torch.nn.Module] | None = None,
 ) -> None:
-    """Tensor names and shapes are those ``config`` implies (``model``: one built from it).
+    """Tensor names and shapes are those ``config`` implies (``model``: builds one from it).
 
     Raises:
         CheckpointError: naming the missing, unexpected and mismatched tensors (a few each).
@@ -189,10 +190,14 @@ def check_architecture(path: Path, header: Header, config: ModelConfig, config_p
 
 
 def check_weights(
-    weights: Path, config: ModelConfig, config_path: Path, model: torch.nn.Module | None = None
+    weights: Path,
+    config: ModelConfig,
+    config_path: Path,
+    model: Callable[[], torch.nn.Module] | None = None,
 ) -> bool:
     """Everything the header says against ``config``: dtypes, names and shapes, architecture
-    (``model``: one built from ``config``, to read the expected shapes from).
+    (``model``: builds one from ``config``, called once the header's own checks pass, to read
+    the expected shapes from).
 
     Returns:
         Whether the architecture record was there to compare (False: an old checkpoint).
