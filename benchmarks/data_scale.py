@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -119,27 +120,42 @@ def measure(
     scratch: Path,
     text_run: bool,
     batch: tuple[str, ...] = (),
+    side_by_side: bool = False,
 ) -> list[dict[str, object]]:
     """``prepare`` (one process, and with --streaming), ``train`` on the prepared folder, and
-    (``text_run``) ``train`` on the text through the id cache; ``batch``: extra train flags."""
+    (``text_run``) ``train`` on the text through the id cache; ``batch``: extra train flags;
+    ``side_by_side``: two lanes at once (prepare, then train on it; prepare --streaming, then
+    train on the text), for the smoke, whose timings are not compared."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "TFORMER_CACHE": str(scratch / "cache"),
            "HF_DATASETS_CACHE": str(scratch / "hf")}  # fmt: skip
+    if side_by_side:  # one thread each: two processes of two threads on two cores crawl
+        env["OMP_NUM_THREADS"] = "1"
     data = ["--data", str(corpus), "--src-lang", "en", "--tgt-lang", "de"]
-    rows: list[dict[str, object]] = []
-    for stage, extra in (("prepare", []), ("prepare --streaming", ["--streaming"])):
-        out = scratch / stage.replace(" ", "")
-        result = run(["prepare", *data, "--tokenizer", str(tokenizer), "--out", str(out), *extra],
-                     checkout, env)  # fmt: skip
-        rows.append({"stage": stage, **result})
     stop = ["--max-steps", str(steps), "--eval-every", str(steps * 10), *batch]
-    result = run(["train", "--data", str(scratch / "prepare"), *TRAIN, *stop,
-                  "--out", str(scratch / "run-prepared")], checkout, env)  # fmt: skip
-    rows.append({"stage": "train on the prepared folder", **result})
-    if text_run:
-        result = run(["train", *data, "--tokenizer", str(tokenizer), *TRAIN, *stop,
-                      "--out", str(scratch / "run-text")], checkout, env)  # fmt: skip
-        rows.append({"stage": "train on the text (id cache filled)", **result})
-    return rows
+    prepare = ["prepare", *data, "--tokenizer", str(tokenizer)]
+    commands = {
+        "prepare": [*prepare, "--out", str(scratch / "prepare")],
+        "prepare --streaming": [*prepare, "--out", str(scratch / "prepare--streaming"),
+                                "--streaming"],
+        "train on the prepared folder": ["train", "--data", str(scratch / "prepare"), *TRAIN,
+                                         *stop, "--out", str(scratch / "run-prepared")],
+        "train on the text (id cache filled)": ["train", *data, "--tokenizer", str(tokenizer),
+                                                *TRAIN, *stop, "--out", str(scratch / "run-text")],
+    }  # fmt: skip
+    if not text_run:
+        del commands["train on the text (id cache filled)"]
+    results: dict[str, dict[str, float]] = {}
+
+    def lane(stages: list[str]) -> None:
+        for stage in stages:
+            if stage in commands:
+                results[stage] = run(commands[stage], checkout, env)
+
+    lanes = [["prepare", "train on the prepared folder"],
+             ["prepare --streaming", "train on the text (id cache filled)"]]  # fmt: skip
+    with ThreadPoolExecutor(len(lanes) if side_by_side else 1) as pool:
+        list(pool.map(lane, lanes if side_by_side else [list(commands)]))
+    return [{"stage": stage, **results[stage]} for stage in commands]
 
 
 def main() -> None:
@@ -150,7 +166,9 @@ def main() -> None:
                         help="sizes at which train on the text is measured too")  # fmt: skip
     parser.add_argument("--scratch", type=Path, default=None)
     parser.add_argument(
-        "--smoke", action="store_true", help="2,000 pairs, 20 validation pairs, 2 small steps (CI)"
+        "--smoke",
+        action="store_true",
+        help="2,000 pairs, 20 validation pairs, 2 small steps, commands side by side (CI)",
     )
     args = parser.parse_args()
     sizes = [2000] if args.smoke else [int(s) for s in args.sizes.split(",")]
@@ -167,7 +185,7 @@ def main() -> None:
             train_tokenizer(corpus, tokenizer, ROOT, 1000 if args.smoke else 8000)
             batch = ("--max-tokens", "512") if args.smoke else ()
             for result in measure(corpus, tokenizer, ROOT, steps, Path(scratch),
-                                  size in text_runs, batch):  # fmt: skip
+                                  size in text_runs, batch, side_by_side=args.smoke):  # fmt: skip
                 row = {"pairs": size, "steps": steps, **result,
                        "pairs_per_s": size / float(result["total_s"]),  # type: ignore[arg-type]
                        "cpu": platform.processor() or platform.machine(),

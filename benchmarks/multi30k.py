@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 
@@ -26,9 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 
 
-def run(*args: str) -> None:
+def run(*args: str, threads: int | None = None) -> None:
+    """Run a tformer command; ``threads``: its torch threads (default: torch's choice)."""
     print("+ tformer " + " ".join(args), file=sys.stderr, flush=True)
-    subprocess.run([sys.executable, "-m", "tformer", *args], check=True, cwd=ROOT)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    subprocess.run([sys.executable, "-m", "tformer", *args], check=True, cwd=ROOT, env=env)
 
 
 def smoke_data(folder: Path, languages: tuple[str, str]) -> Path:
@@ -101,13 +105,17 @@ def main() -> None:
     decoding = ["--beam-size", str(args.beam_size), "--length-penalty", str(args.length_penalty)]
     common = ["--data", str(data), "--src-lang", args.src, "--tgt-lang", args.tgt, *decoding,
               *limit]
-    validation: dict[str, float] = {}
-    for label, path in candidates.items():
-        if not path.is_dir():
-            continue
+
+    def validation_bleu(label: str) -> float:
         where = out / f"eval-validation-{label}"
-        run("evaluate", str(path), *common, "--split", "validation", "--out", str(where))
-        validation[label] = json.loads((where / "result.json").read_text())["metrics"]["bleu"]
+        run("evaluate", str(candidates[label]), *common, "--split", "validation", "--out",
+            str(where), threads=1 if args.smoke else None)  # fmt: skip
+        return float(json.loads((where / "result.json").read_text())["metrics"]["bleu"])
+
+    # Smoke: the candidates are scored side by side, one thread each (mostly start-up).
+    labels = [label for label, path in candidates.items() if path.is_dir()]
+    with ThreadPoolExecutor((os.cpu_count() or 1) if args.smoke else 1) as pool:
+        validation = dict(zip(labels, pool.map(validation_bleu, labels), strict=True))
     chosen = max(validation, key=lambda label: validation[label])
     run("evaluate", str(candidates[chosen]), *common, "--split", "test", "--out",
         str(out / "eval-test2016"))

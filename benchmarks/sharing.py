@@ -78,6 +78,24 @@ def train_loop(
     return statistics.median(rates[1:] or rates)
 
 
+def run_until(command: list[str], env: dict[str, str], stop: threading.Event | float) -> bool:
+    """Run ``command`` to its end (True), or stop it as ``stop`` (an event) is set (False)."""
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    while True:
+        try:
+            _, errors = proc.communicate(timeout=0.1)
+            break
+        except subprocess.TimeoutExpired:
+            if isinstance(stop, threading.Event) and stop.is_set():
+                proc.kill()
+                proc.communicate()
+                return False
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, command, stderr=errors)
+    return not (isinstance(stop, threading.Event) and stop.is_set())
+
+
 def generate_loop(
     checkpoint: Path,
     inputs: Path,
@@ -96,11 +114,8 @@ def generate_loop(
         if isinstance(stop, threading.Event) and stop.is_set():
             break
         start = time.monotonic()
-        subprocess.run(
-            [*TFORMER, "generate", str(checkpoint), "--input-file", str(inputs), *limit],
-            env=env, check=True, capture_output=True,
-        )  # fmt: skip
-        if isinstance(stop, threading.Event) and stop.is_set():
+        if not run_until([*TFORMER, "generate", str(checkpoint), "--input-file", str(inputs),
+                          *limit], env, stop):  # fmt: skip
             break  # a run that overlapped the end of training is not a shared run
         done, spent = done + count, spent + time.monotonic() - start
     return done / spent if spent else float("nan")
@@ -109,16 +124,19 @@ def generate_loop(
 def measure(
     policy: str,
     folder: Path,
-    checkpoint: Path,
+    checkpoint: Path | None,
     inputs: Path,
     seconds: float,
     data: list[str],
     log_every: int = 5,
 ) -> dict:
+    """``checkpoint``: the one ``generate`` runs, or None for the "train alone" run's (the
+    smoke's: a few seconds of training, saved as it ends)."""
     env = environment(policy)
     # Smoke: an untrained checkpoint translates up to --max-new-tokens, 128 by default.
     limit = ["--max-new-tokens", "8"] if data else []
     train_alone = train_loop(folder / f"{policy}-alone", seconds, env, data, log_every)
+    checkpoint = checkpoint or folder / f"{policy}-alone"
     generate_alone = generate_loop(checkpoint, inputs, seconds, env, limit)
     stop = threading.Event()
     shared: dict[str, float] = {}
@@ -152,20 +170,21 @@ def measure(
     }
 
 
-def prepare(folder: Path, data: Path | None = None, steps: int = 100) -> tuple[Path, Path]:
-    """A tiny checkpoint trained on ``data`` (default: the bundled data) and its test sources
-    as an input file."""
+def prepare(folder: Path, data: Path | None = None, steps: int = 100) -> tuple[Path | None, Path]:
+    """A tiny checkpoint trained on ``data`` (default: the bundled data; none when ``steps`` is
+    0) and its test sources as an input file."""
     checkpoint = folder / "checkpoint"
     flags = ["--data", str(data)] if data else []
-    subprocess.run(
-        [*TFORMER, "train", *flags, "--preset", "tiny", "--max-steps", str(steps),
-         "--out", str(checkpoint)],
-        env=environment("tformer"), check=True, capture_output=True,
-    )  # fmt: skip
+    if steps:
+        subprocess.run(
+            [*TFORMER, "train", *flags, "--preset", "tiny", "--max-steps", str(steps),
+             "--out", str(checkpoint)],
+            env=environment("tformer"), check=True, capture_output=True,
+        )  # fmt: skip
     inputs = folder / "inputs.txt"
     lines = ((data or ROOT / "data") / "test.jsonl").read_text().splitlines()
     inputs.write_text("".join(json.loads(line)["source"] + "\n" for line in lines))
-    return checkpoint, inputs
+    return checkpoint if steps else None, inputs
 
 
 def smoke_data(folder: Path) -> Path:
@@ -185,19 +204,20 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="2 s on a slice of the bundled data, tformer's policy only (CI)",
+        help="1 s on a slice of the bundled data, tformer's policy only (CI)",
     )
     args = parser.parse_args()
     if args.smoke:
-        args.seconds, args.policies = 2.0, "tformer"
+        args.seconds, args.policies = 1.0, "tformer"
     machine = cpuinfo().get("model name") or platform.processor() or platform.machine()
     print(json.dumps({"machine": machine, "cores": os.cpu_count(),
                       "date": time.strftime("%Y-%m-%d")}))  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        # Smoke: a checkpoint of 2 steps, and a log line every step, so 2 s give a median.
+        # Smoke: generate runs the "train alone" run's checkpoint (one training fewer), and a
+        # log line every step, so 1 s gives a median.
         data = smoke_data(Path(tmp) / "data") if args.smoke else None
-        checkpoint, inputs = prepare(Path(tmp), data, steps=2 if args.smoke else 100)
+        checkpoint, inputs = prepare(Path(tmp), data, steps=0 if args.smoke else 100)
         flags = ["--data", str(data)] if data else []
         for policy in args.policies.split(","):
             row = measure(policy, Path(tmp), checkpoint, inputs, args.seconds, flags,

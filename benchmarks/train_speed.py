@@ -42,6 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -308,14 +309,18 @@ def profile(impl: str, work: Workload, run: Run) -> None:
 
 
 def run_isolated(impl: str, shape: str, precision: str, repeats: int, *, batch: int = 64,
-                 device: str = "cpu", compiled: bool = False) -> dict[str, Any] | None:
-    """One measurement in a fresh process, so peak memory belongs to that configuration."""
+                 device: str = "cpu", compiled: bool = False,
+                 threads: int | None = None) -> dict[str, Any] | None:
+    """One measurement in a fresh process, so peak memory belongs to that configuration;
+    ``threads``: its torch threads (default: torch's choice)."""
     cmd = [sys.executable, __file__, "--one", impl, shape, precision, str(repeats),
            "--batch", str(batch), "--device", device, "--adam", ADAM, "--attention", ATTENTION] + (
                ["--compile"] if compiled else [])
     # Every implementation gets the allocator setting tformer makes for itself (huge pages for
     # large tensors, see tformer/fast/process.py), so the comparison is of the code, not of it.
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1")}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
@@ -335,7 +340,8 @@ def main() -> None:
     parser.add_argument("--precisions", default=None,
                         help="comma-separated, of fp32,bf16(,fp16 on CUDA); default: all")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny shape, one repeat, without HF Marian (CI)")
+                        help="tiny shape, one repeat, without HF Marian, the processes "
+                        "side by side (CI)")
     parser.add_argument("--impls", default=None,
                         help="comma-separated, of " + ",".join(IMPLEMENTATIONS) + "; default: all")
     parser.add_argument(
@@ -409,16 +415,26 @@ def main() -> None:
     if args.precisions:
         precisions = [p for p in args.precisions.split(",") if p in precisions]
     variants = [(p, False) for p in precisions] + ([("bf16", True)] if args.compile else [])
-    for shape in shapes:
-        for precision, compiled in variants:
-            for impl in impls:
-                row = run_isolated(impl, shape, precision, repeats, batch=args.batch,
-                                   device=args.device, compiled=compiled)
-                if row and "model_gflops_per_s" in row:
-                    row["mfu_vs_bf16_peak"] = round(row["model_gflops_per_s"] / peaks["bf16"], 4)
-                print(json.dumps(row), flush=True)
-                if row:
-                    rows.append(row)
+    configurations = [(impl, shape, precision, compiled) for shape in shapes
+                      for precision, compiled in variants for impl in impls]  # fmt: skip
+
+    def isolated(configuration: tuple[str, str, str, bool]) -> dict[str, Any] | None:
+        impl, shape, precision, compiled = configuration
+        return run_isolated(impl, shape, precision, repeats, batch=args.batch,
+                            device=args.device, compiled=compiled,
+                            threads=1 if args.smoke else None)  # fmt: skip
+
+    # Smoke: the processes run side by side, one a core with one thread each (start-up is most
+    # of each, and the smoke's timings are not compared); otherwise one at a time, so none
+    # slows another.
+    workers = (os.cpu_count() or 1) if args.smoke else 1
+    with ThreadPoolExecutor(workers) as pool:
+        for row in pool.map(isolated, configurations):
+            if row and "model_gflops_per_s" in row:
+                row["mfu_vs_bf16_peak"] = round(row["model_gflops_per_s"] / peaks["bf16"], 4)
+            print(json.dumps(row), flush=True)
+            if row:
+                rows.append(row)
     print()
     memory = "peak GPU MB (allocated)" if device.type == "cuda" else "peak RSS MB"
     print(f"| shape | precision | implementation | ms/step | target tok/s | MFU (bf16 peak) "

@@ -17,6 +17,7 @@ the manifest (``tformer.checkpoint.files``), so a truncated or altered file is a
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -427,8 +428,10 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Che
     model_config, train_config, step = parse_configs(folder, config)
     tokenizers = load_tokenizers(folder, config)
     check_vocabulary(folder, tokenizers, model_config)
-    check_weights(folder / WEIGHTS, model_config, folder / CONFIG)
-    model = build_model(model_config)
+    # Built once the header's own checks pass, then read for the expected shapes and loaded.
+    built = functools.cache(functools.partial(build_model, model_config))
+    check_weights(folder / WEIGHTS, model_config, folder / CONFIG, built)
+    model = built()
     load_weights(model, folder / WEIGHTS)
     model.to(device).eval()
     return Checkpoint(model, model_config, train_config, tokenizers, step, folder)

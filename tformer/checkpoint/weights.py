@@ -13,7 +13,7 @@ implies. Checkpoints saved before the metadata existed have no record; they stil
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,24 +84,37 @@ def check_dtypes(path: Path, header: Header) -> None:
         )
 
 
-def expected_tensors(config: ModelConfig) -> list[dict[str, tuple[int, ...]]]:
-    """The tensors a model of ``config`` saves, built on the meta device (no memory): one
-    {name: shape} group per tensor; tied names share a group, of which the file holds one."""
-    with torch.device("meta"):
-        state = build_model(config).state_dict(keep_vars=True)
+def expected_tensors(
+    config: ModelConfig, model: Callable[[], torch.nn.Module] | None = None
+) -> list[dict[str, tuple[int, ...]]]:
+    """The tensors a model of ``config`` saves, those of the one ``model`` builds when given
+    (the model a load builds anyway: building on the meta device imports ``torch._dynamo``,
+    over a second) or else built on the meta device (no memory): one {name: shape} group per
+    tensor; tied names share a group, of which the file holds one."""
+    if model is None:
+        with torch.device("meta"):
+            state = build_model(config).state_dict(keep_vars=True)
+    else:
+        state = model().state_dict(keep_vars=True)
     groups: dict[int, dict[str, tuple[int, ...]]] = {}
     for name, tensor in state.items():
         groups.setdefault(id(tensor), {})[name] = tuple(tensor.shape)
     return list(groups.values())
 
 
-def check_shapes(path: Path, header: Header, config: ModelConfig, config_path: Path) -> None:
-    """Tensor names and shapes are those ``config`` implies.
+def check_shapes(
+    path: Path,
+    header: Header,
+    config: ModelConfig,
+    config_path: Path,
+    model: Callable[[], torch.nn.Module] | None = None,
+) -> None:
+    """Tensor names and shapes are those ``config`` implies (``model``: builds one from it).
 
     Raises:
         CheckpointError: naming the missing, unexpected and mismatched tensors (a few each).
     """
-    groups = expected_tensors(config)
+    groups = expected_tensors(config, model)
     expected = {name: shape for group in groups for name, shape in group.items()}
     problems = []
     missing = [next(iter(g)) for g in groups if not set(g) & set(header.tensors)]
@@ -176,8 +189,15 @@ def check_architecture(path: Path, header: Header, config: ModelConfig, config_p
     return True
 
 
-def check_weights(weights: Path, config: ModelConfig, config_path: Path) -> bool:
-    """Everything the header says against ``config``: dtypes, names and shapes, architecture.
+def check_weights(
+    weights: Path,
+    config: ModelConfig,
+    config_path: Path,
+    model: Callable[[], torch.nn.Module] | None = None,
+) -> bool:
+    """Everything the header says against ``config``: dtypes, names and shapes, architecture
+    (``model``: builds one from ``config``, called once the header's own checks pass, to read
+    the expected shapes from).
 
     Returns:
         Whether the architecture record was there to compare (False: an old checkpoint).
@@ -185,7 +205,7 @@ def check_weights(weights: Path, config: ModelConfig, config_path: Path) -> bool
     header = read_header(weights)
     compared = check_architecture(weights, header, config, config_path)  # the clearest message
     check_dtypes(weights, header)
-    check_shapes(weights, header, config, config_path)
+    check_shapes(weights, header, config, config_path, model)
     return compared
 
 
