@@ -5,11 +5,13 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from tests.conftest import digit_pairs, write_jsonl
 from tformer.config import BOS_ID, EOS_ID, PAD_ID
-from tformer.data.batching import BatchPlan, bucket_batches, collate, shift_right
+from tformer.data.batching import BatchPlan, bucket_batches, collate, pad, shift_right
 from tformer.data.pairs import encode_pairs
 from tformer.data.sources import load_text_pairs
 from tformer.data.tokenizer import train_tokenizer
@@ -29,6 +31,19 @@ def test_collate_pads_and_aligns() -> None:
     assert batch.tgt_in.tolist() == [[BOS_ID, 8, PAD_ID, PAD_ID], [BOS_ID, 10, 11, 12]]
     assert batch.tgt_out.tolist() == [[8, EOS_ID, PAD_ID, PAD_ID], [10, 11, 12, EOS_ID]]
     assert batch.n_target_tokens == 6
+
+
+@pytest.mark.parametrize("kind", ["lists", "int32 arrays", "int64 arrays"])
+def test_pad_puts_each_row_left_and_pads_the_rest(kind: str) -> None:
+    rows: list = [[5, 6, 7], [], [9], [1, 2, 3, 4, 70_000]]
+    if kind != "lists":
+        rows = [np.array(r, dtype=np.int32 if kind == "int32 arrays" else np.int64) for r in rows]
+    padded = pad(rows, value=-1)
+    want = torch.full((4, 5), -1, dtype=torch.long)
+    for i, row in enumerate(rows):  # one row at a time: the plain reading of "right-pad"
+        want[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+    assert padded.dtype == torch.long and torch.equal(padded, want)
+    assert pad([[3, 4]]).tolist() == [[3, 4]] and pad([[], []]).shape == (2, 0)
 
 
 def test_bucketing_respects_the_budget_and_covers_every_example() -> None:
