@@ -207,14 +207,15 @@ def token_at(offsets: list[tuple[int, int]], char: int) -> int:
 
 
 
-# The session's long trainings (20-35 s each on 2 cores): a test that needs one belongs to the
-# slow tier whatever its own size, so the fast tier (-m "not slow") never starts them.
-LONG_TRAININGS = frozenset({"date_run", "gpt_run", "bert_run", "trained_variant"})
+# The session's long builds (the trainings of 20-35 s each on 2 cores, and the real Marian
+# models with their SentencePiece tokenizers): a test that needs one belongs to the slow tier
+# whatever its own size, so the fast tier (-m "not slow") never starts them.
+LONG_BUILDS = frozenset({"date_run", "gpt_run", "bert_run", "trained_variant", "marian_case"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if LONG_TRAININGS.intersection(getattr(item, "fixturenames", ())):
+        if LONG_BUILDS.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
 
