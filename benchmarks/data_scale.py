@@ -29,10 +29,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from side_by_side import commands_pool, with_threads  # benchmarks/, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 SYLLABLES = ["ka", "to", "ri", "mu", "se", "la", "po", "ne", "vi", "da", "gu", "fe", "zo", "hi"]
@@ -126,10 +126,10 @@ def measure(
     (``text_run``) ``train`` on the text through the id cache; ``batch``: extra train flags;
     ``side_by_side``: two lanes at once (prepare, then train on it; prepare --streaming, then
     train on the text), for the smoke, whose timings are not compared."""
-    env = {**os.environ, "PYTHONPATH": str(checkout), "TFORMER_CACHE": str(scratch / "cache"),
-           "HF_DATASETS_CACHE": str(scratch / "hf")}  # fmt: skip
-    if side_by_side:  # one thread each: two processes of two threads on two cores crawl
-        env["OMP_NUM_THREADS"] = "1"
+    env = with_threads(1 if side_by_side else None,
+                       {**os.environ, "PYTHONPATH": str(checkout),
+                        "TFORMER_CACHE": str(scratch / "cache"),
+                        "HF_DATASETS_CACHE": str(scratch / "hf")})  # fmt: skip
     data = ["--data", str(corpus), "--src-lang", "en", "--tgt-lang", "de"]
     stop = ["--max-steps", str(steps), "--eval-every", str(steps * 10), *batch]
     prepare = ["prepare", *data, "--tokenizer", str(tokenizer)]
@@ -153,7 +153,7 @@ def measure(
 
     lanes = [["prepare", "train on the prepared folder"],
              ["prepare --streaming", "train on the text (id cache filled)"]]  # fmt: skip
-    with ThreadPoolExecutor(len(lanes) if side_by_side else 1) as pool:
+    with commands_pool(side_by_side) as pool:
         list(pool.map(lane, lanes if side_by_side else [list(commands)]))
     return [{"stage": stage, **results[stage]} for stage in commands]
 

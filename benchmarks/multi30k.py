@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
+
+from side_by_side import commands_pool, with_threads  # benchmarks/, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -31,8 +31,8 @@ DATA = ROOT.parent / "shared" / "data" / "multi30k"
 def run(*args: str, threads: int | None = None) -> None:
     """Run a tformer command; ``threads``: its torch threads (default: torch's choice)."""
     print("+ tformer " + " ".join(args), file=sys.stderr, flush=True)
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    subprocess.run([sys.executable, "-m", "tformer", *args], check=True, cwd=ROOT, env=env)
+    subprocess.run([sys.executable, "-m", "tformer", *args], check=True, cwd=ROOT,
+                   env=with_threads(threads))  # fmt: skip
 
 
 def smoke_data(folder: Path, languages: tuple[str, str]) -> Path:
@@ -114,8 +114,8 @@ def main() -> None:
 
     # Smoke: the candidates are scored side by side, one thread each (mostly start-up).
     labels = [label for label, path in candidates.items() if path.is_dir()]
-    with ThreadPoolExecutor((os.cpu_count() or 1) if args.smoke else 1) as pool:
-        validation = dict(zip(labels, pool.map(validation_bleu, labels), strict=True))
+    with commands_pool(args.smoke) as lanes:
+        validation = dict(zip(labels, lanes.map(validation_bleu, labels), strict=True))
     chosen = max(validation, key=lambda label: validation[label])
     run("evaluate", str(candidates[chosen]), *common, "--split", "test", "--out",
         str(out / "eval-test2016"))

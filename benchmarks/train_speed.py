@@ -42,12 +42,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from side_by_side import commands_pool, with_threads  # benchmarks/, beside this script
 
 if TYPE_CHECKING:
     from tformer.training.precision import Precision
@@ -318,9 +318,8 @@ def run_isolated(impl: str, shape: str, precision: str, repeats: int, *, batch: 
                ["--compile"] if compiled else [])
     # Every implementation gets the allocator setting tformer makes for itself (huge pages for
     # large tensors, see tformer/fast/process.py), so the comparison is of the code, not of it.
-    env = {**os.environ, "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1")}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
+    env = with_threads(threads, {**os.environ, "THP_MEM_ALLOC_ENABLE":
+                                 os.environ.get("THP_MEM_ALLOC_ENABLE", "1")})  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
@@ -424,12 +423,10 @@ def main() -> None:
                             device=args.device, compiled=compiled,
                             threads=1 if args.smoke else None)  # fmt: skip
 
-    # Smoke: the processes run side by side, one a core with one thread each (start-up is most
-    # of each, and the smoke's timings are not compared); otherwise one at a time, so none
-    # slows another.
-    workers = (os.cpu_count() or 1) if args.smoke else 1
-    with ThreadPoolExecutor(workers) as pool:
-        for row in pool.map(isolated, configurations):
+    # Smoke: the processes run side by side (start-up is most of each); otherwise one at a
+    # time, so none slows another.
+    with commands_pool(args.smoke) as lanes:
+        for row in lanes.map(isolated, configurations):
             if row and "model_gflops_per_s" in row:
                 row["mfu_vs_bf16_peak"] = round(row["model_gflops_per_s"] / peaks["bf16"], 4)
             print(json.dumps(row), flush=True)

@@ -21,9 +21,10 @@ import os
 import platform
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
+
+from side_by_side import commands_pool, with_threads  # benchmarks/, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -40,9 +41,8 @@ VARIANTS = {
 def tformer(*args: str, capture: bool = False, threads: int | None = None) -> str:
     """Run a tformer command; ``threads``: its torch threads (default: torch's choice)."""
     print("+ tformer " + " ".join(args), file=sys.stderr, flush=True)
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     done = subprocess.run([sys.executable, "-m", "tformer", *args], check=True, cwd=ROOT,
-                          capture_output=capture, text=True, env=env)  # fmt: skip
+                          capture_output=capture, text=True, env=with_threads(threads))  # fmt: skip
     return done.stdout if capture else ""
 
 
@@ -89,8 +89,8 @@ def main() -> None:
                 "--beam-size", str(args.beam_size), *limit, threads=threads)  # fmt: skip
         return str(run)
 
-    with ThreadPoolExecutor((os.cpu_count() or 1) if args.smoke else 1) as pool:
-        runs = list(pool.map(train_and_score, chosen))
+    with commands_pool(args.smoke) as lanes:
+        runs = list(lanes.map(train_and_score, chosen))
     args.results.mkdir(parents=True, exist_ok=True)
     plot = str(args.results / f"{name}.png")
     report = json.loads(tformer("compare-runs", *runs, "--json", "--plot", plot, capture=True))
