@@ -372,6 +372,42 @@ def run_cases(
     return rows
 
 
+def step_weights(model: Transformer) -> list[torch.Tensor]:
+    """The matrices one decoding step multiplies by: the decoder's layers (not
+    cross-attention's keys and values, made once per source) and the output projection."""
+    decoder = [p for name, p in model.named_parameters()
+               if name.startswith("decoder.layers.") and p.dim() == 2
+               and ".cross_attn.kv_proj." not in name]  # fmt: skip
+    out = model.output_projection
+    return decoder + [out.weight if out is not None else model.decoder.embedding.embedding.weight]
+
+
+def weights_ceiling(model: Transformer, repeats: int = 10) -> dict[str, Any]:
+    """The fastest any float32 implementation decodes at batch 1 here: each token must read
+    every weight of a step once, timed as one row through each matrix in turn (best of
+    ``repeats``); attention, norms and the search are left out, so no decoder reaches it."""
+    weights = [w.detach().float().contiguous() for w in step_weights(model)]
+    rows = {width: torch.randn(1, width) for width in {w.size(1) for w in weights}}
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            for w in weights:
+                torch.nn.functional.linear(rows[w.size(1)], w)
+            best = min(best, time.perf_counter() - start)
+    size = sum(w.numel() * w.element_size() for w in weights)
+    return {"bound": "float32 weights read once a token", "mb_per_token": round(size / 1e6, 1),
+            "ms_per_token": round(best * 1e3, 2), "gb_per_s": round(size / best / 1e9, 1),
+            "tokens_per_s": round(1 / best, 1)}  # fmt: skip
+
+
+def ceiling_line(ceiling: dict[str, Any], reference: float, name: str) -> str:
+    return (f"\nThe float32 ceiling here: a token reads the step's {ceiling['mb_per_token']} MB "
+            f"of weights at least once, {ceiling['ms_per_token']} ms at "
+            f"{ceiling['gb_per_s']} GB/s, so at most {ceiling['tokens_per_s']:.0f} new tokens/s "
+            f"at batch 1 ({ceiling['tokens_per_s'] / reference:.2f}x {name}).")
+
+
 def markdown(rows: list[dict[str, Any]], impls: dict[str, Impl]) -> str:
     """Per implementation: its speed with and without the cache and the cache's speed-up, or
     one column when it only runs with a cache (CTranslate2)."""

@@ -36,6 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from decode_speed import ceiling_line, weights_ceiling  # noqa: E402
+
 from tformer.decoding.api import decode_texts  # noqa: E402
 from tformer.decoding.settings import DecodingConfig  # noqa: E402
 from tformer.fast.accelerate import accelerate  # noqa: E402
@@ -86,6 +88,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     settings = DecodingConfig(max_new_tokens=args.new, min_new_tokens=args.new)
     hf_prompt = torch.cat([torch.tensor([[eot]]), prompt], dim=1)  # tformer reads <bos> first
     int8 = quantize_int8(models(SMOKE if args.smoke else SMALL)[1])
+    model_for_ceiling = models(SMOKE if args.smoke else SMALL)[1]
     accelerate(model)
 
     def hf_generate() -> None:
@@ -121,6 +124,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         }
         records.append(record)
         print(json.dumps(record), flush=True)
+    ceiling = weights_ceiling(model_for_ceiling, args.repeats)
+    print(json.dumps({"benchmark": "gpt2_decode_ceiling", **ceiling}), flush=True)
+    print(ceiling_line(ceiling, args.new / best["huggingface"], "HF generate"))
     return records
 
 

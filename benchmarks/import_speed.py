@@ -184,6 +184,10 @@ def decoding(
             **{f"model_{k}": v for k, v in sizes.items()}}  # fmt: skip
     repeats = 1 if smoke else 3
     rows = bench.run_cases(impls, cases, length, sizes["vocab"], repeats, meta, on)
+    ceiling = None
+    if on.type == "cpu":  # what memory bandwidth allows any float32 decoder (before CTranslate2)
+        ceiling = bench.weights_ceiling(load_checkpoint(imported, "cpu").model, repeats)
+        print(json.dumps({**meta, "benchmark": "import_decode_ceiling", **ceiling}), flush=True)
     try:
         import ctranslate2
     except ImportError:
@@ -205,6 +209,10 @@ def decoding(
     print(f"\nNew tokens/s of the imported model ({new_tokens} new tokens, {length}-token "
           f"sources, {torch.get_num_threads()} threads, best of {repeats}):\n")  # fmt: skip
     print(bench.markdown(rows, impls))
+    if ceiling is not None:
+        hf_greedy = next(r["tokens_per_s"] for r in rows if (r["impl"], r["strategy"],
+                         r["batch"]) == ("hf-generate", "greedy", 1))  # fmt: skip
+        print(bench.ceiling_line(ceiling, hf_greedy, "HF generate greedy"))
 
 
 def main() -> None:

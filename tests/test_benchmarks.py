@@ -128,6 +128,13 @@ def test_import_speed_smoke() -> None:
     assert {(r["strategy"], r["batch"]) for r in speeds} == {("greedy", 1), ("beam4", 1),
                                                              ("greedy", 4)}  # fmt: skip
     assert all(r["tokens_per_s"] > 0 for r in speeds)
+    # The float32 ceiling reads a decoder step's weights: self-attention's query, keys and
+    # values and output, cross-attention's query and output, the feed-forward, the output.
+    (ceiling,) = [r for r in records if r.get("benchmark") == "import_decode_ceiling"]
+    d, ff, vocab = 32, 64, 2000
+    floats = 4 * d * d + 2 * d * d + 2 * d * ff + vocab * d
+    assert ceiling["mb_per_token"] == round(4 * floats / 1e6, 1)
+    assert ceiling["tokens_per_s"] > 0
 
 
 def test_gpt2_decode_speed_smoke() -> None:
@@ -136,5 +143,7 @@ def test_gpt2_decode_speed_smoke() -> None:
     decoding = [r for r in records if r["benchmark"] == "gpt2_decode_speed"]
     assert [r["implementation"] for r in decoding] == ["huggingface", "tformer", "tformer-int8"]
     assert all(r["tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in decoding)
+    (ceiling,) = [r for r in records if r["benchmark"] == "gpt2_decode_ceiling"]
+    assert ceiling["mb_per_token"] > 0 and ceiling["tokens_per_s"] > 0
     (ablated,) = [r for r in records if r["benchmark"] == "gpt2_ablate"]
     assert ablated["heads"] == 8 and ablated["measurements"] == 9 and ablated["documents"] == 5

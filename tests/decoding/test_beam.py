@@ -183,3 +183,24 @@ def test_constraints_apply_to_beam_search(ckpt: Checkpoint) -> None:
     for row in decode_texts(ckpt.model, ids, config):
         for h in row:
             assert len(set(h.ids)) == len(h.ids) and len(h.ids) >= 2
+
+
+@pytest.mark.parametrize(("sources", "width", "vocab", "k"), [(1, 4, 5000, 4), (3, 4, 7, 4),
+                                                              (2, 1, 50, 5), (2, 3, 2, 4)])
+def test_each_rows_best_then_the_best_of_those_is_one_top_k_over_the_block(
+    sources: int, width: int, vocab: int, k: int
+) -> None:
+    """The two-stage top-k picks what one top-k over each source's (width x V) block picks."""
+    from tformer.decoding.beam import _Beams, _top_continuations
+
+    generator = torch.Generator().manual_seed(sources * 100 + vocab)
+    rows = sources * width
+    beams = _Beams(sources=list(range(sources)), width=width,
+                   tokens=torch.zeros(rows, 0, dtype=torch.long),
+                   logps=torch.zeros(rows, 0), sums=torch.randn(rows, generator=generator))
+    logp = torch.randn(rows, vocab, generator=generator).log_softmax(-1)
+    n = min(2 * k, width * vocab)
+    want_sums, want_flat = (beams.sums[:, None] + logp).view(sources, -1).topk(n, dim=1)
+    got_sums, got_flat = _top_continuations(beams, logp, n)
+    assert torch.equal(got_sums, want_sums)
+    assert torch.equal(got_flat, want_flat)

@@ -134,6 +134,22 @@ def beam_search(
     return [_n_best(pool, config.n_best) for pool in pools]
 
 
+def _top_continuations(beams: _Beams, search_logp: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """The ``n`` best (running sum, row-in-block * V + token) of each live source, best first.
+
+    Each row's ``n`` best first, then the best of those: the same set as one top-k over a
+    source's whole (width * V) block, and on a CPU several times faster, since a top-k along
+    rows runs one row per thread where one long row runs on one.
+    """
+    vocab = search_logp.size(-1)
+    sources = len(beams.sources)
+    per_row = min(n, vocab)
+    row_sums, row_tokens = (beams.sums[:, None] + search_logp).topk(per_row, dim=1)  # (R, n)
+    top_sums, at = row_sums.view(sources, -1).topk(n, dim=1)  # (B, n) over width * n
+    tokens = row_tokens.view(sources, -1).gather(1, at)
+    return top_sums, (at // per_row) * vocab + tokens
+
+
 def _select(
     beams: _Beams,
     search_logp: Tensor,
@@ -150,8 +166,7 @@ def _select(
         live); a source that is done contributes no rows.
     """
     vocab = search_logp.size(-1)
-    candidates = (beams.sums[:, None] + search_logp).view(len(beams.sources), -1)  # (B, width V)
-    top_sums, top_flat = candidates.topk(min(2 * k, candidates.size(1)), dim=1)
+    top_sums, top_flat = _top_continuations(beams, search_logp, min(2 * k, beams.width * vocab))
     top_sums_l, top_flat_l = top_sums.tolist(), top_flat.tolist()
     history: list[list[int]] | None = None  # fetched from the device only when needed
     history_logps: list[list[float]] | None = None
