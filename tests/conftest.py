@@ -219,6 +219,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+# The count a fresh process takes (one per physical core), kept before a worker lowers its own.
+DEFAULT_THREADS = torch.get_num_threads()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A worker of a parallel run (``-n N``, pytest-xdist) computes with one thread, and so do
+    the processes it starts: workers of a thread per core each would spend most of their time
+    waiting for each other's descheduled threads."""
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _signals_left_as_found() -> Iterator[None]:
     """A test that leaves SIGINT / SIGTERM handled differently, or blocked, breaks later ones

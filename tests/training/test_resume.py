@@ -23,7 +23,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.conftest import digit_pairs, write_jsonl
+from tests.conftest import DEFAULT_THREADS, digit_pairs, write_jsonl
 from tformer.checkpoint.run_dir import LATEST
 from tformer.checkpoint.store import SLOW_SAVE_ENV, load_checkpoint
 from tformer.checkpoint.verify import verify_checkpoint
@@ -46,6 +46,20 @@ RUN_ARGS = [
 
 # Logging every 3 steps and saving every 4 puts checkpoints between log lines: the running
 # loss of the next line must survive the restart.
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _default_threads() -> Iterator[None]:
+    """Every run here, in this process or started by it, with the thread count a fresh process
+    takes and core sharing on, whatever the test process runs with (a worker of a parallel test
+    run has one thread): the runs compared must have the same count, and the SIGKILL test is
+    about what sharing does to it."""
+    before = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("OMP_NUM_THREADS", raising=False)
+        torch.set_num_threads(DEFAULT_THREADS)
+        yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -173,13 +187,10 @@ def another_training(data: Path, tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 def test_sigkill_at_a_random_step_and_during_a_save_then_resume_exactly(
-    small_data: Path, reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    small_data: Path, reference: Path, tmp_path: Path
 ) -> None:
     """The first part runs with another training beside it, which then goes: a run that
     followed the other's threads would train with fewer, and its sums would differ."""
-    # A fixed count (a --nproc test run in this process sets one) would keep both runs out of
-    # the sharing this test is about.
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     run = tmp_path / "run"
     kill_at = random.Random(2024).randint(5, 30)  # seeded: the same "random" step every time
     with another_training(small_data, tmp_path) as env:
