@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,export,import,tensorboard,serve
-exec .venv/bin/python -m pytest "$@"
+# Two workers, one thread each (tests/conftest.py): most tests are one thread's work or wait on
+# the processes they start. `-n N` in the arguments takes N workers instead, `-n 0` none.
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
