@@ -64,6 +64,7 @@ def language_batches(ckpt: Checkpoint, docs: Sequence[str]) -> list[Batch]:
     return [batch.to(device) for batch in plan.batches(0)]
 
 
+@torch.inference_mode()  # a score, not a training step: no autograd graph to build
 def evaluate_language(ckpt: Checkpoint, docs: Sequence[str], *, split: str = "test") -> (
     LanguageEvaluation
 ):
