@@ -214,31 +214,39 @@ def token_at(offsets: list[tuple[int, int]], char: int) -> int:
 LONG_BUILDS = frozenset({"date_run", "gpt_run", "bert_run", "trained_variant", "marian_case"})
 
 
-@pytest.hookimpl(trylast=True)  # after pytest-xdist's own hook (see _in_group)
+def _long_build(item: pytest.Item) -> str | None:
+    builds = sorted(LONG_BUILDS.intersection(getattr(item, "fixturenames", ())))
+    return builds[0] if builds else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        builds = sorted(LONG_BUILDS.intersection(getattr(item, "fixturenames", ())))
-        if builds:
+        if build := _long_build(item):
             item.add_marker(pytest.mark.slow)
-            _in_group(item, builds[0])
+            item.add_marker(pytest.mark.xdist_group(build))
 
 
-def _in_group(item: pytest.Item, group: str) -> None:
-    """Send ``item`` to the worker that runs ``group`` (``--dist loadgroup``).
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist sends the ids to its scheduler
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Send the tests of one build to one worker (``--dist loadgroup``).
 
     pytest-xdist passes a test's group to its scheduler as a node id suffix, "@group", which
     3.8 writes where pytest 9.2 no longer reads it (pytest-xdist#1386); until its fix is out,
     the suffix is set here where this pytest keeps the id.
     """
-    item.add_marker(pytest.mark.xdist_group(group))
-    if not getattr(item.config.option, "loadgroup", False) or item.nodeid.endswith(f"@{group}"):
+    if not getattr(session.config.option, "loadgroup", False):
         return
-    if hasattr(item, "_id"):
-        from _pytest.nodes import coerce_node_id
+    for item in session.items:
+        build = _long_build(item)
+        if build is None or item.nodeid.endswith(f"@{build}"):
+            continue
+        if hasattr(item, "_id"):
+            from _pytest.nodes import coerce_node_id
 
-        item._id = coerce_node_id(f"{item.nodeid}@{group}")
-    else:
-        item._nodeid = f"{item.nodeid}@{group}"
+            item._id = coerce_node_id(f"{item.nodeid}@{build}")
+        else:
+            item._nodeid = f"{item.nodeid}@{build}"
 
 
 # The count a fresh process takes (one per physical core), kept before a worker lowers its own.
