@@ -186,7 +186,7 @@ def decoding(
     rows = bench.run_cases(impls, cases, length, sizes["vocab"], repeats, meta, on)
     ceiling = None
     if on.type == "cpu":  # what memory bandwidth allows any float32 decoder (before CTranslate2)
-        ceiling = bench.weights_ceiling(load_checkpoint(imported, "cpu").model, repeats)
+        ceiling = bench.weights_ceiling(model, repeats)  # accelerate keeps the weights
         print(json.dumps({**meta, "benchmark": "import_decode_ceiling", **ceiling}), flush=True)
     try:
         import ctranslate2
