@@ -65,3 +65,11 @@ def keep_freed_memory() -> bool:
         libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
     return _applied
+
+
+def release_freed_memory() -> None:
+    """Hand the free memory of the heap back to the system now (glibc's ``malloc_trim``), so
+    that the process's size is what it holds; nothing to do elsewhere."""
+    libc = glibc()
+    if libc is not None:
+        libc.malloc_trim(0)

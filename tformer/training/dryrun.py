@@ -23,6 +23,7 @@ from tformer.data.prepared import is_prepared, open_prepared
 from tformer.data.spm import load_tokenizer
 from tformer.device import resolve_device, seed_everything
 from tformer.fast.accelerate import accelerate
+from tformer.fast.malloc import release_freed_memory
 from tformer.model import TransformerBase, build_model
 from tformer.training.launch import Job
 from tformer.training.loss import sequence_loss
@@ -90,6 +91,8 @@ def measure_batch_limits(
     step = _stepper(model, model_config, train_config, precision, device)
     step()  # warm-up: allocates the optimizer state (and compiles, with --compile)
     _synchronize(device)
+    if device.type == "cpu":  # the warm-up's freed batch may still count in the process's size
+        release_freed_memory()
     baseline = _current_memory(device)
     _reset_peak(device)
     started = time.perf_counter()
