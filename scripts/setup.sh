@@ -23,7 +23,7 @@ if "$PY" -c "import torch" 2>/dev/null; then
   echo "tformer setup: keeping torch $("$PY" -c 'import torch; print(torch.__version__)')" >&2
 else
   echo "tformer setup: installing torch $TORCH_VERSION (from $TORCH_INDEX or PyPI)" >&2
-  "$PY" -m pip install -q --retries 1 "torch==$TORCH_VERSION" --extra-index-url "$TORCH_INDEX"
+  "$PY" -m pip install -q --no-compile --retries 1 "torch==$TORCH_VERSION" --extra-index-url "$TORCH_INDEX"
 fi
 
 extras="${1:-}"
@@ -34,8 +34,11 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && "$PY" -c "import tfor
   exit 0
 fi
 if [ -n "$extras" ]; then
-  "$PY" -m pip install -q -e ".[$extras]"
+  "$PY" -m pip install -q --no-compile -e ".[$extras]"
 else
-  "$PY" -m pip install -q -e .
+  "$PY" -m pip install -q --no-compile -e .
 fi
+# pip byte-compiles file by file on one core; compileall does the same on every core.
+# (It can fail only on files for other Python versions, which pip's own compiling skips too.)
+"$PY" -m compileall -qq -j 0 "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
 echo "$wanted" > "$stamp"

@@ -214,22 +214,42 @@ def token_at(offsets: list[tuple[int, int]], char: int) -> int:
 LONG_BUILDS = frozenset({"date_run", "gpt_run", "bert_run", "trained_variant", "marian_case"})
 
 
-def _long_build(item: pytest.Item) -> str | None:
-    builds = sorted(LONG_BUILDS.intersection(getattr(item, "fixturenames", ())))
-    return builds[0] if builds else None
+def _long_builds(item: pytest.Item) -> list[str]:
+    return sorted(LONG_BUILDS.intersection(getattr(item, "fixturenames", ())))
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Builds that one test needs together share a group, so that no build runs on two workers:
+    # each build joins the group of the first (by name) it is ever needed with.
+    group = {build: build for build in LONG_BUILDS}
+
+    def root(build: str) -> str:
+        while group[build] != build:
+            build = group[build]
+        return build
+
     for item in items:
-        if build := _long_build(item):
+        roots = sorted({root(build) for build in _long_builds(item)})
+        for other in roots[1:]:
+            group[other] = roots[0]
+    for item in items:
+        if builds := _long_builds(item):
             item.add_marker(pytest.mark.slow)
-            item.add_marker(pytest.mark.xdist_group(build))
+            item.add_marker(pytest.mark.xdist_group(root(builds[0])))
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    if marker is None:
+        return None
+    return str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist sends the ids to its scheduler
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Send the tests of one build to one worker (``--dist loadgroup``).
+    """Send the tests of one group (a long build's, or a module's own) to one worker
+    (``--dist loadgroup``).
 
     pytest-xdist passes a test's group to its scheduler as a node id suffix, "@group", which
     3.8 writes where pytest 9.2 no longer reads it (pytest-xdist#1386); until its fix is out,
@@ -238,15 +258,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not getattr(session.config.option, "loadgroup", False):
         return
     for item in session.items:
-        build = _long_build(item)
-        if build is None or item.nodeid.endswith(f"@{build}"):
+        group = _xdist_group(item)
+        if group is None or item.nodeid.endswith(f"@{group}"):
             continue
         if hasattr(item, "_id"):
             from _pytest.nodes import coerce_node_id
 
-            item._id = coerce_node_id(f"{item.nodeid}@{build}")
+            item._id = coerce_node_id(f"{item.nodeid}@{group}")
         else:
-            item._nodeid = f"{item.nodeid}@{build}"
+            item._nodeid = f"{item.nodeid}@{group}"
 
 
 # The count a fresh process takes (one per physical core), kept before a worker lowers its own.

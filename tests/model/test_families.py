@@ -191,6 +191,8 @@ def test_masking_follows_the_stated_proportions_and_never_touches_special_tokens
         ids = rng.integers(n_special, vocab, size=500).tolist()
         ids[::50] = [EOS_ID] * 10  # special tokens among them
         inputs, labels = objective.draw(ids, key)
+        # The count the loss is normalised by, drawn on its own, is the labels' count.
+        assert objective.predicted((ids, []), key) == sum(label != PAD_ID for label in labels)
         for original, given, label in zip(ids, inputs, labels, strict=True):
             if original < n_special:
                 assert given == original and label == PAD_ID  # never chosen
@@ -227,7 +229,7 @@ def test_masking_is_a_pure_function_of_seed_epoch_and_example() -> None:
     assert example_key(1, 2) != example_key(2, 1)
     # every row has at least one label, even a short one
     short = MaskedObjective(40, seed=0).draw([7], 0)
-    assert short[1] == [7]
+    assert short[1] == [7] and MaskedObjective(40, seed=0).predicted(([7], []), 0) == 1
 
 
 def test_the_loss_counts_only_the_masked_positions() -> None:

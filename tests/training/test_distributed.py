@@ -29,6 +29,8 @@ from tformer.training.run import train
 
 pytestmark = [
     pytest.mark.slow,  # the fast tier (-m "not slow") leaves this file out
+    # One worker of a parallel run takes the whole file, so ddp_run (two ranks) runs once.
+    pytest.mark.xdist_group("ddp"),
     pytest.mark.skipif(sys.platform != "linux", reason="torchrun + gloo on Linux"),
     pytest.mark.skipif(
         not torch.distributed.is_available(), reason="this torch has no torch.distributed"
