@@ -25,6 +25,18 @@ MAX_QUEUE = 64  # above the 32 concurrent requests of the batching test
 REQUEST_TIMEOUT = 2.0  # seconds; the slow-client tests wait this long
 
 
+def same_outputs(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
+    """The same outputs, their log-probabilities to rounding: decoded again, alone or in
+    another batch, a product may take another (equally exact) path, as packed weights are kept
+    between requests and batches have other row counts."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        exact = {k for k in w if "logprob" not in k and k != "score"}
+        assert {k: g[k] for k in exact} == {k: w[k] for k in exact}
+        assert g["token_logprobs"] == pytest.approx(w["token_logprobs"], abs=1e-4)
+        assert (g["logprob"], g["score"]) == pytest.approx((w["logprob"], w["score"]), abs=1e-4)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
