@@ -106,11 +106,21 @@ def config_eos(case: MarianCase) -> int:
     return int(case.model.config.eos_token_id)
 
 
+# The constraint processors, which beam search applies to log-probabilities as generate does;
+# a minimum length alone is where stopping early differed most.
+MIN_LENGTH = dict(min_new_tokens=6)
+CONSTRAINED = dict(min_new_tokens=6, no_repeat_ngram_size=2, repetition_penalty=1.3)
+
+
+@pytest.mark.parametrize(
+    "constraints", [{}, MIN_LENGTH, CONSTRAINED], ids=["plain", "min-length", "constrained"]
+)
 @pytest.mark.parametrize("beams", [1, 4])
 @pytest.mark.parametrize("name", CASES)
 def test_outputs_equal_generate(
     name: str,
     beams: int,
+    constraints: dict[str, float],
     imported: Callable[[str], tuple[MarianCase, Checkpoint]],
     toy_data: Path,
 ) -> None:
@@ -118,7 +128,8 @@ def test_outputs_equal_generate(
     _, tgt_order = orders(case, ckpt)
     texts = sources(toy_data)
     src = [ckpt.tokenizers.source.encode(t) for t in texts]
-    settings = DecodingConfig(beam_size=beams, max_new_tokens=MAX_NEW, length_penalty=1.0)
+    settings = DecodingConfig(beam_size=beams, max_new_tokens=MAX_NEW, length_penalty=1.0,
+                              **constraints)  # type: ignore[arg-type]
     ours = [[tgt_order[i] for i in row[0].ids] for row in decode_texts(ckpt.model, src, settings)]
     pad = case.model.config.pad_token_id
     batch = case.tokenizer(texts, return_tensors="pt", padding=True)
@@ -137,6 +148,7 @@ def test_outputs_equal_generate(
                 length_penalty=1.0,
                 do_sample=False,
                 forced_eos_token_id=None,
+                **constraints,
             )
     finally:
         bias.copy_(saved)

@@ -4,9 +4,10 @@ penalty), batched over sources.
 Shape legend: B live sources, K beam size, R = B x K rows, t tokens so far, V target vocabulary.
 
 Each source keeps K live beams. At each step every beam's log-probabilities (after the
-constraint processors: repetition penalty, no-repeat n-gram, min new tokens) are added to its
-running sum, and the 2K best continuations per source are visited best first: an <eos> among
-the first K ends a hypothesis, which goes to the source's pool of finished hypotheses; the
+constraint processors, applied to the log-probabilities as Hugging Face's beam search applies
+them: repetition penalty, no-repeat n-gram, min new tokens) are added to its running sum,
+and the 2K best continuations per source are visited best first: an <eos> among the first K
+ends a hypothesis, which goes to the source's pool of finished hypotheses; the
 other continuations refill the K live beams. The decoder's key/value cache follows the beams
 by row reordering, never by recomputation.
 
@@ -17,8 +18,8 @@ Finished hypotheses are ranked by the GNMT / Hugging Face length-normalised scor
 where length counts the generated tokens including <eos>. length_penalty 0 ranks by raw
 log-probability (favouring short outputs), 1 by mean log-probability per token, > 1 favours
 longer outputs. Early stopping: a source is done once K of its hypotheses have ended and its
-best live beam, scored as if <eos> came next at no cost, cannot beat the worst of them (the
-Hugging Face default); its rows then leave the batch. When --max-new-tokens is reached,
+best live beam, scored at its current length, cannot beat the worst of them (the Hugging Face
+default); its rows then leave the batch. When --max-new-tokens is reached,
 the live beams among the K best continuations join the pool as unfinished hypotheses where
 they beat its worst (as Hugging Face's beam search finishes them). Returns the ``n_best``
 best of the pool, best first.
@@ -106,11 +107,12 @@ def beam_search(
     for step in range(limit):
         logits = mask_special_tokens(stepper.step(last), inplace=True)  # (R, V)
         model_logp = logits.log_softmax(dim=-1)
-        search_logp = (
-            run_stages(logits, beams.tokens, constraints).log_softmax(dim=-1)
-            if constraints
-            else model_logp
-        )
+        # The constraints act on the log-probabilities, not renormalised afterwards (as in
+        # Hugging Face's beam search): what they rule out is only ruled out, and an
+        # unpenalised hypothesis is scored by its model log-probability.
+        search_logp = model_logp
+        if constraints:
+            search_logp = run_stages(model_logp, beams.tokens, constraints)
         rows, next_tokens, sums, live = _select(
             beams, search_logp, model_logp, pools, k, last_step=step == limit - 1
         )
@@ -192,7 +194,7 @@ def _select(
         if last_step:
             _finish_unended(beams, model_logp, pools[source], kept[:in_top_k])
             continue
-        if not kept or _done(pools[source], kept[0][2], beams.tokens.size(1) + 2):
+        if not kept or _done(pools[source], kept[0][2], beams.tokens.size(1) + 1):
             continue  # done: its rows leave the batch
         # Fewer than K possible continuations (tiny vocabularies): pad with dead beams.
         kept += [(kept[0][0], kept[0][1], NEG_INF)] * (k - len(kept))
@@ -204,12 +206,13 @@ def _select(
     return rows, next_tokens, sums, live
 
 
-def _done(pool: Pool, best_live_sum: float, length_if_ended: int) -> bool:
-    """K hypotheses have ended and the best live beam, scored as if <eos> came next at no
-    cost, cannot beat the worst of them (exact for length_penalty 0: sums only fall)."""
+def _done(pool: Pool, best_live_sum: float, length: int) -> bool:
+    """K hypotheses have ended and the best live beam, scored at its length, cannot beat the
+    worst of them: Hugging Face's default heuristic (exact for length_penalty 0, where sums
+    only fall; with a positive one a longer output could still score higher)."""
     if not pool.full:
         return False
-    return length_normalised(best_live_sum, length_if_ended, pool.length_penalty) <= pool.worst
+    return length_normalised(best_live_sum, length, pool.length_penalty) <= pool.worst
 
 
 def _finish_unended(

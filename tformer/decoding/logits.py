@@ -10,7 +10,8 @@ composed in one fixed order, the order Hugging Face ``generate`` uses:
     1. repetition penalty a seen token's logit z becomes z / θ if z > 0, else z · θ (CTRL)
     2. no-repeat n-gram   a token that would repeat an n-gram of the output is removed
     3. min new tokens     <eos> is removed until min_new_tokens tokens exist
-       -- the "constraints" above shape the distribution every strategy sees (beam search too)
+       -- the "constraints" above shape the distribution every strategy sees (beam search
+          applies them to log-probabilities, as Hugging Face's does)
     4. temperature        z / T
     5. top-k              keep the k largest scores (ties with the k-th are kept)
     6. top-p              keep the most probable tokens until their mass reaches p
