@@ -38,7 +38,12 @@ if [ -n "$extras" ]; then
 else
   "$PY" -m pip install -q --no-compile -e .
 fi
-# pip byte-compiles file by file on one core; compileall does the same on every core.
-# (It can fail only on files for other Python versions, which pip's own compiling skips too.)
-"$PY" -m compileall -qq -j 0 "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
+# pip byte-compiles file by file on one core; compileall does the same on every core (a file
+# for another Python version fails to compile and is skipped, as pip skips it).
+"$PY" -c '
+import compileall, sysconfig
+paths = sysconfig.get_paths()
+for folder in sorted({paths["purelib"], paths["platlib"]}):  # platlib: lib64 on some systems
+    compileall.compile_dir(folder, quiet=2, workers=0)
+'
 echo "$wanted" > "$stamp"

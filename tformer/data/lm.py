@@ -155,6 +155,9 @@ class CausalObjective:
         return max(len(pair[1]) - 1, 0)
 
 
+FIRST_WORD = len(SPECIAL_TOKENS) + 1  # ids below are pad/bos/eos/unk and <mask>: never masked
+
+
 @dataclass(frozen=True)
 class MaskedObjective:
     """BERT's masked language modelling (Devlin et al. 2019, section 3.1).
@@ -177,8 +180,7 @@ class MaskedObjective:
         x = np.asarray(ids, dtype=np.int64)
         chosen = self._chosen(x, rng)
         action = rng.random(len(x))
-        first = len(SPECIAL_TOKENS) + 1
-        randoms = rng.integers(first, max(self.vocab_size, first + 1), size=len(x))
+        randoms = rng.integers(FIRST_WORD, max(self.vocab_size, FIRST_WORD + 1), size=len(x))
         inputs = x.copy()
         to_mask = chosen & (action < self.mask)
         to_random = chosen & (action >= self.mask) & (action < self.mask + self.random)
@@ -201,7 +203,7 @@ class MaskedObjective:
         return int(self._chosen(x, np.random.default_rng([self.seed, key])).sum())
 
     def _chosen(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        maskable = x >= len(SPECIAL_TOKENS) + 1  # never pad/bos/eos/unk/<mask> themselves
+        maskable = x >= FIRST_WORD
         chosen = (rng.random(len(x)) < self.probability) & maskable
         if not chosen.any() and maskable.any():
             chosen[rng.choice(np.flatnonzero(maskable))] = True
