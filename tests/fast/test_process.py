@@ -76,6 +76,23 @@ def test_import_tformer_loads_neither_torch_nor_the_allocator_setting() -> None:
     assert out.stdout.split() == ["False", "False"]
 
 
+def test_the_command_line_skips_the_last_collection_and_still_runs_exit_handlers() -> None:
+    """At exit the command line freezes the heap, so the interpreter's final garbage collection
+    does not walk all of torch; importing does not, and earlier exit handlers still run after."""
+    code = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('at exit', gc.get_freeze_count() > 0))\n"
+        "import tformer.cli\n"
+        "print('imported', gc.get_freeze_count() > 0)\n"
+        "sys.argv = ['tformer', '--version']\n"
+        "tformer.cli.main()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "imported False" and lines[1].startswith("tformer ")
+    assert lines[2:] == ["at exit True"]
+
+
 def imported_modules(path: Path) -> set[str]:
     """Every module an ``import`` statement in ``path`` names, at any depth."""
     names: set[str] = set()
