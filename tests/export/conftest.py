@@ -18,7 +18,7 @@ from tformer.model import Transformer
 from tformer.training.reporting import TrainResult
 from tformer.training.run import train
 
-VARIANT_STEPS = 400
+VARIANT_STEPS = 200
 # name -> (ModelConfig changes, shared vocabulary). "post-relu-shared-tied" is the session's
 # ``trained`` model (tests/conftest.py).
 VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {
