@@ -210,20 +210,22 @@ def token_at(offsets: list[tuple[int, int]], char: int) -> int:
 
 # The session's long builds (the trainings of 20-35 s each on 2 cores, and the real Marian
 # models with their SentencePiece tokenizers): a test that needs one belongs to the slow tier
-# whatever its own size, so the fast tier (-m "not slow") never starts them; in a parallel run
-# (scripts/test.sh) the tests of one build go to one worker, which builds it once.
+# whatever its own size, so the fast tier (-m "not slow") never starts them. In a parallel run
+# (scripts/test.sh) the tests of one shared build go to one worker, which builds it once: the
+# long builds, and `trained`, which hundreds of tests of both tiers read.
 LONG_BUILDS = frozenset({"date_run", "gpt_run", "bert_run", "trained_variant", "marian_case"})
+SHARED_BUILDS = LONG_BUILDS | {"trained"}
 
 
-def _long_builds(item: pytest.Item) -> list[str]:
-    return sorted(LONG_BUILDS.intersection(getattr(item, "fixturenames", ())))
+def _builds(item: pytest.Item, builds: frozenset[str] = SHARED_BUILDS) -> list[str]:
+    return sorted(builds.intersection(getattr(item, "fixturenames", ())))
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Builds that one test needs together share a group, so that no build runs on two workers:
     # each build joins the group of the first (by name) it is ever needed with.
-    group = {build: build for build in LONG_BUILDS}
+    group = {build: build for build in SHARED_BUILDS}
 
     def root(build: str) -> str:
         while group[build] != build:
@@ -231,12 +233,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return build
 
     for item in items:
-        roots = sorted({root(build) for build in _long_builds(item)})
+        roots = sorted({root(build) for build in _builds(item)})
         for other in roots[1:]:
             group[other] = roots[0]
     for item in items:
-        if builds := _long_builds(item):
+        if _builds(item, LONG_BUILDS):
             item.add_marker(pytest.mark.slow)
+        if builds := _builds(item):
             item.add_marker(pytest.mark.xdist_group(root(builds[0])))
 
 
