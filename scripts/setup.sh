@@ -38,9 +38,11 @@ if [ -n "$extras" ]; then
 else
   "$PY" -m pip install -q --no-compile -e .
 fi
-# pip byte-compiles file by file on one core; compileall does the same on every core (a file
-# for another Python version fails to compile and is skipped, as pip skips it).
-"$PY" -c '
+# Byte code: Python writes a module's byte code the first time it imports it, unless
+# PYTHONDONTWRITEBYTECODE is set; then every process would compile again all it imports, so
+# site-packages is compiled now, on every core (pip would do it file by file on one; a file for
+# another Python version fails to compile and is skipped, as pip skips it).
+[ -z "${PYTHONDONTWRITEBYTECODE:-}" ] || "$PY" -c '
 import compileall, sysconfig
 paths = sysconfig.get_paths()
 for folder in sorted({paths["purelib"], paths["platlib"]}):  # platlib: lib64 on some systems
