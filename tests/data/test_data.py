@@ -211,6 +211,25 @@ def test_hub_name_offline_gives_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+def test_json_lines_are_read_without_importing_hf_datasets(tmp_path: Path) -> None:
+    """Arrow reads JSON Lines itself: a run on local files does not pay for importing HF
+    datasets and the pandas it loads (about a second a process)."""
+    import subprocess
+    import sys
+
+    write_jsonl(tmp_path / "plain" / "train.jsonl", digit_pairs(20, seed=5))
+    write_jsonl(tmp_path / "tr" / "train.jsonl",
+                [{"translation": {"en": "a b", "de": "c"}}, {"translation": {"en": "d", "de": ""}}])
+    code = (
+        "import sys; from tformer.data.sources import load_text_pairs\n"
+        f"plain = load_text_pairs({str(tmp_path / 'plain')!r})['train']\n"
+        f"tr = load_text_pairs({str(tmp_path / 'tr')!r}, source_field='en', target_field='de')\n"
+        "print(len(plain), list(tr['train']), 'datasets' in sys.modules, 'pandas' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "20 [('a b', 'c'), ('d', '')] False False"
+
+
 def test_encode_pairs_strict_names_the_first_pair_that_does_not_fit() -> None:
     texts = [("1 2", "one two"), ("1 2 3 4 5 6 7 8 9", "x"), ("3", "")]
     tok = train_tokenizer([t for pair in texts for t in pair] * 3, vocab_size=60)

@@ -240,15 +240,15 @@ def _check_cells(
 
 
 def _read_json_lines(path: Path, source_field: str, target_field: str) -> Any:
-    """JSON Lines -> ``datasets.Dataset``, the two text fields read as strings.
+    """JSON Lines -> an Arrow table, the two text fields read as strings.
 
     The generic JSON loader infers types, which turns a target like "2025-03-06" into a
-    timestamp; an explicit Arrow schema for the text fields keeps the text exactly.
+    timestamp; an explicit Arrow schema for the text fields keeps the text exactly. Arrow reads
+    the file itself: HF datasets (and the pandas it loads) are not imported for it.
     """
     import pyarrow as pa  # lazy: comes with datasets, needed only for JSON Lines
     import pyarrow.json as paj
 
-    datasets: Any = _quiet_datasets()
     _utf8_text(path)
     schema = pa.schema([(source_field, pa.string()), (target_field, pa.string())])
     options = paj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer")
@@ -266,7 +266,7 @@ def _read_json_lines(path: Path, source_field: str, target_field: str) -> Any:
         # A field no record has (e.g. "en" in {"translation": {...}} records) is not a column.
         if table.column(name).null_count == table.num_rows:
             table = table.drop_columns([name])
-    return datasets.Dataset(table)
+    return table
 
 
 def _load_hub(name: str, source_field: str, target_field: str) -> dict[str, Pairs]:
@@ -300,16 +300,19 @@ def _load_hub(name: str, source_field: str, target_field: str) -> dict[str, Pair
 def _pairs_from_columns(
     dataset: object, where: str, source_field: str, target_field: str
 ) -> Sequence[TextPair]:
+    """The pairs of a ``datasets.Dataset`` or a pyarrow ``Table`` (JSON Lines)."""
     columns = list(getattr(dataset, "column_names", []))
+    # A Dataset keeps its Arrow table in ``data``; a pyarrow Table is one.
+    table: Any = getattr(dataset, "data", dataset)
     if "translation" in columns and source_field not in columns:
-        return _pairs_from_translation(dataset, where, source_field, target_field)
+        records = table.column("translation").to_pylist()
+        return _pairs_from_translation(records, where, source_field, target_field)
     for option, field in (("--source-field", source_field), ("--target-field", target_field)):
         if field not in columns:
             raise DataError(
                 f"{where}: no column {excerpt(field)} ({option}); columns are "
                 f"{excerpt_list(columns)}"
             )
-    table = dataset.data  # type: ignore[attr-defined]
     sources, targets = table.column(source_field), table.column(target_field)
     if len(sources) == 0:
         raise DataError(f"{where}: no rows")
@@ -346,11 +349,11 @@ def _check_text_columns(where: str, *named: tuple[str, Any]) -> None:
 
 
 def _pairs_from_translation(
-    dataset: object, where: str, src_lang: str, tgt_lang: str
+    records: list[Any], where: str, src_lang: str, tgt_lang: str
 ) -> list[TextPair]:
     """Records shaped ``{"translation": {"en": ..., "de": ...}}`` (the HF translation layout)."""
     pairs = []
-    for row, record in enumerate(dataset["translation"], start=1):  # type: ignore[index]
+    for row, record in enumerate(records, start=1):
         if not isinstance(record, dict) or src_lang not in record or tgt_lang not in record:
             keys = (
                 excerpt_list(sorted(map(str, record)))
