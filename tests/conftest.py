@@ -259,12 +259,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     3.8 writes where pytest 9.2 no longer reads it (pytest-xdist#1386); until its fix is out,
     the suffix is set here where this pytest keeps the id.
     """
-    # The tests allocate many short-lived objects, and the collector's passes over everything
-    # collection imported (torch, tformer, the tests) were a large share of a worker's time:
-    # keep those objects out of every later pass, and run the youngest pass less often.
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
     if not getattr(session.config.option, "loadgroup", False):
         return
     for item in session.items:
@@ -277,6 +271,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             item._id = coerce_node_id(f"{item.nodeid}@{group}")
         else:
             item._nodeid = f"{item.nodeid}@{group}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """Before the first test: the tests allocate many short-lived objects, and the garbage
+    collector's passes over everything collection imported (torch, tformer, the tests) were a
+    large share of a worker's time; keep those objects out of every later pass, and run the
+    youngest pass less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
 
 
 # The count a fresh process takes (one per physical core), kept before a worker lowers its own.
