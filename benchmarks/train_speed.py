@@ -113,6 +113,8 @@ ADAM = "auto"
 # tformer's attention kernel: "auto" is its own choice (tformer/fast/attention.py), "fused"
 # always torch's fused kernel.
 ATTENTION = "auto"
+# Every implementation's dropout (the paper's 0.1; 0 measures what dropout costs).
+DROPOUT = 0.1
 
 
 def adam(params: list[torch.nn.Parameter]) -> torch.optim.Adam:
@@ -145,6 +147,7 @@ class Run:
     device: torch.device
     precision: str
     compiled: bool = False
+    compile_mode: str | None = None  # torch.compile's mode; None: its default
 
     @property
     def mode(self) -> Precision:
@@ -156,7 +159,7 @@ class Run:
         return Precision(name=name, device_type=self.device.type)  # type: ignore[arg-type]
 
     def wrap(self, forward: Callable[..., Any]) -> Callable[..., Any]:
-        return torch.compile(forward) if self.compiled else forward
+        return torch.compile(forward, mode=self.compile_mode) if self.compiled else forward
 
 
 # -- the three implementations, each as "build a step function" -------------------------------
@@ -176,7 +179,7 @@ def tformer_step(work: Workload, run: Run) -> Callable[[], None]:
     config = ModelConfig(src_vocab_size=d["vocab"], tgt_vocab_size=d["vocab"],
                          d_model=d["d_model"], n_heads=d["n_heads"],
                          n_encoder_layers=d["layers"], n_decoder_layers=d["layers"],
-                         d_ff=d["d_ff"], dropout=0.1)
+                         d_ff=d["d_ff"], dropout=DROPOUT)
     model = accelerate(Transformer(config)).to(run.device).train()
     params = list(model.parameters())
     optimizer = adam(params)
@@ -196,7 +199,7 @@ def torch_transformer_step(work: Workload, run: Run) -> Callable[[], None]:
     d = work.dims
     embed = torch.nn.Embedding(d["vocab"], d["d_model"]).to(run.device)
     core = torch.nn.Transformer(d["d_model"], d["n_heads"], d["layers"], d["layers"], d["d_ff"],
-                                0.1, batch_first=True).to(run.device)
+                                DROPOUT, batch_first=True).to(run.device)
     head = torch.nn.Linear(d["d_model"], d["vocab"], bias=False).to(run.device)
     head.weight = embed.weight
     params = list(embed.parameters()) + list(core.parameters())
@@ -231,7 +234,7 @@ def marian_step(work: Workload, run: Run) -> Callable[[], None]:
                           encoder_layers=d["layers"], decoder_layers=d["layers"],
                           encoder_attention_heads=d["n_heads"],
                           decoder_attention_heads=d["n_heads"], encoder_ffn_dim=d["d_ff"],
-                          decoder_ffn_dim=d["d_ff"], dropout=0.1, pad_token_id=0,
+                          decoder_ffn_dim=d["d_ff"], dropout=DROPOUT, pad_token_id=0,
                           decoder_start_token_id=1, max_position_embeddings=512)
     model = MarianMTModel(config).to(run.device).train()
     params = list(model.parameters())
@@ -263,10 +266,11 @@ def measure(impl: str, work: Workload, run: Run, repeats: int) -> dict[str, Any]
     for _ in range(3 if run.compiled else 1):
         step()
     synchronize(run.device)
-    times = []
+    times, host = [], []
     for _ in range(repeats):
         start = time.perf_counter()
         step()
+        host.append(time.perf_counter() - start)  # the host's share: queueing the work
         synchronize(run.device)
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
@@ -279,8 +283,12 @@ def measure(impl: str, work: Workload, run: Run, repeats: int) -> dict[str, Any]
     return {
         "impl": impl, "shape": work.shape, "precision": run.precision,
         "compiled": run.compiled, "device": run.device.type, "batch": work.batch, "adam": ADAM,
-        "attention": ATTENTION,
+        "attention": ATTENTION, "dropout": DROPOUT, "compile_mode": run.compile_mode,
+        "inductor_env": {k: v for k, v in os.environ.items()  # the compiler's options set
+                         if k.startswith("TORCHINDUCTOR_") and "CACHE" not in k},
         "ms_per_step": round(seconds * 1000, 2),
+        # Near ms_per_step, the device waits on the host (launches); far under, the reverse.
+        "host_ms_per_step": round(statistics.median(host) * 1000, 2),
         "target_tokens_per_s": round(tokens / seconds, 1),
         "total_tokens_per_s": round(2 * tokens / seconds, 1),
         "model_gflops_per_s": round(work.train_flops() / seconds / 1e9, 2),
@@ -309,13 +317,14 @@ def profile(impl: str, work: Workload, run: Run) -> None:
 
 
 def run_isolated(impl: str, shape: str, precision: str, repeats: int, *, batch: int = 64,
-                 device: str = "cpu", compiled: bool = False,
+                 device: str = "cpu", compiled: bool = False, compile_mode: str | None = None,
                  threads: int | None = None) -> dict[str, Any] | None:
     """One measurement in a fresh process, so peak memory belongs to that configuration;
     ``threads``: its torch threads (default: torch's choice)."""
     cmd = [sys.executable, __file__, "--one", impl, shape, precision, str(repeats),
-           "--batch", str(batch), "--device", device, "--adam", ADAM, "--attention", ATTENTION] + (
-               ["--compile"] if compiled else [])
+           "--batch", str(batch), "--device", device, "--adam", ADAM, "--attention", ATTENTION,
+           "--dropout", str(DROPOUT)] + (["--compile"] if compiled else []) + (
+               ["--compile-mode", compile_mode] if compile_mode else [])
     # Every implementation gets the allocator setting tformer makes for itself (huge pages for
     # large tensors, see tformer/fast/process.py), so the comparison is of the code, not of it.
     env = with_threads(threads, {**os.environ, "THP_MEM_ALLOC_ENABLE":
@@ -361,16 +370,25 @@ def main() -> None:
         choices=["auto", "fused"],
         help="tformer's attention kernel (auto: its own choice; fused: always torch's)",
     )
+    parser.add_argument(
+        "--compile-mode",
+        default=None,
+        choices=["reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"],
+        help="with --compile: torch.compile's mode for every implementation (default: its "
+        "default; TORCHINDUCTOR_* variables set the compiler's options)",
+    )
+    parser.add_argument("--dropout", type=float, default=0.1,
+                        help="every implementation's dropout (default: the paper's 0.1)")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global ADAM, ATTENTION
-    ADAM, ATTENTION = args.adam, args.attention
+    global ADAM, ATTENTION, DROPOUT
+    ADAM, ATTENTION, DROPOUT = args.adam, args.attention, args.dropout
     device = torch.device(args.device)
     if args.one:
         impl, shape, precision, repeats = args.one
         work = Workload(shape, batch=4 if shape == "smoke" else args.batch,
                         length=8 if shape == "smoke" else 32)
-        run = Run(device, precision, compiled=args.compile)
+        run = Run(device, precision, compiled=args.compile, compile_mode=args.compile_mode)
         if precision == "tf32":  # fp32 matmuls on the tensor cores, 10-bit mantissa inputs
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         # Every implementation also keeps freed memory for reuse, as tformer's training does
@@ -421,6 +439,7 @@ def main() -> None:
         impl, shape, precision, compiled = configuration
         return run_isolated(impl, shape, precision, repeats, batch=args.batch,
                             device=args.device, compiled=compiled,
+                            compile_mode=args.compile_mode if compiled else None,
                             threads=1 if args.smoke else None)  # fmt: skip
 
     # Smoke: the processes run side by side (start-up is most of each); otherwise one at a
@@ -443,6 +462,12 @@ def main() -> None:
             precision += f" (Adam {r['adam']})"
         if r.get("attention", "auto") != "auto":
             precision += f" ({r['attention']} attention)"
+        if r.get("compile_mode"):
+            precision += f" ({r['compile_mode']})"
+        if r.get("inductor_env"):
+            precision += " (" + " ".join(f"{k}={v}" for k, v in r["inductor_env"].items()) + ")"
+        if r.get("dropout", 0.1) != 0.1:
+            precision += f" (dropout {r['dropout']})"
         if "skipped" in r:
             print(f"| {r['shape']} | {precision} | {r['impl']} | skipped: {r['skipped']} "
                   "| | | |")

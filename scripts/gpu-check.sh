@@ -7,22 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-benchmarks/results/gpu-$(date +%F)}"
-mkdir -p "$out"
-py="${PYTHON:-python3}"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-{
-    date -u +%FT%TZ
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-} > "$out/gpu.txt" 2>&1
-cat "$out/gpu.txt"
-step() {  # step SECONDS FILE COMMAND...: run, keep its output, say how it ended
-    local limit=$1 file=$2 started=$SECONDS
-    shift 2
-    timeout "$limit" "$@" > "$out/$file" 2>&1
-    echo "$file: exit $? after $((SECONDS - started)) s"
-    tail -n 12 "$out/$file"
-}
+source scripts/gpu-common.sh
 step 200 cuda-tests.txt "$py" -m pytest tests/test_cuda.py -v -p no:cacheprovider -o timeout=180
 step 60 decode-small.txt "$py" benchmarks/decode_speed.py --device cuda --shape small --cache-only
 step 80 decode-base.txt "$py" benchmarks/decode_speed.py --device cuda --shape base --cache-only

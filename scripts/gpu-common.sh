@@ -1,0 +1,18 @@
+# Sourced by the gpu-*.sh scripts, with $out (the output folder) set: records the machine in
+# $out/gpu.txt and defines step. $PYTHON (default python3) runs tformer's code.
+mkdir -p "$out"
+py="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+{
+    date -u +%FT%TZ
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+    "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+} > "$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+step() {  # step SECONDS FILE COMMAND...: run, keep its output, say how it ended
+    local limit=$1 file=$2 started=$SECONDS
+    shift 2
+    timeout "$limit" "$@" > "$out/$file" 2>&1
+    echo "$file: exit $? after $((SECONDS - started)) s"
+    tail -n "${STEP_TAIL:-12}" "$out/$file"
+}
