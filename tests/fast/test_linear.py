@@ -83,6 +83,50 @@ def test_packing_follows_row_count_and_weight_updates() -> None:
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
+def test_a_row_count_seen_once_keeps_the_packed_copy_for_the_next_return() -> None:
+    # Beam search: one row per source at the first step, K at every later one. The copy packed
+    # for K survives the one-row step instead of being packed again at each search.
+    torch.manual_seed(2)
+    tall = Linear(24, 96)
+    four, one = torch.randn(4, 24), torch.randn(1, 24)
+    with torch.no_grad():
+        for _ in range(2):
+            tall(four)
+        packed = tall.__dict__["_packed_weight"][1]
+        assert packed is not None
+        for _ in range(3):  # three searches
+            close_to_f_linear(tall(one), one, tall)
+            close_to_f_linear(tall(four), four, tall)
+            assert tall.__dict__["_packed_weight"][1] is packed  # not packed again
+        assert "_packed_spare" not in tall.__dict__
+        tall(one)
+        tall.weight.add_(1.0)  # an update: the copy packed for four rows is stale
+        close_to_f_linear(tall(four), four, tall)
+        assert "_packed_spare" not in tall.__dict__
+        close_to_f_linear(tall(four), four, tall)
+        assert tall.__dict__["_packed_weight"][1] is not packed
+
+
+def test_repeated_beam_searches_pack_each_weight_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = decoding_model(vocab=300, d_model=32, d_ff=128)
+    src = torch.randint(4, 300, (1, 7))
+    beam = DecodingConfig(beam_size=4, min_new_tokens=8, max_new_tokens=8)
+    first = decode(model, src, beam)
+    packs: list[tuple[int, ...]] = []
+    reorder = torch.ops.mkl._mkl_reorder_linear_weight
+
+    def recorded(weight: torch.Tensor, rows: int) -> torch.Tensor:
+        packs.append((*weight.shape, rows))
+        return reorder(weight, rows)
+
+    monkeypatch.setattr(torch.ops.mkl, "_mkl_reorder_linear_weight", recorded)
+    again = decode(model, src, beam)
+    # The decoder's copies for four rows outlived the one-row first step (the encoder's weights
+    # are packed for the source's 7 rows now that they repeat).
+    assert [shape for shape in packs if shape[-1] != 7] == []
+    same_hypotheses(first, again)
+
+
 def test_a_row_count_that_changes_every_call_is_never_packed() -> None:
     layer = Linear(16, 16)
     with torch.no_grad():

@@ -11,7 +11,7 @@ from torch import nn
 
 from tformer.fast.attention import FastMultiHeadAttention
 from tformer.fast.dropout import Dropout
-from tformer.fast.linear import Linear
+from tformer.fast.linear import Linear, forget_packed
 from tformer.fast.step import (
     FastDecoderLayer,
     FastFeedForward,
@@ -67,7 +67,8 @@ def plain(model: TransformerBase) -> TransformerBase:
 def forget_fast_weights(model: nn.Module) -> None:
     """Drop the packed or stacked copies of weights the fast path keeps (plain attributes)."""
     for module in model.modules():
-        for key in ("_packed_weight", "_qkv", "_transposed_cache"):
+        forget_packed(module)
+        for key in ("_qkv", "_transposed_cache"):
             module.__dict__.pop(key, None)
 
 

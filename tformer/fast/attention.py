@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tformer.fast.linear import direct, linear, unpacked_linear
+from tformer.fast.linear import direct, forget_packed, linear, unpacked_linear
 from tformer.model.attention import MultiHeadAttention, repeat_kv
 from tformer.model.cache import KVCache
 
@@ -253,5 +253,5 @@ class FastMultiHeadAttention(MultiHeadAttention):
                 cached = (key, *stacked())
             self.__dict__["_qkv"] = cached
             # A new tensor may reuse the old one's address and version: drop its packed copy.
-            self.__dict__.pop("_packed_weight", None)
+            forget_packed(self)
         return cached[1], cached[2]
