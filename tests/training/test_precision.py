@@ -46,6 +46,32 @@ def test_auto_precision_follows_the_cpu_and_the_model_width(
     assert resolve_precision("bf16", CPU, narrow).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize(
+    ("vendor", "flags", "faster"),
+    [
+        ("GenuineIntel", "avx2 avx512f avx512_bf16 amx_bf16 amx_tile", True),
+        ("GenuineIntel", "avx2 avx512f avx512_bf16 avx512_fp16", False),  # AMX hidden
+        ("AuthenticAMD", "avx2 avx512f avx512_bf16", True),  # Zen 4 and later
+        ("AuthenticAMD", "avx2 fma", False),
+        ("GenuineIntel", "avx2 fma", False),
+    ],
+)
+def test_cpu_bf16_is_chosen_where_its_products_are_faster(
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    vendor: str,
+    flags: str,
+    faster: bool,
+) -> None:
+    info = {"vendor_id": vendor, "flags": f"fpu sse sse2 {flags}"}
+    monkeypatch.setattr(precision_module, "cpuinfo", lambda: info)
+    precision_module.cpu_has_bf16.cache_clear()  # read once per process; this CPU's afterwards
+    request.addfinalizer(precision_module.cpu_has_bf16.cache_clear)
+    assert precision_module.cpu_has_bf16() is faster
+    expected = "bf16" if faster else "fp32"
+    assert resolve_precision("auto", CPU, preset("small")).name == expected
+
+
 def test_impossible_precisions_are_refused() -> None:
     with pytest.raises(ConfigError, match="--precision fp16 needs a CUDA GPU"):
         resolve_precision("fp16", CPU)

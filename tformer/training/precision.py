@@ -4,10 +4,10 @@
 
 - CUDA: bf16 autocast where the GPU supports it (Ampere and later), else fp16 autocast with a
   gradient scaler (fp16's narrow range needs the loss scaled so small gradients do not vanish).
-- CPU: bf16 autocast when the CPU has native bf16 matrix instructions (AMX or AVX-512-BF16) and
-  the model is wide enough to gain from them. Autocast copies each weight to bf16 on every
-  forward pass; below ``d_model`` 256 those copies cost more than the faster matmuls save
-  (docs/performance.md has the measurements).
+- CPU: bf16 autocast when the CPU multiplies bf16 matrices faster than fp32 ones (AMX, or
+  AVX-512-BF16 on AMD) and the model is wide enough to gain from them. Autocast copies each
+  weight to bf16 on every forward pass; below ``d_model`` 256 those copies cost more than the
+  faster matmuls save (docs/performance.md has the measurements).
 - MPS: fp32.
 
 Weights, gradients and optimizer state stay fp32 in every mode; only the forward computation
@@ -20,12 +20,12 @@ import contextlib
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, get_args
 
 import torch
 
 from tformer.config import ModelConfig, PrecisionName
+from tformer.device import cpuinfo
 from tformer.errors import ConfigError
 
 PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
@@ -72,12 +72,15 @@ class Precision:
 
 @functools.cache
 def cpu_has_bf16() -> bool:
-    """Whether this CPU has native bf16 matrix instructions (Linux: read from /proc/cpuinfo)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    """Whether this CPU multiplies bf16 matrices faster than fp32 ones: with AMX, or with
+    AVX-512-BF16 on AMD (Zen 4 and later). An Intel CPU whose only bf16 instructions are
+    AVX-512-BF16 (AMX absent or hidden by a virtual machine) multiplied bf16 at about half its
+    fp32 speed (docs/performance.md), so fp32 is faster there."""
+    info = cpuinfo()
+    flags = set(info.get("flags", "").split())
+    if "amx_bf16" in flags:
+        return True
+    return "avx512_bf16" in flags and info.get("vendor_id") == "AuthenticAMD"
 
 
 def resolve_precision(
