@@ -238,21 +238,19 @@ def packed_linear(
     cached = owner.__dict__.get("_packed_weight")  # a plain attribute: not in state_dict
     if cached is None or cached[0] != key:
         spare = owner.__dict__.pop("_packed_spare", None)
+        if cached is not None and cached[1] is not None:
+            spare = cached  # never both: packing drops the spare
         if spare is not None and spare[0] == key:
             # Back to the row count packed before a one-off: beam search's first step has one
             # row per source and every later step K, and repacking a vocabulary-sized weight
             # for K at every call cost more than a step.
             owner.__dict__["_packed_weight"] = cached = spare
         else:
-            if spare is not None and spare[0][2:] != key[2:]:
-                spare = None  # packed from a weight since changed
-            if cached is not None and cached[1] is not None and cached[0][2:] == key[2:]:
-                spare = cached  # the same weight packed for other rows: kept for a return
             # Pack only when the next call repeats this row count (decoding steps do; a one-off
             # encoder pass or a prefix that grows every step would pay for packing each time).
             owner.__dict__["_packed_weight"] = (key, None)
-            if spare is not None:
-                owner.__dict__["_packed_spare"] = spare
+            if spare is not None and spare[0][2:] == key[2:]:
+                owner.__dict__["_packed_spare"] = spare  # the same weight: kept for a return
             return F.linear(x, weight, bias)
     if cached[1] is None:
         owner.__dict__.pop("_packed_spare", None)  # one packed copy at a time
