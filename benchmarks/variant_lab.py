@@ -3,13 +3,20 @@ RMSNorm + pre-norm, with the same data, tokenizer, seed and step budget, compare
 
 Trains one shared tokenizer first, then each variant with the ``multi30k`` recipe and
 ``--max-steps N`` in place of its time budget (the same number of updates for every variant,
-so quality is compared at equal steps and speed shows in tokens/s), scores each on test2016
-with ``tformer evaluate`` (greedy unless ``--beam-size``), and writes ``tformer compare-runs``'
-JSON and validation-curve plot plus a Markdown table to ``--results`` (never the run folders,
-which stay in ``--out``).
+so quality is compared at equal steps and speed shows in tokens/s), scores each on a split
+with ``tformer evaluate`` (the validation split unless ``--split test``; greedy unless
+``--beam-size``), and writes ``tformer compare-runs``' JSON and validation-curve plot plus a
+Markdown table to ``--results`` (never the run folders, which stay in ``--out``).
 
-Usage: python benchmarks/variant_lab.py [--steps 100] [--warmup-steps 30] [--limit 500]
-       [--seed 1] [--results DIR] [--smoke]
+``--time-budget 10m`` trains every run for the same wall-clock time instead (its learning rate
+reaching 0 at the end, as the hour's does), the question a recipe for an hour asks: what is
+learned in the time, slower steps included. ``--set recipes`` compares the recipes and the
+steps between them that chose ``multi30k-pre-swiglu-rope`` (docs/training.md) in place of the
+single variants.
+
+Usage: python benchmarks/variant_lab.py [--steps 100 | --time-budget 10m] [--warmup-steps 30]
+       [--set variants|recipes] [--split validation|test] [--limit 500] [--seed 1]
+       [--results DIR] [--smoke]
 """
 
 from __future__ import annotations
@@ -36,6 +43,14 @@ VARIANTS = {
     "gqa-2": ["--kv-heads", "2"],
     "rmsnorm-pre": ["--normalization", "rmsnorm", "--norm", "pre"],
 }
+# Each run's whole recipe: the plain recipe, then one change at a time towards the one chosen.
+RECIPE_STEPS = {
+    "multi30k": ["--recipe", "multi30k"],
+    "swiglu-rope": ["--recipe", "multi30k-swiglu-rope"],
+    "pre-lr2e-3": ["--recipe", "multi30k-swiglu-rope", "--norm", "pre", "--lr", "0.002"],
+    "pre-swiglu-rope": ["--recipe", "multi30k-pre-swiglu-rope"],
+}
+SETS = {"variants": VARIANTS, "recipes": RECIPE_STEPS}
 
 
 def tformer(*args: str, capture: bool = False, threads: int | None = None) -> str:
@@ -49,6 +64,12 @@ def tformer(*args: str, capture: bool = False, threads: int | None = None) -> st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--time-budget", default=None,
+                        help="train each run for this long (e.g. 10m) instead of --steps")
+    parser.add_argument("--set", choices=sorted(SETS), default="variants",
+                        help="the variants of the paper, or the recipes (each run's own)")
+    parser.add_argument("--split", choices=["validation", "test"], default="validation",
+                        help="where the runs are scored (choices are made on validation)")
     parser.add_argument("--warmup-steps", type=int, default=30,
                         help="in place of the recipe's 200, so a short budget gets past warm-up")
     parser.add_argument("--limit", type=int, default=500, help="test pairs evaluated")
@@ -62,18 +83,25 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     text = ["--data", str(DATA), "--src-lang", "en", "--tgt-lang", "de"]
+    candidates = SETS[args.set]
     if args.smoke:
         text = ["--data", str(smoke_data(args.out / "data"))]
         recipe = ["--preset", "tiny", "--recipe", "none", "--max-len", "48"]
         steps, limit, name = 3, ["--limit", "20"], "variant-lab-smoke"
+        candidates = {k: VARIANTS[k] for k in ("paper", "gqa-1")}
     else:
-        recipe = ["--recipe", "multi30k", "--warmup-steps", str(args.warmup_steps)]
+        # The recipes set names each run's recipe itself; the variants all change multi30k.
+        recipe = [*(["--recipe", "multi30k"] if args.set == "variants" else []),
+                  "--warmup-steps", str(args.warmup_steps)]  # fmt: skip
         steps, limit = args.steps, ["--limit", str(args.limit)]
-        name = f"variant-lab-multi30k-{datetime.date.today()}"
+        name = f"variant-lab-multi30k-{args.set + '-' if args.set != 'variants' else ''}" \
+            f"{datetime.date.today()}"
+    stop = (["--time-budget", args.time_budget] if args.time_budget
+            else ["--max-steps", str(steps), "--eval-every", str(max(steps // 2, 1))])
     tokenizer = args.out / "tokenizer.json"
     if not tokenizer.is_file():
         tformer("train-tokenizer", *text, "-o", str(tokenizer))
-    chosen = {k: VARIANTS[k] for k in ("paper", "gqa-1")} if args.smoke else VARIANTS
+    chosen = candidates
 
     # Smoke: the variants train side by side, one a core with one thread each (two trainings
     # of two threads on two cores run 5x slower); otherwise one at a time, so tokens/s compare.
@@ -81,11 +109,10 @@ def main() -> None:
 
     def train_and_score(variant: str) -> str:
         run = args.out / variant
-        tformer("train", *text, *recipe, "--tokenizer", str(tokenizer), "--max-steps", str(steps),
-                "--seed", str(args.seed), "--eval-every", str(max(steps // 2, 1)),
-                "--val-bleu", "200", *chosen[variant], "--out", str(run),
-                "--overwrite", threads=threads)  # fmt: skip
-        tformer("evaluate", str(run), *text, "--split", "test",
+        tformer("train", *text, *recipe, "--tokenizer", str(tokenizer), *stop,
+                "--seed", str(args.seed), "--val-bleu", "200", *chosen[variant],
+                "--out", str(run), "--overwrite", threads=threads)  # fmt: skip
+        tformer("evaluate", str(run), *text, "--split", args.split,
                 "--beam-size", str(args.beam_size), *limit, threads=threads)  # fmt: skip
         return str(run)
 
@@ -95,10 +122,12 @@ def main() -> None:
     plot = str(args.results / f"{name}.png")
     report = json.loads(tformer("compare-runs", *runs, "--json", "--plot", plot, capture=True))
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-    report["lab"] = {"steps": steps, "seed": args.seed, "beam_size": args.beam_size,
+    report["lab"] = {"steps": None if args.time_budget else steps,
+                     "time_budget": args.time_budget, "seed": args.seed,
+                     "beam_size": args.beam_size, "split": args.split,
                      "warmup_steps": None if args.smoke else args.warmup_steps,
-                     "test_pairs": 20 if args.smoke else args.limit,
-                     "variants": VARIANTS, "machine": machine,
+                     "scored_pairs": 20 if args.smoke else args.limit,
+                     "variants": chosen, "machine": machine,
                      "date": str(datetime.date.today())}  # fmt: skip
     (args.results / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.results / f"{name}.md").write_text(markdown(report))
@@ -117,22 +146,26 @@ def smoke_data(folder: Path) -> Path:
 
 def markdown(report: dict) -> str:
     lab = report["lab"]
+    split = lab.get("split", "test")
+    budget = (f"{lab['time_budget']} of training" if lab.get("time_budget")
+              else f"{lab['steps']} steps")  # fmt: skip
     warmup = f", warm-up {lab['warmup_steps']}" if lab.get("warmup_steps") else ""
-    lines = [f"# Variant lab: {lab['steps']} steps each{warmup}, seed {lab['seed']}, "
+    lines = [f"# Variant lab: {budget} each{warmup}, seed {lab['seed']}, "
              f"{lab['machine']}, {lab['date']}", "",
-             f"Test: {lab.get('test_pairs')} pairs of test2016, beam {lab['beam_size']}.", "",
-             "| run | flags | parameters | tokens/s | best val loss | best val BLEU | "
-             "test BLEU | test chrF | KV cache B/token |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             f"Scored: {lab.get('scored_pairs')} pairs of the {split} split, "
+             f"beam {lab['beam_size']}.", "",
+             "| run | flags | parameters | steps | tokens/s | best val loss | best val BLEU | "
+             f"{split} BLEU | {split} chrF | KV cache B/token |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for run in report["runs"]:
         name = Path(run["path"]).name
         flags = " ".join(lab["variants"].get(name, [])) or "(the paper)"
-        test = (run.get("results") or {}).get("test") or {}
+        scored = (run.get("results") or {}).get(split) or {}
         lines.append(
-            f"| {name} | `{flags}` | {run.get('parameters', 0):,} | "
+            f"| {name} | `{flags}` | {run.get('parameters', 0):,} | {run.get('steps', 0):,} | "
             f"{_num(run.get('tokens_per_s'), 0)} | {_num(run.get('best_val_loss'), 3)} | "
-            f"{_num(run.get('best_val_bleu'), 2)} | {_num(test.get('bleu'), 2)} | "
-            f"{_num(test.get('chrf'), 2)} | {_num(run.get('kv_cache_bytes_per_token'), 0)} |"
+            f"{_num(run.get('best_val_bleu'), 2)} | {_num(scored.get('bleu'), 2)} | "
+            f"{_num(scored.get('chrf'), 2)} | {_num(run.get('kv_cache_bytes_per_token'), 0)} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -93,15 +93,35 @@ def test_data_scale_smoke() -> None:
 
 
 def test_variant_lab_smoke(tmp_path: Path) -> None:
-    run_script("variant_lab.py", "--smoke", "--out", str(tmp_path / "runs"),
-               "--results", str(tmp_path / "results"))
+    # Every run trains for the same wall-clock time (the hour's question) and is scored on the
+    # validation split, where choices are made.
+    run_script("variant_lab.py", "--smoke", "--time-budget", "3s", "--out",
+               str(tmp_path / "runs"), "--results", str(tmp_path / "results"))
     report = json.loads((tmp_path / "results" / "variant-lab-smoke.json").read_text())
     assert [Path(r["path"]).name for r in report["runs"]] == ["paper", "gqa-1"]
     assert report["differing_fields"] == ["kv_heads"]
-    assert all(r["results"]["test"]["bleu"] is not None for r in report["runs"])
+    assert all(set(r["results"]) == {"validation"} for r in report["runs"])
+    assert all(r["results"]["validation"]["bleu"] is not None for r in report["runs"])
+    assert report["lab"]["time_budget"] == "3s" and report["lab"]["steps"] is None
+    for run in report["runs"]:
+        records = (Path(run["path"]) / "metrics.jsonl").read_text().splitlines()
+        assert json.loads(records[0])["time_budget"] == 3.0
     assert (tmp_path / "results" / "variant-lab-smoke.png").read_bytes()[:4] == b"\x89PNG"
     table = (tmp_path / "results" / "variant-lab-smoke.md").read_text()
+    assert "3s of training each" in table and "| validation BLEU |" in table
     assert "| gqa-1 | `--kv-heads 1` |" in table
+
+
+def test_variant_lab_recipe_steps_are_recipes() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import variant_lab
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from tformer.config import RECIPES
+
+    named = [flags[flags.index("--recipe") + 1] for flags in variant_lab.RECIPE_STEPS.values()]
+    assert named[0] == "multi30k" and set(named) <= set(RECIPES)
 
 
 def test_serve_load_smoke(trained: TrainResult) -> None:
@@ -138,6 +158,9 @@ def test_import_speed_smoke() -> None:
     floats = 4 * d * d + 2 * d * d + 2 * d * ff + vocab * d
     assert ceiling["mb_per_token"] == round(4 * floats / 1e6, 1)
     assert ceiling["tokens_per_s"] > 0
+    # Both reads are timed and the faster one bounds the speed.
+    assert ceiling["ms_per_token"] == min(ceiling["ms_row_product"], ceiling["ms_sum"])
+    assert ceiling["read"] in {"row product", "sum"}
 
 
 def test_gpt2_decode_speed_smoke() -> None:
