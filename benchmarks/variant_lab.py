@@ -72,7 +72,7 @@ def main() -> None:
                         help="where the runs are scored (choices are made on validation)")
     parser.add_argument("--warmup-steps", type=int, default=30,
                         help="in place of the recipe's 200, so a short budget gets past warm-up")
-    parser.add_argument("--limit", type=int, default=500, help="test pairs evaluated")
+    parser.add_argument("--limit", type=int, default=500, help="pairs of --split scored")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--beam-size", type=int, default=1)
     parser.add_argument("--out", type=Path, default=ROOT / "checkpoints" / "variant-lab")
@@ -83,25 +83,24 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     text = ["--data", str(DATA), "--src-lang", "en", "--tgt-lang", "de"]
-    candidates = SETS[args.set]
+    chosen = SETS[args.set]
     if args.smoke:
         text = ["--data", str(smoke_data(args.out / "data"))]
         recipe = ["--preset", "tiny", "--recipe", "none", "--max-len", "48"]
         steps, limit, name = 3, ["--limit", "20"], "variant-lab-smoke"
-        candidates = {k: VARIANTS[k] for k in ("paper", "gqa-1")}
+        chosen = {k: VARIANTS[k] for k in ("paper", "gqa-1")}
     else:
         # The recipes set names each run's recipe itself; the variants all change multi30k.
         recipe = [*(["--recipe", "multi30k"] if args.set == "variants" else []),
                   "--warmup-steps", str(args.warmup_steps)]  # fmt: skip
         steps, limit = args.steps, ["--limit", str(args.limit)]
-        name = f"variant-lab-multi30k-{args.set + '-' if args.set != 'variants' else ''}" \
-            f"{datetime.date.today()}"
+        which = "" if args.set == "variants" else f"{args.set}-"
+        name = f"variant-lab-multi30k-{which}{datetime.date.today()}"
     stop = (["--time-budget", args.time_budget] if args.time_budget
             else ["--max-steps", str(steps), "--eval-every", str(max(steps // 2, 1))])
     tokenizer = args.out / "tokenizer.json"
     if not tokenizer.is_file():
         tformer("train-tokenizer", *text, "-o", str(tokenizer))
-    chosen = candidates
 
     # Smoke: the variants train side by side, one a core with one thread each (two trainings
     # of two threads on two cores run 5x slower); otherwise one at a time, so tokens/s compare.
