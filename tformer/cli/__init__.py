@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import atexit
 import gc
+import os
+import sys
+from typing import NoReturn
 
 from tformer.fast.process import configure_process
 
@@ -25,4 +28,42 @@ def main() -> None:
 
     # Named tformer also under `python -m tformer`, so --show-completion writes a script for
     # the tformer command.
-    app(prog_name="tformer")
+    try:
+        app(prog_name="tformer")
+    except SystemExit as exit_:
+        if is_rank_of_several():
+            exit_rank(exit_.code)
+        raise
+    if is_rank_of_several():
+        exit_rank(0)
+
+
+def is_rank_of_several() -> bool:
+    """This process is one rank of a data-parallel job that torchrun started."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+def exit_rank(code: object) -> NoReturn:
+    """End a data-parallel rank without the interpreter's shutdown.
+
+    The gloo process group's worker threads outlive ``destroy_process_group`` once DDP has run
+    (objects of torch's still hold the group), and tearing them down while the interpreter
+    finalizes was seen to abort a rank that had finished well ("terminate called without an
+    active exception"), failing the whole job. So a rank runs the exit handlers, flushes its
+    output and leaves at once; what it wrote is already closed (docs/training.md).
+    """
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): printed, status 1, as Python itself does
+        print(code, file=sys.stderr)
+        status = 1
+    # The registered handlers (loggers, temporary files) still run, as in a normal exit.
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said
+            pass
+    os._exit(status)
