@@ -48,7 +48,8 @@ RECIPE_STEPS = {
     "multi30k": ["--recipe", "multi30k"],
     "swiglu-rope": ["--recipe", "multi30k-swiglu-rope"],
     "pre-lr2e-3": ["--recipe", "multi30k-swiglu-rope", "--norm", "pre", "--lr", "0.002"],
-    "pre-swiglu-rope": ["--recipe", "multi30k-pre-swiglu-rope"],
+    "pre-dropout-0.2": ["--recipe", "multi30k-pre-swiglu-rope", "--lr", "0.002"],
+    "pre-swiglu-rope": ["--recipe", "multi30k-pre-swiglu-rope"],  # lr 3e-3
 }
 SETS = {"variants": VARIANTS, "recipes": RECIPE_STEPS}
 
