@@ -48,8 +48,10 @@ RECIPE_STEPS = {
     "multi30k": ["--recipe", "multi30k"],
     "swiglu-rope": ["--recipe", "multi30k-swiglu-rope"],
     "pre-lr2e-3": ["--recipe", "multi30k-swiglu-rope", "--norm", "pre", "--lr", "0.002"],
-    "pre-dropout-0.2": ["--recipe", "multi30k-pre-swiglu-rope", "--lr", "0.002"],
-    "pre-swiglu-rope": ["--recipe", "multi30k-pre-swiglu-rope"],  # lr 3e-3
+    "pre-dropout-0.2": ["--recipe", "multi30k-pre-swiglu-rope", "--lr", "0.002",
+                        "--dropout", "0.2"],
+    "pre-lr3e-3": ["--recipe", "multi30k-pre-swiglu-rope", "--dropout", "0.2"],
+    "pre-swiglu-rope": ["--recipe", "multi30k-pre-swiglu-rope"],  # dropout 0.25, chosen in hours
 }
 SETS = {"variants": VARIANTS, "recipes": RECIPE_STEPS}
 
