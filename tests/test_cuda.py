@@ -150,11 +150,14 @@ def test_compiled_training_on_the_gpu_matches_eager(toy_data: Path, tmp_path: Pa
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_loss_on_the_gpu_matches_torch(dtype: torch.dtype) -> None:
     # What training with --compile uses on a GPU: the loss compiled into fused kernels.
+    from torch._dynamo.utils import counters
+
     from tests.training.test_loss import loss_and_grad, reference
     from tformer.training.loss import fusable, sequence_loss
 
     assert fusable(CUDA)
     torch.manual_seed(0)
+    compiled = []
     for rows in (37, 250):  # two shapes, one compilation
         logits = (torch.randn(4, rows, 5003, device=CUDA) * 3).to(dtype)
         labels = torch.randint(1, 5003, (4, rows), device=CUDA)
@@ -165,6 +168,8 @@ def test_compiled_loss_on_the_gpu_matches_torch(dtype: torch.dtype) -> None:
         torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-2)
         assert our_grad.dtype == dtype
         torch.testing.assert_close(our_grad.float(), ref_grad.float(), rtol=1e-2, atol=1e-6)
+        compiled.append(counters["stats"]["unique_graphs"])
+    assert compiled[0] == compiled[1]
 
 
 def test_cached_decoding_on_the_gpu_matches_uncached_and_the_cpu(trained: TrainResult) -> None:

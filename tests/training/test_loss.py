@@ -124,21 +124,29 @@ def test_fused_formulas_match_torch(dtype: torch.dtype, smoothing: float) -> Non
 
 @pytest.mark.slow
 def test_compiled_fused_loss_through_sequence_loss(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The path training with --compile takes on a GPU, compiled here for the CPU: two batches
-    # of different lengths share one compilation and both match the reference.
+    # The path training with --compile takes on a GPU, compiled here for the CPU: batches of
+    # different lengths share one compilation and match the reference; the vocabulary is a
+    # constant of it, so another vocabulary compiles afresh.
     pytest.importorskip("torch._inductor")
+    from torch._dynamo.utils import counters
+
     monkeypatch.setattr(loss_module, "_FUSED_DEVICES", frozenset({"cpu"}))
     loss_module._compiled.cache_clear()
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = []
     try:
-        for rows in (6, 11):
+        for rows, vocab in ((6, 129), (11, 129), (3, 129), (6, 131)):
             torch.manual_seed(rows)
-            logits = torch.randn(2, rows, 129) * 3
-            labels = torch.randint(1, 129, (2, rows))
+            logits = torch.randn(2, rows, vocab) * 3
+            labels = torch.randint(1, vocab, (2, rows))
             labels[1, -2:] = PAD_ID
             fused = lambda x, y, s: sequence_loss(x, y, s, fused=True)  # noqa: E731
             ours, our_grad = loss_and_grad(fused, logits, labels, 0.1, 0.5)
             ref, ref_grad = loss_and_grad(reference, logits, labels, 0.1, 0.5)
             torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-4)
             torch.testing.assert_close(our_grad, ref_grad, rtol=1e-4, atol=1e-6)
+            compiled.append(counters["stats"]["unique_graphs"])
     finally:
         loss_module._compiled.cache_clear()
+    assert compiled == [2, 2, 2, 4]  # the loss and its gradient, then both for 131

@@ -18,7 +18,8 @@ in the logits' own dtype.
 With ``fused=True`` on a GPU (training with ``--compile``) the same formulas are compiled with
 ``torch.compile``: forward reads the logits for the loss and each row's lse, backward reads them
 once more and writes the gradient, already scaled by grad_output. The blocks take a dozen passes
-over an fp32 copy of them (docs/performance.md).
+over an fp32 copy of them (docs/performance.md). One compilation serves any number of rows of
+one vocabulary.
 """
 
 from __future__ import annotations
@@ -76,8 +77,16 @@ def fused_grad(
 
 @functools.cache
 def _compiled() -> tuple[Callable[..., tuple[Tensor, Tensor]], Callable[..., Tensor]]:
-    # Compiled once per process, for any number of rows (dynamic shapes), on first use.
-    return torch.compile(fused_loss, dynamic=True), torch.compile(fused_grad, dynamic=True)
+    # Compiled on first use; :func:`_any_rows` keeps one compilation for every batch.
+    return torch.compile(fused_loss), torch.compile(fused_grad)
+
+
+def _any_rows(*tensors: Tensor) -> None:
+    """Compile for any number of rows but this vocabulary: with the vocabulary a constant the
+    compiler indexes each row without dividing by a runtime size, and the passes over the
+    logits run faster than with every size dynamic (docs/performance.md)."""
+    for tensor in tensors:
+        torch._dynamo.maybe_mark_dynamic(tensor, 0)
 
 
 @functools.cache
@@ -109,6 +118,7 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         if ctx.fused:
             # The gradient waits for backward, where grad_output's factor is known: it is then
             # written once, already scaled (scaling a saved gradient cost another two passes).
+            _any_rows(logits, labels)
             with torch.autocast(logits.device.type, enabled=False):
                 fused_total, lse = _compiled()[0](logits, labels, smoothing)
             ctx.smoothing = smoothing
@@ -152,6 +162,7 @@ class SmoothedCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, None, None, None]:
         if ctx.fused:
             logits, labels, lse = ctx.saved_tensors
+            _any_rows(logits, labels, lse)
             with torch.autocast(logits.device.type, enabled=False):
                 scaled = _compiled()[1](logits, labels, lse, ctx.smoothing, grad_output.float())
             return scaled, None, None, None
