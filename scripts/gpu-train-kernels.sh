@@ -11,8 +11,6 @@ cd "$(dirname "$0")/.."
 out="${1:-benchmarks/results/gpu-kernels-$(date +%F)}"
 STEP_TAIL=6
 source scripts/gpu-common.sh
-speed=(benchmarks/train_speed.py --device cuda --shapes B --batch 782 --precisions none --compile
-       --repeats 5)
 step 240 peers.txt "$py" "${speed[@]}" --impls tformer,hf-marian,torch.nn.Transformer
 step 120 no-dropout.txt "$py" "${speed[@]}" --impls tformer --dropout 0
 step 120 output-code.txt env TORCH_LOGS=output_code "$py" benchmarks/train_speed.py \

@@ -11,8 +11,6 @@ cd "$(dirname "$0")/.."
 out="${1:-benchmarks/results/gpu-train-$(date +%F)}"
 STEP_TAIL=6
 source scripts/gpu-common.sh
-speed=(benchmarks/train_speed.py --device cuda --shapes B --batch 782 --precisions none --compile
-       --repeats 5)
 step 200 peers.txt "$py" "${speed[@]}" --impls tformer,hf-marian,torch.nn.Transformer
 step 80 graphs.txt "$py" "${speed[@]}" --impls tformer --compile-mode reduce-overhead
 step 220 tuned-graphs.txt env TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 "$py" "${speed[@]}" \
