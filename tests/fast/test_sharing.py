@@ -90,6 +90,31 @@ def test_a_killed_process_no_longer_counts_and_its_file_is_removed(
     mine.close()
 
 
+def test_a_process_registering_is_never_taken_for_a_dead_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process counts the busy ones just before the new one locks its file: a file it
+    # saw unlocked under its real name would be removed as a dead process's, and the new
+    # process would then run unseen by every other.
+    other = CoreShare(tmp_path, cores=2)
+    lock = sharing.fcntl.flock
+
+    def look_then_lock(fd: int, operation: int) -> None:
+        if operation == sharing.fcntl.LOCK_EX:
+            other.busy_others()
+        lock(fd, operation)
+
+    monkeypatch.setattr(sharing.fcntl, "flock", look_then_lock)
+    monkeypatch.setattr(sharing.os, "getpid", lambda: os.getppid())  # another process's name
+    share = CoreShare(tmp_path, cores=2)
+    monkeypatch.undo()
+    assert share.path.exists()
+    assert other.busy_others() == 1
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".busy", ".busy"]
+    share.close()
+    other.close()
+
+
 def test_an_idle_process_does_not_count(tmp_path: Path, now: None) -> None:
     mine = CoreShare(tmp_path, cores=2)
     child, path = other_process(tmp_path)

@@ -58,8 +58,12 @@ class CoreShare:
         self.folder, self.cores = folder, cores
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path = folder / f"{os.getpid()}.busy"
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        # Locked under another name, then renamed: a file seen unlocked under its real name
+        # would be taken for a dead process's and removed by another process looking then.
+        unlocked = folder / f"{os.getpid()}.new"
+        self._fd = os.open(unlocked, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX)  # held until the process ends
+        os.replace(unlocked, self.path)
         self._checked = -CHECK_SECONDS
         self.threads: int | None = None  # what rebalance last chose
         self.held = False  # training: the thread count never follows the others
