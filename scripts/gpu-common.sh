@@ -9,9 +9,11 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 } > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
-# The compiled training step at shape B with a GPU user's batch (782 x 32 target tokens).
-speed=(benchmarks/train_speed.py --device cuda --shapes B --batch 782 --precisions none --compile
-       --repeats 5)
+# A GPU user's batch at shape B: 782 sentences of 32 target tokens, 25,024 tokens a step.
+b_batch=782
+# The compiled training step at shape B with that batch.
+speed=(benchmarks/train_speed.py --device cuda --shapes B --batch "$b_batch" --precisions none
+       --compile --repeats 5)
 step() {  # step SECONDS FILE COMMAND...: run, keep its output, say how it ended
     local limit=$1 file=$2 started=$SECONDS
     shift 2

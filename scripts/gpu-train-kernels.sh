@@ -14,4 +14,4 @@ source scripts/gpu-common.sh
 step 240 peers.txt "$py" "${speed[@]}" --impls tformer,hf-marian,torch.nn.Transformer
 step 120 no-dropout.txt "$py" "${speed[@]}" --impls tformer --dropout 0
 step 120 output-code.txt env TORCH_LOGS=output_code "$py" benchmarks/train_speed.py \
-    --one tformer B bf16 2 --batch 782 --device cuda --compile
+    --one tformer B bf16 2 --batch "$b_batch" --device cuda --compile

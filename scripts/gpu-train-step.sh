@@ -15,5 +15,5 @@ step 200 peers.txt "$py" "${speed[@]}" --impls tformer,hf-marian,torch.nn.Transf
 step 80 graphs.txt "$py" "${speed[@]}" --impls tformer --compile-mode reduce-overhead
 step 220 tuned-graphs.txt env TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 "$py" "${speed[@]}" \
     --impls tformer --compile-mode reduce-overhead
-step 60 profile.txt "$py" benchmarks/train_speed.py --one tformer B bf16 3 --batch 782 \
+step 60 profile.txt "$py" benchmarks/train_speed.py --one tformer B bf16 3 --batch "$b_batch" \
     --device cuda --compile --profile
