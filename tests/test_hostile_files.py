@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -226,22 +227,31 @@ def test_a_folder_with_a_latest_file_is_not_a_run(
 HOLD_LOCK = (
     "import sys, time\n"
     "from pathlib import Path\n"
-    "from tformer.checkpoint.lock import RunLock\n"
-    "RunLock(Path(sys.argv[1])).acquire()\n"
+    "from tformer.checkpoint import lock\n"
+    "getattr(lock, sys.argv[1])(Path(sys.argv[2])).acquire()\n"
     "print('locked', flush=True)\n"
     "time.sleep(600)\n"
 )
 
 
+@contextmanager
+def lock_held(kind: str, path: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding ``tformer.checkpoint.lock.<kind>(path)`` while the block runs."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, kind, str(path)],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture
 def holder(world: Path) -> Iterator[subprocess.Popen[str]]:
     """Another process that holds the lock of ``world/run``."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(world / "run")],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
-    assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
-    yield proc
-    proc.kill()
-    proc.wait()
+    with lock_held("RunLock", world / "run") as proc:
+        yield proc
 
 
 LOCKED = [

@@ -15,14 +15,14 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tformer.checkpoint.files import fsync_dir
-from tformer.checkpoint.lock import RunLock
+from tformer.checkpoint.lock import writer_lock
 from tformer.errors import CheckpointError, ConfigError
 from tformer.paths import (
     excerpt,
@@ -44,6 +44,11 @@ class MarkedFolder:
     noun: str  # "export": "an earlier export", ".OUT.export-XXXX"
     command: str  # "`tformer export`"
     option: str = "OUT"  # how the command names the folder
+    # For a folder that records its writer in a file of its own (an imported checkpoint's
+    # config.json) rather than in a marker: the files (relative paths) the command wrote
+    # there, or None when it did not write the folder.
+    recognise: Callable[[Path], set[str] | None] | None = None
+    unmarked: str = ""  # why a folder is not one, where "no valid MARKER" would not say it
 
     def check_out(self, out: Path) -> None:
         """Refuse an ``out`` that can hold no folder. Checks only: nothing is written.
@@ -87,9 +92,10 @@ class MarkedFolder:
         written = self.files_of(out)
         if written is None:
             raise ConfigError(
-                f"{self.option} {out}: not written by {self.command} (no valid {self.marker}); "
-                f"--overwrite only replaces an earlier {self.noun}, so choose another folder "
-                "(nothing was deleted)"
+                f"{self.option} {out}: not written by {self.command} "
+                f"({self.unmarked or f'no valid {self.marker}'}); "
+                f"{self.command} replaces only an earlier {self.noun}, so choose another "
+                "folder (nothing was deleted)"
             )
         foreign = _foreign_entries(out, written)
         if foreign:
@@ -116,6 +122,8 @@ class MarkedFolder:
     def files_of(self, folder: Path) -> set[str] | None:
         """The files (relative paths) written into ``folder``, its marker included, or None
         when ``folder`` has no valid marker."""
+        if self.recognise is not None:
+            return self.recognise(folder)
         marker = self.read_marker(folder, limit=1 << 16)
         return None if marker is None else {*marker["files"], self.marker}
 
@@ -145,7 +153,7 @@ class MarkedFolder:
         out = out.absolute()
         tmp: Path | None = None
         created = [p for p in (out.parent, *out.parent.parents) if not p.exists()][::-1]
-        lock = _SiblingLock(out, self.option)
+        lock = writer_lock(out, self.option)
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
             lock.acquire()
@@ -186,24 +194,6 @@ class MarkedFolder:
         os.replace(out, old / out.name)
         os.replace(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
-
-
-class _SiblingLock(RunLock):
-    """The lock of an output folder, ``.OUT.lock`` beside it (``OUT`` may not exist yet):
-    ``RunLock``'s flock, so a lock left by a killed writer never blocks."""
-
-    def __init__(self, out: Path, option: str) -> None:
-        super().__init__(out.parent, option)
-        self.out = out
-        self.path = out.parent / f".{out.name}.lock"
-
-    def _held_by_another(self) -> str:
-        text = (read_small_text(self.path, limit=32) or "").strip()
-        who = f"another tformer process (PID {text})" if text.isdigit() else "another process"
-        return (
-            f"{self.flag} {self.out}: {who} is writing this folder now (it holds {self.path}); "
-            f"wait for it to finish, or choose another {self.flag}"
-        )
 
 
 def _foreign_entries(out: Path, written: set[str]) -> list[str]:

@@ -76,9 +76,9 @@ def test_evaluate_on_a_prepared_folder_scores_its_kept_test_pairs(
     for data, name in ((toy_data, "text"), (prepared, "prepared")):
         result = CliRunner().invoke(app, ["evaluate", str(trained.run_dir), "--data", str(data),
                                           "--split", "test", "--limit", "40",
-                                          "--out", str(tmp_path / name)])
+                                          "--out", str(tmp_path / f"eval-{name}")])
         assert result.exit_code == 0, result.output
-        cards.append(json.loads((tmp_path / name / "result.json").read_text()))
+        cards.append(json.loads((tmp_path / f"eval-{name}" / "result.json").read_text()))
     assert cards[0]["metrics"] == cards[1]["metrics"]  # no test pair was too long: the same
     assert cards[0]["data_sha256"] == cards[1]["data_sha256"]
     refused = CliRunner().invoke(app, ["train-tokenizer", "--data", str(prepared),

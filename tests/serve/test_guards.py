@@ -223,3 +223,34 @@ def _read_all(sock: socket.socket) -> bytes:
     while chunk := sock.recv(4096):
         data += chunk
     return data
+
+
+@pytest.mark.slow
+def test_a_huge_request_at_the_default_limits_never_holds_up_other_requests(
+    served: Running,
+) -> None:
+    """A body just under the default --max-body-bytes (1 MiB: 64 inputs of 16 KB, each far
+    past the model's max_len) is tokenised off the event loop and refused: /health answers
+    quickly all the while, and the huge request gets its one-line answer in bounded time."""
+    from .conftest import free_port, serving
+
+    settings = ServeSettings(port=free_port())  # the defaults a user gets
+    text = " ".join(["1 2 3 4 5 6 7 8 9"] * 900)  # 16 KB
+    body = {"inputs": [text] * settings.max_inputs}
+    assert len(json.dumps(body)) < settings.max_body_bytes
+    with serving(served.loaded, settings) as running:
+        replies: list[Any] = []
+        sender = threading.Thread(target=lambda: replies.append(running.client.post(T, body)))
+        start = time.monotonic()
+        sender.start()
+        slowest = 0.0
+        while sender.is_alive() and time.monotonic() - start < 60:
+            asked = time.monotonic()
+            assert running.client.get("/health").status == 200
+            slowest = max(slowest, time.monotonic() - asked)
+            time.sleep(0.02)
+        sender.join(60)
+    assert not sender.is_alive(), "the huge request was not answered within 60 s"
+    assert slowest < 1.0, slowest
+    assert replies[0].status == 422, replies[0].text
+    assert "this server reads at most" in replies[0].json()["error"], replies[0].text

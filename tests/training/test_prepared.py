@@ -343,11 +343,11 @@ def test_training_on_a_forged_folder_is_refused_before_anything_is_written(
 def test_two_prepares_into_one_folder_cannot_both_succeed(
     small_data: Path, tmp_path: Path  # noqa: F811
 ) -> None:
-    from tformer.folders import _SiblingLock
+    from tformer.checkpoint.lock import writer_lock
 
     out = tmp_path / "out"
     # Another writer holds the folder: refused at once, in one line.
-    with _SiblingLock(out.absolute(), "--out"):
+    with writer_lock(out, "--out"):
         with pytest.raises(ConfigError, match=r"another tformer process \(PID \d+\) is writing"):
             prepare(str(small_data), out, vocab_size=60)
     assert not out.exists()

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from tformer.analysis.language import LanguageEvaluation
-from tformer.checkpoint.files import write_text_atomic
 from tformer.checkpoint.store import Checkpoint, Tokenizers
 from tformer.data.batching import Batch, BatchPlan
 from tformer.data.pairs import encode_pairs
@@ -25,8 +24,10 @@ from tformer.data.sources import TextPair
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
 from tformer.device import cpuinfo
+from tformer.folders import MarkedFolder
 from tformer.metrics import EVAL_BATCH_TOKENS, Scores, corpus_scores
 from tformer.model import TransformerBase
+from tformer.paths import json_loads, read_small_text
 from tformer.training.loss import sequence_loss
 from tformer.version import __version__
 
@@ -211,18 +212,76 @@ def card_markdown(card: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+CARD_FILES = ("hypotheses.txt", "result.json", "result.md")
+
+
+def _earlier_card(folder: Path) -> set[str] | None:
+    """The files of an earlier evaluation in ``folder`` (its result.json a card of tformer's),
+    or None when ``folder`` holds none."""
+    text = read_small_text(folder / "result.json", limit=1 << 26)
+    try:
+        card = json_loads(text) if text is not None else None
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(card, dict) or not {"tformer_version", "checkpoint"} <= set(card):
+        return None
+    return {name for name in CARD_FILES if (folder / name).is_file()}
+
+
+# evaluate's output folder: written whole (a staged sibling renamed into place) and replaced
+# when it holds an earlier evaluation and nothing else, as every re-run of evaluate does.
+EVALUATION = MarkedFolder(
+    marker="result.json",
+    format="tformer-evaluation",
+    version=1,
+    noun="evaluation",
+    command="`tformer evaluate`",
+    option="--out",
+    recognise=_earlier_card,
+    unmarked="no result.json card of an earlier evaluation",
+)
+
+
+def check_card_folder(out: Path) -> None:
+    """Refuse, before any work, an ``out`` that evaluate's card may not be written as.
+
+    Raises:
+        ConfigError: ``out`` is not a folder, or holds what no evaluation wrote.
+    """
+    EVALUATION.check_out(out)
+    EVALUATION.check_replace(out, overwrite=True)
+
+
+def write_card(out: Path, files: dict[str, str]) -> dict[str, Path]:
+    """Write ``files`` (name -> text) as the folder ``out``, whole or not at all, replacing an
+    earlier evaluation there (never a folder of anyone else's).
+
+    Raises:
+        ConfigError: ``out`` holds what no evaluation wrote, or another process writes it.
+        CheckpointError: the folder cannot be written.
+    """
+    check_card_folder(out)
+    with EVALUATION.staging(out, overwrite=True) as tmp:
+        for name, text in files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+    return {name: out / name for name in files}
+
+
 def write_results(out: Path, card: dict[str, Any], hypotheses: Sequence[str]) -> dict[str, Path]:
-    """Write hypotheses.txt, result.json and result.md into ``out`` (each atomically)."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "hypotheses": out / "hypotheses.txt",
-        "json": out / "result.json",
-        "markdown": out / "result.md",
+    """Write hypotheses.txt, result.json and result.md as the folder ``out``."""
+    paths = write_card(
+        out,
+        {
+            "hypotheses.txt": "".join(h + "\n" for h in hypotheses),
+            "result.json": json.dumps(card, indent=2, ensure_ascii=False) + "\n",
+            "result.md": card_markdown(card),
+        },
+    )
+    return {
+        "hypotheses": paths["hypotheses.txt"],
+        "json": paths["result.json"],
+        "markdown": paths["result.md"],
     }
-    write_text_atomic(paths["hypotheses"], "".join(h + "\n" for h in hypotheses))
-    write_text_atomic(paths["json"], json.dumps(card, indent=2, ensure_ascii=False) + "\n")
-    write_text_atomic(paths["markdown"], card_markdown(card))
-    return paths
 
 
 def language_card(
@@ -258,8 +317,6 @@ def language_card(
 
 def write_language_results(out: Path, card: dict[str, Any]) -> dict[str, Path]:
     """Write result.json and result.md of a language model's card into ``out`` (atomically)."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "result.json", "markdown": out / "result.md"}
     rows = [f"| {name.replace('_', ' ')} | {value} |" for name, value in card["metrics"].items()]
     markdown = "\n".join(
         [
@@ -275,6 +332,11 @@ def write_language_results(out: Path, card: dict[str, Any]) -> dict[str, Path]:
             f"- date: {card['date']}",
         ]
     )
-    write_text_atomic(paths["json"], json.dumps(card, indent=2, ensure_ascii=False) + "\n")
-    write_text_atomic(paths["markdown"], markdown + "\n")
-    return paths
+    paths = write_card(
+        out,
+        {
+            "result.json": json.dumps(card, indent=2, ensure_ascii=False) + "\n",
+            "result.md": markdown + "\n",
+        },
+    )
+    return {"json": paths["result.json"], "markdown": paths["result.md"]}

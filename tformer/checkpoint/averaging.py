@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from tformer.checkpoint.lock import RunLock
+from tformer.checkpoint.lock import RunLocks
 from tformer.checkpoint.run_dir import create_output, prepare_output
 from tformer.checkpoint.store import Checkpoint, load_checkpoint, save_checkpoint
 from tformer.checkpoint.weights import check_finite
@@ -36,14 +36,13 @@ def average_checkpoints(paths: Sequence[Path], out: Path, *, overwrite: bool = F
     """
     if len(paths) < 2:
         raise CheckpointError("average needs at least two checkpoints")
-    lock = RunLock(out)
+    locks = RunLocks(out)
     try:
-        if out.is_dir():
-            lock.acquire()
+        locks.acquire()
         prepare_output(out, resume=False, overwrite=overwrite, again=_AGAIN)
         _refuse_inputs_inside(paths, out)
         first = _average(paths)
-        create_output(out, resume_step=None, overwrite=overwrite, lock=lock)
+        create_output(out, resume_step=None, overwrite=overwrite, lock=locks.inside)
         return save_checkpoint(
             out,
             model=first.model,
@@ -52,7 +51,7 @@ def average_checkpoints(paths: Sequence[Path], out: Path, *, overwrite: bool = F
             step=first.step,
         )
     finally:
-        lock.release()
+        locks.release()
 
 
 _AGAIN = "--overwrite to replace it (only the files tformer wrote go), or choose another --out"

@@ -1,4 +1,5 @@
-"""One writer per run folder: the ``.lock`` file that a training run (or an average) holds.
+"""One writer per output folder: the ``.lock`` file that a training run (or an average) holds,
+and ``.OUT.lock`` beside every folder a command writes (``writer_lock``).
 
 The lock is an exclusive ``fcntl.flock`` on ``<run>/.lock``, which holds the holder's PID for
 the message a second writer gets. The kernel drops a flock when its holder dies, even by
@@ -115,3 +116,53 @@ class RunLock:
         traceback: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def writer_lock(out: Path, option: str = "OUT") -> RunLock:
+    """The one lock of output folder ``out`` that every command writing it holds (import,
+    prepare, export, train, average), so two writers of one folder are never at work at once,
+    whatever their commands: ``.OUT.lock`` beside ``out`` (which may not exist yet)."""
+    return _SiblingLock(out.absolute(), option)
+
+
+class _SiblingLock(RunLock):
+    """The lock of an output folder, ``.OUT.lock`` beside it (``OUT`` may not exist yet):
+    ``RunLock``'s flock, so a lock left by a killed writer never blocks."""
+
+    def __init__(self, out: Path, option: str) -> None:
+        super().__init__(out.parent, option)
+        self.out = out
+        self.path = out.parent / f".{out.name}.lock"
+
+    def _held_by_another(self) -> str:
+        text = (read_small_text(self.path, limit=32) or "").strip()
+        who = f"another tformer process (PID {text})" if text.isdigit() else "another process"
+        return (
+            f"{self.flag} {self.out}: {who} is writing this folder now (it holds {self.path}); "
+            f"wait for it to finish, or choose another {self.flag}"
+        )
+
+
+class RunLocks:
+    """A run folder's locks: ``writer_lock`` beside it, which every command writing a folder
+    takes, then ``RUN/.lock`` inside it (the run's own, taken once the folder exists)."""
+
+    def __init__(self, run_dir: Path, flag: str = "--out") -> None:
+        self.beside = writer_lock(Path(run_dir), flag)
+        self.inside = RunLock(Path(run_dir), flag)
+
+    def acquire(self) -> None:
+        """Take both that can be taken now: a folder not made yet gets ``RUN/.lock`` from
+        ``create_output``; a parent not made yet is made by the run, under that lock.
+
+        Raises:
+            ConfigError: another process holds either (naming its PID).
+        """
+        if self.inside.run_dir.absolute().parent.is_dir():
+            self.beside.acquire()
+        if self.inside.run_dir.is_dir():
+            self.inside.acquire()
+
+    def release(self) -> None:
+        self.inside.release()
+        self.beside.release()

@@ -187,41 +187,23 @@ def save_checkpoint(
     return final
 
 
-def write_checkpoint(
+def write_checkpoint_files(
     folder: Path,
     *,
     model: TransformerBase,
     train_config: TrainConfig,
     tokenizers: Tokenizers,
     origin: dict[str, Any] | None = None,
-) -> Path:
-    """Write one checkpoint folder (step 0, outside any run folder) whole or not at all: into
-    a temporary sibling, manifest last, then renamed to ``folder``. ``origin`` (where the
-    weights came from, e.g. an imported model) goes into config.json.
+) -> None:
+    """Write one checkpoint (step 0, outside any run folder) into the existing, empty
+    ``folder``, manifest last. ``origin`` (where the weights came from, e.g. an imported
+    model) goes into config.json.
 
-    An existing ``folder`` is replaced only when it is a checkpoint holding nothing but what
-    tformer wrote (callers refuse a non-empty one unless told to overwrite it).
-
-    Raises:
-        CheckpointError: the folder cannot be written, or holds files tformer did not write.
+    The caller makes ``folder`` whole or not at all (``tformer.folders.MarkedFolder.staging``
+    writes into a temporary sibling and renames it).
     """
-    tmp: Path | None = None
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
-        tmp.chmod(0o755)
-        _write_model_files(tmp, model, train_config, tokenizers, 0, None, origin)
-        write_manifest(tmp)
-        fsync_files(tmp)
-        _move_into_place(tmp, folder)
-        tmp = None
-        fsync_dir(folder.parent)
-    except OSError as error:
-        raise CheckpointError(write_failure(folder, error)) from error
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+    _write_model_files(folder, model, train_config, tokenizers, 0, None, origin)
+    write_manifest(folder)
 
 
 ORIGIN = "origin"  # config.json key: the source of imported weights

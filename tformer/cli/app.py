@@ -115,9 +115,27 @@ def tidy_help(params: Iterable[Any]) -> None:
             param._tidy = True  # escaped once, however often the app is built
 
 
+def reflow(text: str) -> str:
+    """``text`` with each paragraph's lines joined, so the terminal wraps them evenly (a
+    docstring's own line breaks wrapped raggedly); indented paragraphs (examples) stay."""
+    paragraphs = text.strip().split("\n\n")
+    return "\n\n".join(
+        paragraph
+        if any(line[:1].isspace() for line in paragraph.splitlines())
+        else " ".join(paragraph.split())
+        for paragraph in paragraphs
+    )
+
+
 def _tidy_command(command: Any) -> None:
     """``tidy_help`` on every option of ``command`` when it is asked for them, so those typer
-    and click add late (``--help``, ``--install-completion``) are tidied too."""
+    and click add late (``--help``, ``--install-completion``) are tidied too; the command's
+    own text is kept literal the same way."""
+    for name in ("help", "short_help", "epilog"):
+        text = getattr(command, name, None)
+        if text and not getattr(command, f"_tidy_{name}", False):
+            setattr(command, name, escape(reflow(text)))
+            setattr(command, f"_tidy_{name}", True)
     get_params = command.get_params
 
     def tidied(ctx: Any) -> Any:

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tformer.analysis.evaluate import (
+    check_card_folder,
     evaluate,
     language_card,
     result_card,
@@ -49,7 +50,6 @@ from tformer.cli.options import (
     checkpoint_family,
     data_of,
     decoding_config,
-    folder_option,
     language_split,
     load_chosen,
     split_pairs,
@@ -102,7 +102,8 @@ def evaluate_command(
     """
     check_limit(limit)
     check_batch_size(batch_size)
-    folder_option(out, "--out")
+    if out is not None:
+        check_card_folder(out)  # before any work: a refused folder costs no evaluation
     family = checkpoint_family(checkpoint, "evaluate")
     data, source_field, target_field, text_field = data_of(
         checkpoint, data, source_field, target_field, text_field
@@ -118,7 +119,7 @@ def evaluate_command(
     ckpt = load_chosen(checkpoint, device)
     masked = apply_mask_heads(ckpt.model, mask_heads)
     apply_quantize(ckpt.model, quantize)
-    folder_option(out or ckpt.path / f"eval-{split}", "--out")
+    check_card_folder(out or ckpt.path / f"eval-{split}")
     err_console.print(f"translating {len(pairs):,} pairs of {split} …")
     warn_long_inputs(ckpt.tokenizers.source, [s for s, _ in pairs], ckpt.model_config.max_len)
     result = evaluate(ckpt, pairs, split=split, decoding=decoding, batch_size=batch_size)
@@ -162,7 +163,7 @@ def _evaluate_language(
     ckpt = load_chosen(checkpoint, device)
     masked = apply_mask_heads(ckpt.model, mask_heads)
     folder = out or ckpt.path / f"eval-{split}"
-    folder_option(folder, "--out")
+    check_card_folder(folder)
     err_console.print(f"measuring {len(docs):,} documents of {split} …")
     result = evaluate_language(ckpt, docs, split=split)
     card = language_card(ckpt, result, data=data, docs=docs, mask_heads=masked)

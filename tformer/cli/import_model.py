@@ -1,4 +1,4 @@
-"""``tformer import``: a Hugging Face Marian (OPUS-MT), GPT-2 or BERT model as a tformer
+"""``tformer import``: a Hugging Face Marian (OPUS-MT), GPT-2, BERT or T5 model as a tformer
 checkpoint."""
 
 from __future__ import annotations
@@ -17,29 +17,32 @@ from tformer.imports import import_model
 def import_command(
     source: str = typer.Argument(
         ...,
-        help="A folder written by save_pretrained (MarianMTModel, GPT2LMHeadModel or "
-        "BertForMaskedLM with its tokenizer), or a hub id such as Helsinki-NLP/opus-mt-en-de, "
-        "gpt2 or bert-base-uncased.",
+        help="A folder written by save_pretrained (MarianMTModel, GPT2LMHeadModel, "
+        "BertForMaskedLM or T5ForConditionalGeneration with its tokenizer), or a hub id such "
+        "as Helsinki-NLP/opus-mt-en-de, gpt2, bert-base-uncased or t5-small.",
         show_default=False,
     ),
     out: Path = typer.Argument(
-        ..., help="The checkpoint folder to create (absent or empty).", show_default=False
+        ...,
+        help="The checkpoint folder to create (absent or empty; with --overwrite, an earlier "
+        "import).",
+        show_default=False,
     ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an earlier import in OUT (nothing else)."
     ),
 ) -> None:
-    """Import an OPUS-MT / Marian translation model (encoder-decoder), GPT-2 (decoder-only) or
+    """Import an OPUS-MT / Marian or T5 model (encoder-decoder), GPT-2 (decoder-only) or
     BERT (encoder-only) as an ordinary tformer checkpoint.
 
     Every command of its family then takes OUT: generate, fill-mask, score, evaluate,
-    inspect-attention, ablate, export (Marian), and train --init-from OUT to fine-tune it on
-    your data with its tokenizer. A hub id is
-    fetched through huggingface_hub's cache; offline, pass a local folder. Needs the
-    "import" extra (pip install "tformer[import]"). See docs/finetune.md.
+    inspect-attention, ablate, export, serve, and train --init-from OUT to fine-tune it on
+    your data with its tokenizer. Commands that read data (evaluate, score --split, ablate,
+    align) need --data for an import. A hub id is fetched through huggingface_hub's cache;
+    offline, pass a local folder. Needs the "import" extra (pip install "tformer[import]").
+    See docs/finetune.md.
 
     Example: tformer import Helsinki-NLP/opus-mt-en-de checkpoints/opus-en-de
-    (or: tformer import gpt2 checkpoints/gpt2)
     """
     folder = import_model(source, out, overwrite=overwrite)
     console.print(f"imported {escape(source)} into {escape(str(folder))}", soft_wrap=True)

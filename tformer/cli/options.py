@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from tformer import checkpoint as ckpt
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
+from tformer.checkpoint.trained_on import trained_on
 from tformer.checkpoint.training_state import saved_record
 from tformer.cli.console import err_console
 from tformer.config import TrainConfig, article, flag
@@ -469,16 +470,18 @@ def data_of(
     the columns it was read by, where the column options were left at their defaults).
 
     The bundled data is read only for a checkpoint that was trained on it: a checkpoint
-    trained on other data is never scored on the bundled set for want of ``--data``.
+    trained on other data, or an import (which records none), is never scored on the bundled
+    set for want of ``--data`` (``tformer.checkpoint.trained_on``).
 
     Raises:
-        DataError: ``--data`` is not given and the data recorded cannot be found here.
+        DataError: ``--data`` is not given and the checkpoint records no data, or the data
+            recorded cannot be found here.
     """
     given = DataChoice(data, source_field, target_field, text_field)
     if data is not None:
         return given
     folder = ckpt.resolve(checkpoint)
-    _, train, _ = ckpt.parse_configs(folder, ckpt.read_verified_config(folder))
+    train = trained_on(checkpoint)
     if train.data is None:
         return given  # trained on the bundled data
     path = Path(train.data).expanduser()

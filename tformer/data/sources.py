@@ -121,11 +121,32 @@ def _load_folder(folder: Path, source_field: str, target_field: str) -> dict[str
         return {split: _load_paired_text(*files) for split, files in paired.items()}
     files = split_files_of(folder)
     if "train" not in files:
-        raise DataError(
-            f"--data {folder}: no train file; expected train.jsonl (or .csv, .tsv, .parquet) "
-            "with optional validation.* and test.*"
-        )
+        raise DataError(_no_train_file(folder, source_field, target_field))
     return {split: _load_file(path, source_field, target_field) for split, path in files.items()}
+
+
+def _no_train_file(folder: Path, source_field: str, target_field: str) -> str:
+    """Why ``folder`` has no training split: paired text files in other languages than the
+    fields name (saying which flags to give), or no train file at all."""
+    langs = sorted(
+        p.suffix[1:]
+        for p in folder.glob("train.*")
+        if p.is_file() and p.suffix[1:].isalnum() and p.suffix.lower() not in LOADERS
+    )
+    if len(langs) >= 2:
+        named = ", ".join(f"train.{lang}" for lang in langs[:4])
+        src = source_field if source_field in langs else langs[0]
+        tgt = next(lang for lang in langs if lang != src)
+        return (
+            f"--data {folder}: holds paired text files ({named}) but none for --src-lang "
+            f"{excerpt(source_field)} / --tgt-lang {excerpt(target_field)}; give the languages, "
+            f"e.g. --src-lang {src} --tgt-lang {tgt}"
+        )
+    return (
+        f"--data {folder}: no train file; expected train.jsonl (or .csv, .tsv, .parquet) with "
+        "optional validation.* and test.*, or paired text files (train.en + train.de with "
+        "--src-lang en --tgt-lang de)"
+    )
 
 
 def _quiet_datasets() -> object:

@@ -5,17 +5,48 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tformer.checkpoint.files import foreign_files, written_files
-from tformer.checkpoint.store import write_checkpoint
+from tformer.checkpoint.files import (
+    OPTIMIZER,
+    TRAINER_STATE,
+    written_files,
+)
+from tformer.checkpoint.store import read_origin, write_checkpoint_files
 from tformer.config import TrainConfig
 from tformer.errors import CheckpointError, ConfigError
+from tformer.folders import MarkedFolder
 from tformer.imports.bert import read_bert
 from tformer.imports.gpt2 import read_gpt2
 from tformer.imports.hub import local_folder
 from tformer.imports.marian import CONFIG, Imported, read_json, read_marian
 from tformer.imports.t5 import read_t5
-from tformer.paths import file_kind, inside
+from tformer.paths import inside
 from tformer.version import __version__
+
+
+def _earlier_import(folder: Path) -> set[str] | None:
+    """The files of an earlier import in ``folder``: a checkpoint whose config.json records
+    where its weights came from and no training state; None for anything else (a training
+    run's checkpoint above all)."""
+    files = written_files(folder)
+    if files is None or {OPTIMIZER, TRAINER_STATE} & files:
+        return None
+    try:
+        return files if read_origin(folder) is not None else None
+    except CheckpointError:
+        return None
+
+
+# The import's output folder: a checkpoint whose config.json names its origin, so --overwrite
+# replaces an earlier import and nothing else.
+IMPORT = MarkedFolder(
+    marker="config.json",
+    format="tformer-import",
+    version=1,
+    noun="import",
+    command="`tformer import`",
+    recognise=_earlier_import,
+    unmarked="not a checkpoint whose config.json records an import",
+)
 
 
 def check_out(out: Path, *, overwrite: bool) -> None:
@@ -23,23 +54,10 @@ def check_out(out: Path, *, overwrite: bool) -> None:
 
     Raises:
         ConfigError: OUT is not a folder, or is a non-empty folder without ``overwrite``, or
-            (with it) is not a checkpoint holding only what tformer wrote.
+            (with it) is not an earlier import holding only what it wrote.
     """
-    kind = file_kind(out) or ("a file" if out.is_file() else None)
-    if kind is not None and kind != "a folder":
-        raise ConfigError(f"OUT {out}: exists and is {kind}; choose a new folder name")
-    if not out.is_dir() or not any(out.iterdir()):
-        return
-    if not overwrite:
-        raise ConfigError(
-            f"OUT {out}: exists and is not empty; give --overwrite to replace an earlier "
-            "import, or choose another folder"
-        )
-    if written_files(out) is None or foreign_files(out):
-        raise ConfigError(
-            f"OUT {out}: is not a checkpoint holding only what tformer wrote, so --overwrite "
-            "does not replace it; choose another folder"
-        )
+    IMPORT.check_out(out)
+    IMPORT.check_replace(out, overwrite=overwrite)
 
 
 # config.json's model_type -> the reader of that architecture (one module each).
@@ -72,8 +90,9 @@ def read_model(folder: Path, *, source: str) -> Imported:
 
 
 def import_model(source: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
-    """Import a Hugging Face ``MarianMTModel`` (OPUS-MT), ``GPT2LMHeadModel`` or
-    ``BertForMaskedLM`` as a tformer checkpoint (encoder-decoder, decoder-only, encoder-only).
+    """Import a Hugging Face ``MarianMTModel`` (OPUS-MT), ``T5ForConditionalGeneration``,
+    ``GPT2LMHeadModel`` or ``BertForMaskedLM`` as a tformer checkpoint (encoder-decoder,
+    decoder-only, encoder-only).
 
     Args:
         source: a folder written by ``save_pretrained`` (the model and its tokenizer, or a
@@ -81,14 +100,16 @@ def import_model(source: str | Path, out: str | Path, *, overwrite: bool = False
             ``bert-base-uncased`` (fetched through ``huggingface_hub``'s cache).
         out: the checkpoint folder to create (absent or empty; with ``overwrite``, an
             earlier import).
-        overwrite: replace an earlier import in ``out``.
+        overwrite: replace an earlier import in ``out`` (never anything else: a training
+            run's checkpoint, an export or a folder of the user's is refused).
 
     Returns:
         The checkpoint folder: ``tformer verify``, ``generate``, ``train --init-from`` ...
         take it as any other.
 
     Raises:
-        ConfigError: OUT may not be written, a package is missing, or the hub is unreachable.
+        ConfigError: OUT may not be written (or another process is writing it), a package is
+            missing, or the hub is unreachable.
         CheckpointError: another model type, missing tokenizer files, weights that do not
             match their config, or a variant tformer cannot express.
     """
@@ -99,10 +120,13 @@ def import_model(source: str | Path, out: str | Path, *, overwrite: bool = False
         raise ConfigError(f"OUT {out}: lies inside SOURCE {folder}; choose a folder outside it")
     imported = read_model(folder, source=str(source))
     origin = {**imported.origin, "tformer_version": __version__}
-    return write_checkpoint(
-        out,
-        model=imported.model,
-        train_config=TrainConfig(),
-        tokenizers=imported.tokenizers,
-        origin=origin,
-    )
+
+    with IMPORT.staging(out, overwrite=overwrite) as tmp:
+        write_checkpoint_files(
+            tmp,
+            model=imported.model,
+            train_config=TrainConfig(),
+            tokenizers=imported.tokenizers,
+            origin=origin,
+        )
+    return out

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from tformer import checkpoint as ckpt
-from tformer.checkpoint.lock import RunLock
+from tformer.checkpoint.lock import RunLock, RunLocks
 from tformer.checkpoint.run_dir import create_output, prepare_output, resume_target
 from tformer.config import ModelConfig, TrainConfig, flag
 from tformer.data.batching import BatchPlan
@@ -209,14 +209,15 @@ def _run(job: Job, options: RunOptions, reporter: Reporter) -> TrainResult:
     device = resolve_device(job.train.device)
     # Under torchrun every rank runs this function; only rank 0 writes, locks and reports.
     world = dist_.init_world(device)
-    lock = RunLock(job.out) if world.is_main else None
+    locks = RunLocks(job.out) if world.is_main else None
     try:
-        if lock is not None and job.out.is_dir():
-            lock.acquire()  # first: a second trainer on this run is refused at once
-        return _run_locked(job, options, reporter, world, device, lock)
+        if locks is not None:
+            locks.acquire()  # first: a second writer of this folder is refused at once
+        inside = locks.inside if locks is not None else None
+        return _run_locked(job, options, reporter, world, device, inside)
     finally:
-        if lock is not None:
-            lock.release()
+        if locks is not None:
+            locks.release()
 
 
 def _run_locked(
