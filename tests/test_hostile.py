@@ -174,7 +174,7 @@ REFUSED = [
      "a-file is a file"),
     ("save-is-a-folder", "inspect-attention {run} 1 --save {w}/maps.json", 2, "is a folder"),
     ("evaluate-out-not-writable", "evaluate {run} --data {w}/good --out /proc/tformer-test/eval",
-     4, "--out /proc/tformer-test/eval: the results cannot be written"),
+     4, "--out /proc/tformer-test/eval: cannot be written"),
     ("save-not-writable", "inspect-attention {run} 1 --save /proc/tformer-test/map.json", 4,
      "--save /proc/tformer-test/map.json: cannot be written"),
     ("tokenizer-out-is-a-folder", "train-tokenizer --data {w}/good -o {w}/good", 2, "is a folder"),

@@ -532,9 +532,11 @@ def test_one_process_cannot_take_a_lock_twice_through_two_locks(tmp_path: Path) 
 
 
 def forge(step: Path, config: Callable[[dict], None] | None = None,
-          state: Callable[[dict], None] | None = None, weight: float | None = None) -> None:
+          state: Callable[[dict], None] | None = None, weight: float | None = None,
+          record: bool = False) -> None:
     """Edit a checkpoint's config.json / trainer_state.json / one weight, and write its
-    manifest again: a forgery the manifest cannot catch."""
+    manifest again: a forgery the manifest cannot catch. With ``record``, the weights' own
+    record of their configuration is rewritten to match the edited config.json too."""
     import json
 
     from safetensors import safe_open
@@ -547,12 +549,16 @@ def forge(step: Path, config: Callable[[dict], None] | None = None,
             data = json.loads((step / name).read_text())
             edit(data)
             (step / name).write_text(json.dumps(data))
-    if weight is not None:
+    if weight is not None or record:
         path = str(step / "model.safetensors")
         with safe_open(path, "pt") as handle:
             metadata = handle.metadata()
         tensors = load_file(path)
-        tensors[sorted(tensors)[0]].view(-1)[0] = weight
+        if weight is not None:
+            tensors[sorted(tensors)[0]].view(-1)[0] = weight
+        if record:
+            model = json.loads((step / "config.json").read_text())["model"]
+            metadata["model"] = json.dumps(model, sort_keys=True)
         save_file(tensors, path, metadata=metadata)
     write_manifest(step)
 
@@ -584,6 +590,9 @@ FORGED = [
      ["is not a step number"]),
     ("max-len-huge", {"config": _model("max_len", 2**31 - 1)}, ["--max-len 2147483647 is over"]),
     ("data-empty", {"config": _train("data", "")}, ["train.data: an empty string"]),
+    # config.json, the weights' record and the manifest forged together: shapes still disagree
+    ("d-ff-consistent", {"config": _model("d_ff", 96), "record": True}, ["d_ff"]),
+    ("d-model-consistent", {"config": _model("d_model", 64), "record": True}, ["d_model"]),
 ]  # fmt: skip
 USERS = [
     ("generate", "generate {s} 1"),

@@ -168,11 +168,11 @@ class MarkedFolder:
             tmp = None
             fsync_dir(out.parent)
         except OSError as error:
-            where = error.filename or out
+            where = f" at {error.filename}" if error.filename else ""
             raise CheckpointError(
-                f"{where}: cannot write the {self.noun} ({error.strerror or first_line(error)}); "
-                f"free some space, fix the permissions or choose another {self.option} (nothing "
-                "was written)"
+                f"{self.option} {out}: cannot be written ({error.strerror or first_line(error)}"
+                f"{where}); free some space, fix the permissions or choose another "
+                f"{self.option} (nothing was written)"
             ) from error
         finally:
             lock.release()

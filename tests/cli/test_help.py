@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -44,3 +45,39 @@ COMMANDS = sorted(str(command.name) for command in app.registered_commands)
 def test_no_help_shows_bool(monkeypatch: pytest.MonkeyPatch, command: str) -> None:
     text = help_of(monkeypatch, *([command] if command else []))
     assert "<bool>" not in text
+
+
+def _adjacent_lines(text: str) -> list[tuple[str, str]]:
+    """Pairs of prose lines that follow each other in one paragraph of a help page's own text
+    (above its first panel; indented examples left out)."""
+    lines = text.split("╭─", 1)[0].splitlines()[2:]  # after Usage
+    indent = min((len(x) - len(x.lstrip()) for x in lines if x.strip()), default=0)
+    prose = [x.strip() if len(x) - len(x.lstrip()) == indent else "" for x in lines]
+    return [(a, b) for a, b in zip(prose, prose[1:], strict=False) if a and b]
+
+
+@pytest.mark.parametrize("command", ["", *COMMANDS])
+def test_every_help_page_is_literal_unbroken_and_complete(
+    monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """Rendered as a user sees it, on a terminal too wide to wrap anything: no `[...]` of the
+    source text eaten as markup, no line break inside a sentence, no option without help."""
+    import typer
+
+    monkeypatch.setenv("COLUMNS", "2000")
+    result = runner.invoke(app, [*([command] if command else []), "--help"], prog_name="tformer")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    group: Any = typer.main.get_command(app)
+    cmd = group.commands[command] if command else group
+    sources = [cmd.help or ""] + [getattr(p, "help", None) or "" for p in cmd.params]
+    for source in sources:
+        for bracketed in re.findall(r"\[[a-z][\w,-]*\]", source.replace("\\[", "[")):
+            assert bracketed in text, f"{bracketed} of the help text is not shown"
+    for line, after in _adjacent_lines(result.stdout):
+        assert not (after[:1].islower() and not line.endswith((".", ":", ";", ")"))), (
+            f"a line break inside a sentence: {line!r} / {after!r}"
+        )
+    for param in cmd.params:
+        if param.param_type_name == "option" and not param.hidden:
+            assert (param.help or "").strip(), f"{param.opts} has no help"

@@ -287,7 +287,10 @@ def test_ablate_ranks_gpt2s_heads_by_the_loss_evaluate_measures(
     """`tformer ablate` on a language model: each head's masked loss is what `tformer evaluate
     --mask-heads` measures of that head on the same documents; --metric bleu is refused."""
     runner = CliRunner()
-    split = ["--split", "validation", "--limit", "6"]
+    from tformer.data.lm import bundled_text_dir
+
+    # an import records no training data: the split is read from --data (the demo text)
+    split = ["--data", str(bundled_text_dir()), "--split", "validation", "--limit", "6"]
     result = runner.invoke(app, ["ablate", str(gpt2.out), *split, "--json"])
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)

@@ -50,6 +50,9 @@ def imported(
     )
     assert done.returncode == 0, done.stderr
     assert "imported" in done.stdout
+    summary = " ".join(done.stdout.split())  # what was imported, in one line
+    assert "marian as encoder-decoder:" in summary and "2+2 layers" in summary, summary
+    assert "(MarianTokenizer); transformers" in summary, summary
     return out
 
 

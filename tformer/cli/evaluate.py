@@ -87,7 +87,9 @@ def evaluate_command(
     min_new_tokens: int = MIN_NEW_TOKENS,
     max_new_tokens: int = MAX_NEW_TOKENS,
     seed: int | None = SEED,
-    batch_size: int = typer.Option(64, "--batch-size"),
+    batch_size: int = typer.Option(
+        64, "--batch-size", help="Inputs decoded together (lower it when memory runs out)."
+    ),
     device: str = DEVICE,
     quantize: str = QUANTIZE,
     mask_heads: str | None = MASK_HEADS,

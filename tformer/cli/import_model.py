@@ -3,11 +3,15 @@ checkpoint."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
 from rich.markup import escape
 
+from tformer.checkpoint.files import WEIGHTS
+from tformer.checkpoint.store import read_config
+from tformer.checkpoint.weights import read_header
 from tformer.cli.app import app
 from tformer.cli.console import console
 from tformer.imports import import_model
@@ -46,3 +50,28 @@ def import_command(
     """
     folder = import_model(source, out, overwrite=overwrite)
     console.print(f"imported {escape(source)} into {escape(str(folder))}", soft_wrap=True)
+    console.print(escape(import_summary(folder)), soft_wrap=True, highlight=False)
+
+
+def import_summary(folder: Path) -> str:
+    """One line on what was imported: the model, its size and vocabularies, the tokenizer
+    and where it came from (read from the checkpoint's config and weights' header)."""
+    config = read_config(folder)
+    model, origin = config["model"], config.get("origin") or {}
+    params = sum(
+        math.prod(shape) for _, shape in read_header(folder / WEIGHTS).tensors.values()
+    )
+    layers = {
+        "encoder-decoder": f"{model['n_encoder_layers']}+{model['n_decoder_layers']} layers",
+        "decoder-only": f"{model['n_decoder_layers']} layers",
+        "encoder-only": f"{model['n_encoder_layers']} layers",
+    }.get(model.get("arch", "encoder-decoder"), "")
+    vocab = f"{model['src_vocab_size']:,}"
+    if model["tgt_vocab_size"] != model["src_vocab_size"]:
+        vocab = f"{vocab} source / {model['tgt_vocab_size']:,} target"
+    return (
+        f"{origin.get('model_type')} as {model.get('arch', 'encoder-decoder')}: "
+        f"{params:,} parameters, d_model {model['d_model']}, {layers}, {model['n_heads']} "
+        f"heads; vocabulary {vocab} ({origin.get('tokenizer')}); transformers "
+        f"{origin.get('transformers_version')}"
+    )

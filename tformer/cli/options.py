@@ -166,7 +166,11 @@ TOP_P = typer.Option(
     "--top-p",
     help="Nucleus sampling: the smallest set of tokens with this much probability; 1 = off.",
 )
-MAX_NEW_TOKENS = typer.Option(default(DecodingConfig, "max_new_tokens"), "--max-new-tokens")
+MAX_NEW_TOKENS = typer.Option(
+    default(DecodingConfig, "max_new_tokens"),
+    "--max-new-tokens",
+    help="The most tokens generated for each output (fewer when <eos> comes first).",
+)
 SEED = typer.Option(None, "--seed", help="Random seed: the same seed gives the same output.")
 
 

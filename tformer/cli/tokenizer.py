@@ -34,7 +34,9 @@ def train_tokenizer_command(
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,
     kind: str = typer.Option("bpe", "--kind", "--tokenizer-kind", help=" | ".join(TOKENIZER_KINDS)),
-    vocab_size: int = typer.Option(8000, "--vocab-size"),
+    vocab_size: int = typer.Option(
+        8000, "--vocab-size", help="The size of the vocabulary to learn."
+    ),
     min_frequency: int = typer.Option(
         2, "--min-frequency", help="Merge/keep only pieces seen this often."
     ),
@@ -43,7 +45,12 @@ def train_tokenizer_command(
         "--separate-vocab",
         help="Train one tokenizer per side: OUT's name gets .source / .target before .json.",
     ),
-    out: Path = typer.Option(Path("checkpoints/tokenizer.json"), "--out", "-o"),
+    out: Path = typer.Option(
+        Path("checkpoints/tokenizer.json"),
+        "--out",
+        "-o",
+        help="The tokenizer file to write (see --separate-vocab for two).",
+    ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an existing --out file (a regular file only)."
     ),
