@@ -69,7 +69,7 @@ def file_size(path: Path, limit: int | None = None, missing: str = "") -> int:
         raise CheckpointError(f"{path}: is {kind}")
     if limit is not None and found.st_size > limit:
         raise CheckpointError(
-            f"{path}: {found.st_size:,} bytes, over the {limit // MIB} MiB such a file may "
+            f"{path}: is {found.st_size:,} bytes, over the {limit // MIB} MiB such a file may "
             "hold; it is not the file a published model has"
         )
     return found.st_size

@@ -204,9 +204,8 @@ class Key:
         return cls("text")
 
 
-# Keys every family reads (through transformers' PretrainedConfig).
+# Keys every family reads (through transformers' PretrainedConfig; model_type is matched).
 COMMON_KEYS = {
-    "model_type": Key.text(),
     "tie_word_embeddings": Key.flag(),
     "num_labels": Key.whole(1, MAX_LABELS),
 }

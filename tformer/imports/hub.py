@@ -20,7 +20,10 @@ FILES = [
     "config.json",
     "generation_config.json",
     "model.safetensors",
+    "model.safetensors.index.json",  # a large model's weights come in shards
+    "model-*-of-*.safetensors",
     "*.spm",
+    "spiece.model",
     "vocab.json",
     "vocab.txt",
     "merges.txt",
@@ -28,6 +31,7 @@ FILES = [
     "target_vocab.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "added_tokens.json",
 ]
 # One part of a hub id (huggingface_hub's validate_repo_id, in ASCII): 1 to 96 letters,
 # digits, "_", "-" or ".", starting and ending with a letter, digit or "_".
@@ -73,6 +77,15 @@ def local_folder(source: str) -> Path:
     path = Path(source).expanduser()
     kind = _kind(path)
     if kind == "a folder":
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:  # bytes of another encoding, as Python passes them on
+            shown = source.encode("utf-8", "backslashreplace").decode("utf-8")
+            raise CheckpointError(
+                f"SOURCE {shown}: the name holds bytes that are not UTF-8, and the "
+                "safetensors library opens UTF-8 paths only; rename the folder, or give a "
+                "link to it with a UTF-8 name"
+            ) from None
         return path
     if kind is not None:
         raise CheckpointError(
