@@ -295,17 +295,11 @@ BOUND_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("family", "name", "role", "value", "message"), BOUND_CASES,
-                         ids=[f"{c[0]}-{c[1]}" for c in BOUND_CASES])  # fmt: skip
+@pytest.mark.parametrize("case", BOUND_CASES, ids=[f"{c[0]}-{c[1]}" for c in BOUND_CASES])
 def test_a_config_value_out_of_bounds_is_named(
-    families: dict[str, Family],
-    tmp_path: Path,
-    family: str,
-    name: str,
-    role: str,
-    value: object,
-    message: str,
+    families: dict[str, Family], tmp_path: Path, case: tuple[str, str, str, object, str]
 ) -> None:
+    family, _, role, value, message = case
     key = ROLES[family].get(role, role)
     assert key is not None
     folder = source(families[family], tmp_path, edit_config(**{key: value}))
@@ -493,16 +487,11 @@ TOKENIZERS: list[tuple[str, str, Callable[[Path], None], str]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("family", "name", "change", "message"), TOKENIZERS,
-                         ids=[f"{c[0]}-{c[1]}" for c in TOKENIZERS])  # fmt: skip
+@pytest.mark.parametrize("case", TOKENIZERS, ids=[f"{c[0]}-{c[1]}" for c in TOKENIZERS])
 def test_a_broken_tokenizer_is_named(
-    families: dict[str, Family],
-    tmp_path: Path,
-    family: str,
-    name: str,
-    change: Callable[[Path], None],
-    message: str,
+    families: dict[str, Family], tmp_path: Path, case: tuple[str, str, Callable[[Path], None], str]
 ) -> None:
+    family, _, change, message = case
     refused(source(families[family], tmp_path, change), tmp_path, message)
 
 
@@ -516,28 +505,29 @@ def test_a_tformer_checkpoint_as_source_is_named(imported: Path, tmp_path: Path)
 HUB_IDS = ["a--b/c", "a/b..c", "a/b.git", "a/-b", "b" * 97, "a/b/c", "a/b-", "a b"]
 
 
-@pytest.mark.parametrize("hub_id", HUB_IDS)
-def test_a_hub_id_huggingface_hub_would_reject_is_refused_before_calling_it(
-    hub_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No hub (a call to it fails the test), and ``tmp_path`` as the working folder."""
+
     def no_hub(repo_id: str) -> Path:
         raise AssertionError("the hub was called")
 
     monkeypatch.setattr("tformer.imports.hub.download", no_hub)
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.mark.parametrize("hub_id", HUB_IDS)
+def test_a_hub_id_huggingface_hub_would_reject_is_refused_before_calling_it(
+    hub_id: str, tmp_path: Path, offline: None
+) -> None:
     line = refused(hub_id, tmp_path, f"SOURCE {hub_id}: no such folder")
     assert "hub id" in line
 
 
 @pytest.mark.parametrize("path", ["hf/nothere", "./nothere", "/nonexistent-folder/x", "~/no-x"])
 def test_a_mistyped_local_path_is_no_such_folder(
-    path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    path: str, tmp_path: Path, offline: None
 ) -> None:
-    def no_hub(repo_id: str) -> Path:
-        raise AssertionError("the hub was called")
-
-    monkeypatch.setattr("tformer.imports.hub.download", no_hub)
-    monkeypatch.chdir(tmp_path)
     (tmp_path / "hf").mkdir()
     line = refused(path, tmp_path, f"SOURCE {path}: no such folder")
     assert line.endswith("no such folder")
