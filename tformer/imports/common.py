@@ -41,7 +41,7 @@ from tformer.source_files import CONFIG_BYTES, TOKENIZER_BYTES, file_size, read_
 INSTALL = 'pip install "tformer[import]"'
 CONFIG, WEIGHTS, PICKLED = "config.json", "model.safetensors", "pytorch_model.bin"
 SHARD_INDEX = "model.safetensors.index.json"
-FAST_TOKENIZER, TOKENIZER_CONFIG = "tokenizer.json", "tokenizer_config.json"
+FAST_TOKENIZER = "tokenizer.json"
 SAVED = "a folder written by save_pretrained has it"
 # The logit bias of a row that must never win: exp(-1e4) is 0 in float32, bf16 and fp16 alike,
 # yet it stays finite, so label smoothing's sum over the vocabulary stays finite too.
