@@ -42,13 +42,12 @@ from tformer.decoding.api import decode_texts  # noqa: E402
 from tformer.decoding.settings import DecodingConfig  # noqa: E402
 from tformer.fast.accelerate import accelerate  # noqa: E402
 from tformer.fast.int8 import quantize_int8  # noqa: E402
+from tformer.imports.common import open_weights  # noqa: E402
 from tformer.imports.gpt2 import (  # noqa: E402
     gpt2_model_config,
     gpt2_order,
     gpt2_state,
-    unprefixed,
 )
-from tformer.imports.marian import open_weights  # noqa: E402
 from tformer.model import Transformer, build_model  # noqa: E402
 
 SMALL: dict[str, Any] = {}  # GPT2Config's defaults are GPT-2 small's
@@ -67,8 +66,8 @@ def models(shape: dict[str, Any], seed: int = 0) -> tuple[Any, Transformer, list
     model = build_model(gpt2_model_config(config, len(order)))
     with tempfile.TemporaryDirectory() as folder:
         hf.save_pretrained(folder)
-        with open_weights(Path(folder)) as saved:
-            state = gpt2_state(unprefixed(saved, "transformer."), config, order)
+        with open_weights(Path(folder), "transformer.") as saved:
+            state = gpt2_state(saved, config, order)
     model.load_state_dict(state, strict=True)
     return hf, model.eval(), order
 

@@ -15,7 +15,9 @@ row. One foreign id may stand at two tformer ids (GPT-2's ``<|endoftext|>`` is b
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,35 +27,180 @@ from tokenizers import AddedToken
 from tformer.config import MASK, SPECIAL_TOKENS, UNK_ID
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
-from tformer.paths import first_line
+from tformer.paths import excerpt, first_line, json_loads
+from tformer.source_files import TOKENIZER_BYTES, parse_json, read_bytes, text_of
 
 INSTALL = 'pip install "tformer[import]"'
+FAST_TOKENIZER, VOCAB, MERGES = "tokenizer.json", "vocab.json", "merges.txt"
+# Each family's tokenizer class, and the files it is read from: the first complete set.
+FAMILIES: dict[str, tuple[str, tuple[tuple[str, ...], ...]]] = {
+    "gpt2": ("GPT2Tokenizer", ((FAST_TOKENIZER,), (VOCAB, MERGES))),
+    "bert": ("BertTokenizer", ((FAST_TOKENIZER,), ("vocab.txt",))),
+    "t5": ("T5Tokenizer", ((FAST_TOKENIZER,), ("spiece.model",))),
+}
+# The settings read beside them, where the folder has them.
+SETTINGS = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
 def fast_tokenizer(folder: Path, kind: str) -> Any:
-    """The folder's ``GPT2TokenizerFast`` or ``BertTokenizerFast`` (``kind``: gpt2 | bert),
-    from tokenizer.json or the slow files (vocab.json + merges.txt; vocab.txt).
+    """The folder's ``GPT2TokenizerFast``, ``BertTokenizerFast`` or T5 tokenizer (``kind``:
+    gpt2 | bert | t5), from tokenizer.json or the slow files (vocab.json + merges.txt;
+    vocab.txt; spiece.model).
+
+    transformers reads copies, in a private folder, of the files read through
+    :mod:`tformer.source_files` (and checked: ids 0..n-1 once each, merges of known pieces),
+    so it never opens what the folder holds itself.
 
     Raises:
-        CheckpointError: the tokenizer files are missing or unreadable.
+        CheckpointError: the tokenizer files are missing, not regular files, too large, or
+            unreadable.
         ConfigError: transformers is not installed.
     """
     try:
-        # transformers 5 names the tokenizers-backed classes GPT2Tokenizer / BertTokenizer
-        # (the *Fast names are aliases of them).
-        from transformers import BertTokenizer, GPT2Tokenizer
+        import transformers
     except ImportError as error:
         raise ConfigError(f"tformer import needs transformers; {INSTALL}") from error
-    cls = GPT2Tokenizer if kind == "gpt2" else BertTokenizer
-    files = "tokenizer.json or vocab.json + merges.txt" if kind == "gpt2" else (
-        "tokenizer.json or vocab.txt"
+    # transformers 5 names the tokenizers-backed classes GPT2Tokenizer / BertTokenizer (the
+    # *Fast names are aliases of them).
+    name, choices = FAMILIES[kind]
+    expected = " or ".join(" + ".join(files) for files in choices)
+    files = next(
+        (f for f in choices if all(os.path.lexists(folder / n) for n in f)), None
     )
-    try:
-        return cls.from_pretrained(str(folder))
-    except (OSError, ValueError, TypeError, KeyError) as error:
+    if files is None:
         raise CheckpointError(
-            f"{folder}: no readable {cls.__name__} ({files}): {first_line(error)[:160]}"
+            f"{folder}: no tokenizer files ({expected}); save the tokenizer into the folder "
+            "too (tokenizer.save_pretrained)"
+        )
+    with tempfile.TemporaryDirectory(prefix="tformer-tokenizer-") as staged:
+        read: dict[str, bytes] = {}
+        for file in [*files, *(s for s in SETTINGS if os.path.lexists(folder / s))]:
+            read[file] = read_bytes(folder / file, TOKENIZER_BYTES)
+            _check_file(folder / file, read[file], read)
+            (Path(staged) / file).write_bytes(read[file])
+        try:
+            return getattr(transformers, name).from_pretrained(staged)
+        except Exception as error:  # whatever the library trips on in a file it was given
+            why = first_line(error).replace(staged, str(folder))[:160]
+            raise CheckpointError(f"{folder}: no readable {name} ({expected}): {why}") from error
+
+
+def read_tokenizer_json(path: Path) -> tuple[str, dict[str, Any]]:
+    """The text and data of a tokenizer.json, checked (see :func:`check_tokenizer`).
+
+    Raises:
+        CheckpointError: as :func:`tformer.source_files.read_json`, or the check's.
+    """
+    data = read_bytes(path, TOKENIZER_BYTES)
+    _check_file(path, data, {})
+    return data.decode("utf-8"), parse_json(path, data)
+
+
+def _check_file(path: Path, data: bytes, read: dict[str, bytes]) -> None:
+    """Refuse a tokenizer file the library would fail on, or read into a broken vocabulary
+    (``read``: the files read before it, merges.txt needing vocab.json)."""
+    if path.suffix == ".json":
+        parsed = parse_json(path, data)
+        if path.name == FAST_TOKENIZER:
+            check_tokenizer(path, parsed)
+        elif path.name == VOCAB:
+            check_ids(path, parsed.items())
+    elif path.name == MERGES:
+        lines = text_of(path, data).splitlines()
+        merges = [line.split(" ", 1) for line in lines if line and not line.startswith("#")]
+        _check_merges(path, merges, set(json_loads(read[VOCAB])), "")
+    elif path.name == "vocab.txt":
+        # One id per piece, as the library reads it: a piece listed twice leaves a gap.
+        lines = text_of(path, data).splitlines()
+        check_ids(path, {piece: i for i, piece in enumerate(lines)}.items())
+
+
+def check_ids(path: Path, pairs: Iterable[tuple[Any, Any]]) -> dict[int, str]:
+    """id -> piece of a vocabulary's (piece, id) ``pairs``, which must give the ids 0..n-1
+    one piece each (a piece may be listed twice with its one id: an added token).
+
+    Raises:
+        CheckpointError: an id that is not a whole number, one with two pieces, or a gap.
+    """
+    pieces: dict[int, str] = {}
+    for piece, i in pairs:
+        if not isinstance(i, int) or isinstance(i, bool) or not isinstance(piece, str):
+            problem = f"{excerpt(piece)} has the id {excerpt(i)}"
+        elif pieces.setdefault(i, piece) != piece:
+            problem = f"id {i:,} is both {excerpt(pieces[i])} and {excerpt(piece)}"
+        else:
+            continue
+        raise CheckpointError(f"{path}: the ids must be the integers 0..n-1, once each ({problem})")
+    gap = next((i for i in range(len(pieces)) if i not in pieces), None)
+    if gap is not None:
+        raise CheckpointError(
+            f"{path}: the ids must be the integers 0..{len(pieces) - 1}, once each (no piece "
+            f"has id {gap:,}, yet there are ids up to {max(pieces):,})"
+        )
+    return pieces
+
+
+def check_tokenizer(path: Path, data: dict[str, Any]) -> None:
+    """Refuse a tokenizer.json whose ids are not 0..n-1 one piece each (the model's
+    vocabulary and its added tokens together), whose merges name a piece the vocabulary lacks,
+    or that the tokenizers library does not read.
+
+    Raises:
+        CheckpointError: naming ``path`` and the problem.
+    """
+    model = data.get("model")
+    if not isinstance(model, dict):
+        raise CheckpointError(f"{path}: has no tokenizer model")
+    vocab = model.get("vocab")
+    if model.get("type") == "Unigram":
+        if not isinstance(vocab, list) or not all(
+            isinstance(entry, list) and len(entry) == 2 for entry in vocab
+        ):
+            raise CheckpointError(f"{path}: model.vocab is not a list of [piece, score] pairs")
+        pairs: list[tuple[Any, Any]] = [(entry[0], i) for i, entry in enumerate(vocab)]
+    elif isinstance(vocab, dict):
+        pairs = list(vocab.items())
+    else:
+        raise CheckpointError(f"{path}: model.vocab is not a mapping of pieces to ids")
+    added = data.get("added_tokens") or []
+    if not isinstance(added, list) or not all(isinstance(token, dict) for token in added):
+        raise CheckpointError(f"{path}: added_tokens is not a list of tokens")
+    check_ids(path, [*pairs, *((token.get("content"), token.get("id")) for token in added)])
+    merges = model.get("merges")
+    if model.get("type") == "BPE" and isinstance(merges, list):
+        split = [m.split(" ", 1) if isinstance(m, str) else m for m in merges]
+        prefix = model.get("continuing_subword_prefix") or ""
+        _check_merges(path, split, set(vocab), prefix if isinstance(prefix, str) else "")
+    try:
+        tokenizers.Tokenizer.from_str(json.dumps(data))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as error:  # its errors, and a panic (pyo3's is a BaseException)
+        raise CheckpointError(
+            f"{path}: not a tokenizer the tokenizers library reads ({first_line(error)})"
         ) from error
+
+
+def _check_merges(path: Path, merges: list[Any], vocab: set[str], prefix: str) -> None:
+    """Refuse a merge of pieces the vocabulary lacks, or one making a piece it lacks (the
+    library's rule: the second piece's continuing-subword prefix dropped)."""
+    for merge in merges:
+        pair = isinstance(merge, list) and len(merge) == 2
+        if not pair or not all(isinstance(piece, str) for piece in merge):
+            raise CheckpointError(f"{path}: the merge {excerpt(merge)} is not two pieces")
+        first, second = merge
+        if prefix and not second.startswith(prefix):
+            raise CheckpointError(
+                f"{path}: the merge {excerpt(merge)} has a second piece without the "
+                f"continuing-subword prefix {excerpt(prefix)}"
+            )
+        merged = first + second[len(prefix) :]
+        lacking = next((p for p in (first, second, merged) if p not in vocab), None)
+        if lacking is not None:
+            raise CheckpointError(
+                f"{path}: the merge {excerpt(merge)} names {excerpt(lacking)}, which is not in "
+                "the vocabulary"
+            )
 
 
 def reordered_tokenizer(
@@ -86,6 +233,12 @@ def reordered_tokenizer(
     else:
         pieces = {i: piece for piece, i in model["vocab"].items()}
     pieces.update({token["id"]: token["content"] for token in data.get("added_tokens") or []})
+    lacking = [i for i in order if i is not None and i not in pieces]
+    if lacking:
+        raise CheckpointError(
+            f"{where}: the tokenizer has no piece with id {lacking[0]:,}, yet the model's "
+            "vocabulary does; they do not belong together"
+        )
     specials = [*SPECIAL_TOKENS, *((MASK,) if mask else ())]
     names = [*specials, *(pieces[i] for i in order[len(specials) :] if i is not None)]
     clash = sorted(set(names[len(specials) :]) & set(specials))
@@ -122,4 +275,11 @@ def to_tformer_ids(order: Sequence[int | None]) -> dict[int, int]:
     return ids
 
 
-__all__ = ["fast_tokenizer", "reordered_tokenizer", "to_tformer_ids"]
+__all__ = [
+    "check_ids",
+    "check_tokenizer",
+    "fast_tokenizer",
+    "read_tokenizer_json",
+    "reordered_tokenizer",
+    "to_tformer_ids",
+]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,9 +28,10 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
 from tformer.config import SPECIAL_TOKENS, UNK
+from tformer.data.hf_tokenizers import check_ids
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
-from tformer.paths import first_line
+from tformer.source_files import TOKENIZER_BYTES, read_bytes, read_json
 
 INSTALL = 'pip install "tformer[import]"'
 # The first transformers whose SentencePiece converter builds sentencepiece's pre-tokenizer.
@@ -149,12 +151,9 @@ def read_model(path: Path) -> Any:
         ConfigError: the optional packages are not installed.
     """
     model_pb2 = _model_pb2()
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise CheckpointError(f"{path}: SentencePiece model not found")
-    try:
-        blob = path.read_bytes()
-    except OSError as error:
-        raise CheckpointError(f"{path}: cannot read it ({first_line(error)})") from error
+    blob = read_bytes(path, TOKENIZER_BYTES)
     proto = model_pb2.ModelProto()
     try:
         proto.ParseFromString(blob)
@@ -404,24 +403,12 @@ def _token_name(value: Any, default: str) -> str:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: not found; a Marian folder needs its tokenizer files")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: cannot read it ({first_line(error)})") from error
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: not a JSON object")
-    return data
+    return read_json(path, TOKENIZER_BYTES, "a Marian folder needs its tokenizer files")
 
 
 def _read_vocab(path: Path) -> dict[str, int]:
     vocab = _read_json(path)
-    ids = sorted(vocab.values()) if all(isinstance(i, int) for i in vocab.values()) else None
-    if ids != list(range(len(vocab))):
-        raise CheckpointError(
-            f"{path}: the ids must be the integers 0..{len(vocab) - 1}, once each"
-        )
+    check_ids(path, vocab.items())
     return vocab
 
 

@@ -28,13 +28,13 @@ from tformer.config import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, ModelConf
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import ConfigError
 from tformer.export.ctranslate2 import output_bias
+from tformer.marian_layout import TARGET_TOKENIZER, marian_feature_order
 from tformer.model import Transformer
 from tformer.paths import json_loads
 
 README = "README.md"
 # tformer's activation -> Marian's name for it (the ungated ones Marian has).
 MARIAN_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "swish"}
-TARGET_TOKENIZER = "target_tokenizer"  # subfolder: the target side of separate vocabularies
 
 
 def check_marian(config: ModelConfig) -> None:
@@ -79,12 +79,6 @@ def marian_config(config: ModelConfig) -> Any:
         decoder_start_token_id=BOS_ID,
         forced_eos_token_id=None,
     )
-
-
-def marian_feature_order(d_model: int) -> torch.Tensor:
-    """Marian's feature ``j`` is tformer's feature ``order[j]``: the even (sin) features, then
-    the odd (cos) ones; ``argsort`` of it goes back."""
-    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
 def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:

@@ -15,11 +15,12 @@ from tformer.config import TrainConfig
 from tformer.errors import CheckpointError, ConfigError
 from tformer.folders import MarkedFolder
 from tformer.imports.bert import read_bert
+from tformer.imports.common import CONFIG, Imported, read_config
 from tformer.imports.gpt2 import read_gpt2
 from tformer.imports.hub import local_folder
-from tformer.imports.marian import CONFIG, Imported, read_json, read_marian
+from tformer.imports.marian import read_marian
 from tformer.imports.t5 import read_t5
-from tformer.paths import inside
+from tformer.paths import excerpt, inside
 from tformer.version import __version__
 
 
@@ -77,14 +78,15 @@ def read_model(folder: Path, *, source: str) -> Imported:
     """The model of ``folder`` by its config.json's ``model_type``.
 
     Raises:
-        CheckpointError: config.json is missing or names a model type tformer does not read.
+        CheckpointError: config.json is missing, not a regular file or unreadable, the folder
+            is a tformer checkpoint, or config.json names a model type tformer does not read.
     """
-    model_type = read_json(folder / CONFIG).get("model_type")
+    model_type = read_config(folder).get("model_type")
     reader = READERS.get(model_type) if isinstance(model_type, str) else None
     if reader is None:
         raise CheckpointError(
-            f"{folder / CONFIG}: model_type {model_type!r} is not supported; tformer import "
-            f"reads {MODELS}"
+            f"{folder / CONFIG}: model_type {excerpt(model_type)} is not supported; tformer "
+            f"import reads {MODELS}"
         )
     return reader(folder, source=source)
 

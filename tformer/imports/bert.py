@@ -21,35 +21,48 @@ from tformer.config import ModelConfig
 from tformer.data.hf_tokenizers import fast_tokenizer, reordered_tokenizer
 from tformer.data.spm import special_first_order
 from tformer.errors import CheckpointError
-from tformer.imports.marian import (
-    CONFIG,
+from tformer.imports.common import (
     Imported,
-    _Tensors,
+    Key,
+    Tensors,
+    family_config,
     one_tokenizer_import,
-    open_weights,
-    origin_of,
     rows_in_order,
-    transformers_config,
 )
+from tformer.paths import excerpt
 
 # transformers' ACT2FN names -> tformer's (BERT's "gelu" is the exact, erf one).
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "relu": "relu", "silu": "silu"}
 
 
-def bert_config(folder: Path) -> Any:
-    """The folder's checked ``BertConfig``.
+# What config.json's keys must hold, and the tformer setting each becomes.
+KEYS: dict[str, Key] = {
+    "hidden_size": Key.width(),
+    "num_attention_heads": Key.heads(),
+    "num_hidden_layers": Key.layers("n_encoder_layers"),
+    "intermediate_size": Key.ffn(),
+    # One position holds the [CLS]: tformer's max_len is one less.
+    "max_position_embeddings": Key.positions(None, low=2, more=1),
+    "vocab_size": Key.vocab(),
+    "type_vocab_size": Key.vocab(),
+    "hidden_dropout_prob": Key.fraction("dropout"),
+    "attention_probs_dropout_prob": Key.fraction("attention_dropout"),
+    "layer_norm_eps": Key.epsilon(),
+    "pad_token_id": Key.token_id(null=True),
+    "hidden_act": Key.text(),
+    "position_embedding_type": Key.text(),
+    "is_decoder": Key.flag(),
+    "add_cross_attention": Key.flag(),
+}
 
-    Raises:
-        CheckpointError: naming every setting tformer cannot express, in one line.
-        ConfigError: transformers is not installed.
-    """
-    config = transformers_config(folder, "BertConfig")
+
+def _problems(config: Any) -> list[str]:
     problems = []
     if config.hidden_act not in ACTIVATIONS:
-        problems.append(f"hidden_act {config.hidden_act!r}")
+        problems.append(f"hidden_act {excerpt(config.hidden_act)}")
     kind = getattr(config, "position_embedding_type", "absolute")
     if kind != "absolute":
-        problems.append(f"position_embedding_type {kind!r}")
+        problems.append(f"position_embedding_type {excerpt(kind)}")
     if config.is_decoder or config.add_cross_attention:
         problems.append("is_decoder / add_cross_attention (a BERT decoder)")
     if config.hidden_size % config.num_attention_heads:
@@ -57,12 +70,7 @@ def bert_config(folder: Path) -> Any:
             f"hidden_size {config.hidden_size} not divisible by num_attention_heads "
             f"{config.num_attention_heads}"
         )
-    if problems:
-        raise CheckpointError(
-            f"{folder / CONFIG}: {'; '.join(problems)}: tformer has no equivalent, so this "
-            "model cannot be imported"
-        )
-    return config
+    return problems
 
 
 def bert_order(hf_tokenizer: Any, size: int, where: Path) -> list[int | None]:
@@ -93,26 +101,34 @@ def read_bert(folder: Path, *, source: str) -> Imported:
             that do not match their config.
         ConfigError: transformers is not installed.
     """
-    config = bert_config(folder)
+    checked = family_config(folder, "BertConfig", "bert", KEYS, _problems)
+    config = checked.config
     hf_tokenizer = fast_tokenizer(folder, "bert")
     order = bert_order(hf_tokenizer, config.vocab_size, folder)
     tokenizer = reordered_tokenizer(
         hf_tokenizer.backend_tokenizer, order, mask=True, where=str(folder)
     )
-    with open_weights(folder) as weights:
-        state = _state(weights, config, order)
-        # Buffers some versions save (position and token-type ids) are not weights, and a
-        # tied decoder is the word embedding (its bias, cls.predictions.bias).
-        tied = {"cls.predictions.decoder.weight"} if config.tie_word_embeddings else set()
-        weights.done(
-            {k for k in weights.left if k.endswith(("position_ids", "token_type_ids"))}
-            | tied
-            | {"cls.predictions.decoder.bias"}
-        )
-    arch = ModelConfig(
+    # Buffers some versions save (position and token-type ids) are not weights, and a tied
+    # decoder is the word embedding (its bias, cls.predictions.bias).
+    copies = {"cls.predictions.decoder.bias"}
+    if config.tie_word_embeddings:
+        copies.add("cls.predictions.decoder.weight")
+    return one_tokenizer_import(
+        checked,
+        source,
+        (tokenizer, type(hf_tokenizer).__name__),
+        lambda: bert_model_config(config, len(order)),
+        lambda weights: _state(weights, config, order),
+        lambda name: name.endswith(("position_ids", "token_type_ids")) or name in copies,
+    )
+
+
+def bert_model_config(config: Any, vocab_size: int) -> ModelConfig:
+    """tformer's architecture of a (checked) ``BertConfig`` with ``vocab_size`` rows."""
+    return ModelConfig(
         arch="encoder-only",
-        src_vocab_size=len(order),
-        tgt_vocab_size=len(order),
+        src_vocab_size=vocab_size,
+        tgt_vocab_size=vocab_size,
         d_model=config.hidden_size,
         n_heads=config.num_attention_heads,
         n_encoder_layers=config.num_hidden_layers,
@@ -132,11 +148,9 @@ def read_bert(folder: Path, *, source: str) -> Imported:
         mlm_head=True,
         bos_first=True,
     )
-    origin = origin_of(source, folder, config, type(hf_tokenizer).__name__)
-    return one_tokenizer_import(arch, state, tokenizer, origin)
 
 
-def _state(weights: _Tensors, config: Any, order: list[int | None]) -> dict[str, torch.Tensor]:
+def _state(weights: Tensors, config: Any, order: list[int | None]) -> dict[str, torch.Tensor]:
     """tformer's state dict of BERT's tensors."""
     d, f, size = config.hidden_size, config.intermediate_size, config.vocab_size
     emb = "bert.embeddings"

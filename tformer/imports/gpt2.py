@@ -23,17 +23,16 @@ import torch
 from tformer.config import BOS_ID, PAD_ID, UNK_ID, ModelConfig
 from tformer.data.hf_tokenizers import fast_tokenizer, reordered_tokenizer
 from tformer.errors import CheckpointError
-from tformer.imports.marian import (
-    CONFIG,
+from tformer.imports.common import (
     NEVER,
     Imported,
-    _Tensors,
+    Key,
+    Tensors,
+    family_config,
     one_tokenizer_import,
-    open_weights,
-    origin_of,
     rows_in_order,
-    transformers_config,
 )
+from tformer.paths import excerpt
 
 # transformers' ACT2FN names -> tformer's ("gelu_new" and "gelu_pytorch_tanh" are the tanh GELU).
 ACTIVATIONS = {
@@ -47,17 +46,29 @@ ACTIVATIONS = {
 }
 
 
-def gpt2_config(folder: Path) -> Any:
-    """The folder's checked ``GPT2Config``.
+# What config.json's keys must hold, and the tformer setting each becomes.
+KEYS: dict[str, Key] = {
+    "n_embd": Key.width(),
+    "n_head": Key.heads(),
+    "n_layer": Key.layers("n_decoder_layers"),
+    "n_inner": Key.ffn(null=True),
+    "n_positions": Key.positions(),
+    "vocab_size": Key.vocab(),
+    "resid_pdrop": Key.fraction("dropout"),
+    "attn_pdrop": Key.fraction("attention_dropout"),
+    "layer_norm_epsilon": Key.epsilon(),
+    "eos_token_id": Key.token_id(null=True),
+    "activation_function": Key.text(),
+    "scale_attn_by_inverse_layer_idx": Key.flag(),
+    "scale_attn_weights": Key.flag(),
+    "add_cross_attention": Key.flag(),
+}
 
-    Raises:
-        CheckpointError: naming every setting tformer cannot express, in one line.
-        ConfigError: transformers is not installed.
-    """
-    config = transformers_config(folder, "GPT2Config")
+
+def _problems(config: Any) -> list[str]:
     problems = []
     if config.activation_function not in ACTIVATIONS:
-        problems.append(f"activation_function {config.activation_function!r}")
+        problems.append(f"activation_function {excerpt(config.activation_function)}")
     if config.scale_attn_by_inverse_layer_idx:
         problems.append("scale_attn_by_inverse_layer_idx")
     if not config.scale_attn_weights:
@@ -66,12 +77,7 @@ def gpt2_config(folder: Path) -> Any:
         problems.append("add_cross_attention")
     if config.n_embd % config.n_head:
         problems.append(f"n_embd {config.n_embd} not divisible by n_head {config.n_head}")
-    if problems:
-        raise CheckpointError(
-            f"{folder / CONFIG}: {'; '.join(problems)}: tformer has no equivalent, so this "
-            "model cannot be imported"
-        )
-    return config
+    return problems
 
 
 def gpt2_order(size: int, eot: int) -> list[int | None]:
@@ -88,7 +94,8 @@ def read_gpt2(folder: Path, *, source: str) -> Imported:
             that do not match their config.
         ConfigError: transformers is not installed.
     """
-    config = gpt2_config(folder)
+    checked = family_config(folder, "GPT2Config", "gpt2", KEYS, _problems)
+    config = checked.config
     hf_tokenizer = fast_tokenizer(folder, "gpt2")
     eot = config.eos_token_id if config.eos_token_id is not None else hf_tokenizer.eos_token_id
     size = config.vocab_size
@@ -101,40 +108,17 @@ def read_gpt2(folder: Path, *, source: str) -> Imported:
     tokenizer = reordered_tokenizer(
         hf_tokenizer.backend_tokenizer, order, mask=False, where=str(folder)
     )
-    with open_weights(folder) as saved:
-        weights = unprefixed(saved, "transformer.")
-        state = gpt2_state(weights, config, order)
-        # The causal-mask buffers older versions saved are not weights; a tied lm_head is wte.
-        weights.done(
-            {k for k in weights.left if k.endswith((".attn.bias", ".attn.masked_bias"))}
-            | ({"lm_head.weight"} if config.tie_word_embeddings else set())
-        )
-    origin = origin_of(source, folder, config, type(hf_tokenizer).__name__)
-    return one_tokenizer_import(gpt2_model_config(config, len(order)), state, tokenizer, origin)
-
-
-class _Unprefixed:
-    """A safetensors handle whose names lose ``prefix`` (GPT2LMHeadModel saves its body as
-    ``transformer.*``, GPT2Model without it)."""
-
-    def __init__(self, handle: Any, prefix: str) -> None:
-        self.handle = handle
-        self.names = {key.removeprefix(prefix): key for key in handle.keys()}
-
-    def keys(self) -> list[str]:
-        return list(self.names)
-
-    def get_slice(self, key: str) -> Any:
-        return self.handle.get_slice(self.names[key])
-
-    def get_tensor(self, key: str) -> torch.Tensor:
-        tensor: torch.Tensor = self.handle.get_tensor(self.names[key])
-        return tensor
-
-
-def unprefixed(weights: _Tensors, prefix: str) -> _Tensors:
-    """``weights`` with ``prefix`` left out of their names."""
-    return _Tensors(_Unprefixed(weights.handle, prefix), weights.path)
+    # The causal-mask buffers older versions saved are not weights; a tied lm_head is wte.
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    return one_tokenizer_import(
+        checked,
+        source,
+        (tokenizer, type(hf_tokenizer).__name__),
+        lambda: gpt2_model_config(config, len(order)),
+        lambda weights: gpt2_state(weights, config, order),
+        lambda name: name.endswith((".attn.bias", ".attn.masked_bias")) or name in tied,
+        prefix="transformer.",
+    )
 
 
 def gpt2_model_config(config: Any, vocab_size: int) -> ModelConfig:
@@ -161,8 +145,9 @@ def gpt2_model_config(config: Any, vocab_size: int) -> ModelConfig:
     )
 
 
-def gpt2_state(weights: _Tensors, config: Any, order: list[int | None]) -> dict[str, torch.Tensor]:
-    """tformer's state dict of GPT-2's tensors (Conv1D weights transposed)."""
+def gpt2_state(weights: Tensors, config: Any, order: list[int | None]) -> dict[str, torch.Tensor]:
+    """tformer's state dict of GPT-2's tensors (Conv1D weights transposed; their names without
+    ``transformer.``: ``open_weights(folder, "transformer.")``)."""
     d, f = config.n_embd, config.n_inner or 4 * config.n_embd
     size = config.vocab_size
     wte = weights.take("wte.weight", (size, d))

@@ -6,7 +6,9 @@ local folder instead.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 from tformer.errors import CheckpointError, ConfigError
@@ -18,7 +20,10 @@ FILES = [
     "config.json",
     "generation_config.json",
     "model.safetensors",
+    "model.safetensors.index.json",  # a large model's weights come in shards
+    "model-*-of-*.safetensors",
     "*.spm",
+    "spiece.model",
     "vocab.json",
     "vocab.txt",
     "merges.txt",
@@ -26,31 +31,73 @@ FILES = [
     "target_vocab.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "added_tokens.json",
 ]
-# owner/name, or a bare name of the hub's oldest models (gpt2, bert-base-uncased).
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# One part of a hub id (huggingface_hub's validate_repo_id, in ASCII): 1 to 96 letters,
+# digits, "_", "-" or ".", starting and ending with a letter, digit or "_".
+_HUB_PART = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?")
+# What only a path starts with: a hub id has no such form.
+_LOCAL_STARTS = ("/", "./", "../", "~", "\\")
+
+
+def hub_id_problem(source: str) -> str | None:
+    """Why ``source`` is no hub id huggingface_hub would fetch (its own rules), or None."""
+    parts = source.split("/")
+    if len(parts) > 2:
+        return "a hub id is owner/name, with one /"
+    if not all(_HUB_PART.fullmatch(part) for part in parts):
+        return (
+            "each part of a hub id is 1 to 96 letters, digits, '-', '_' or '.', starting and "
+            "ending with a letter, digit or '_'"
+        )
+    if "--" in source or ".." in source:
+        return "a hub id holds no -- or .."
+    if source.endswith(".git"):
+        return "a hub id does not end in .git"
+    return None
+
+
+def _kind(path: Path) -> str | None:
+    """"a folder", "a file" (or another kind), or None when ``path`` names nothing."""
+    try:
+        found = os.stat(path)
+    except (OSError, ValueError):  # absent, a name too long, a NUL byte ...
+        return None
+    return "a folder" if stat.S_ISDIR(found.st_mode) else "a file"
 
 
 def local_folder(source: str) -> Path:
     """SOURCE as a local folder: a folder given, or a hub id fetched (or found in the cache).
 
     Raises:
-        CheckpointError: SOURCE is a file, or a path that does not exist and is no hub id.
+        CheckpointError: SOURCE is a file; a path that does not exist (written as a path, or
+            in a folder that does); or neither a folder nor a hub id huggingface_hub accepts.
         ConfigError: huggingface_hub is not installed, or the hub cannot be reached.
     """
     path = Path(source).expanduser()
-    if path.exists():
-        if not path.is_dir():
+    kind = _kind(path)
+    if kind == "a folder":
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:  # bytes of another encoding, as Python passes them on
+            shown = source.encode("utf-8", "backslashreplace").decode("utf-8")
             raise CheckpointError(
-                f"SOURCE {source}: is not a folder; give a folder written by save_pretrained "
-                "or a hub id such as Helsinki-NLP/opus-mt-en-de"
-            )
+                f"SOURCE {shown}: the name holds bytes that are not UTF-8, and the "
+                "safetensors library opens UTF-8 paths only; rename the folder, or give a "
+                "link to it with a UTF-8 name"
+            ) from None
         return path
-    if not _HUB_ID.match(source):
+    if kind is not None:
         raise CheckpointError(
-            f"SOURCE {source}: no such folder, and not a hub id (owner/name, or a name such "
-            "as gpt2) either"
+            f"SOURCE {source}: is not a folder; give a folder written by save_pretrained "
+            "or a hub id such as Helsinki-NLP/opus-mt-en-de"
         )
+    parent = source.split("/")[0]
+    if source.startswith(_LOCAL_STARTS) or ("/" in source and _kind(Path(parent)) is not None):
+        raise CheckpointError(f"SOURCE {source}: no such folder")
+    problem = hub_id_problem(source)
+    if problem is not None:
+        raise CheckpointError(f"SOURCE {source}: no such folder, and not a hub id ({problem})")
     return download(source)
 
 

@@ -16,100 +16,71 @@ the embeddings, different encoder and decoder widths) are refused before anythin
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from tformer.checkpoint.store import Tokenizers
 from tformer.config import BOS_ID, EOS, EOS_ID, PAD_ID, ModelConfig
+from tformer.data.hf_tokenizers import read_tokenizer_json
 from tformer.data.tokenizer import Tokenizer
-from tformer.errors import CheckpointError, ConfigError
-from tformer.export.huggingface import TARGET_TOKENIZER, marian_feature_order
-from tformer.model import Transformer, TransformerBase, build_model
-from tformer.paths import excerpt_list, first_line
+from tformer.errors import CheckpointError
+from tformer.imports.common import (
+    CONFIG,
+    FAST_TOKENIZER,
+    NEVER,
+    Checked,
+    Imported,
+    Key,
+    Tensors,
+    build_arch,
+    family_config,
+    fill_rows_in_order,
+    open_weights,
+    origin_of,
+    read_state,
+    rows_in_order,
+)
+from tformer.marian_layout import TARGET_TOKENIZER, marian_feature_order
+from tformer.model import Transformer
+from tformer.paths import excerpt
 
-INSTALL = 'pip install "tformer[import]"'
-CONFIG, WEIGHTS, PICKLED = "config.json", "model.safetensors", "pytorch_model.bin"
-FAST_TOKENIZER, TOKENIZER_CONFIG = "tokenizer.json", "tokenizer_config.json"
 MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 # Marian's activation names -> tformer's (transformers' ACT2FN: "swish" and "silu" are SiLU).
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "silu", "silu": "silu"}
-# The logit bias of a row that must never win: exp(-1e4) is 0 in float32, bf16 and fp16 alike,
-# yet it stays finite, so label smoothing's sum over the vocabulary stays finite too.
-NEVER = -1e4
+# What config.json's keys must hold, and the tformer setting each becomes.
+KEYS: dict[str, Key] = {
+    "d_model": Key.width(),
+    "encoder_layers": Key.layers("n_encoder_layers"),
+    "decoder_layers": Key.layers("n_decoder_layers"),
+    "encoder_attention_heads": Key.heads(),
+    "decoder_attention_heads": Key.heads(),
+    "encoder_ffn_dim": Key.ffn(),
+    "decoder_ffn_dim": Key.ffn(),
+    "dropout": Key.fraction("dropout"),
+    "attention_dropout": Key.fraction("attention_dropout"),
+    "max_position_embeddings": Key.positions(),
+    "vocab_size": Key.vocab(),
+    "decoder_vocab_size": Key.vocab(null=True),
+    "pad_token_id": Key.token_id(),
+    "eos_token_id": Key.token_id(),
+    "decoder_start_token_id": Key.token_id(),
+    "activation_function": Key.text(),
+    "share_encoder_decoder_embeddings": Key.flag(),
+    "scale_embedding": Key.flag(),
+    "normalize_before": Key.flag(),
+    "normalize_embedding": Key.flag(),
+    "layernorm_embedding": Key.flag(),
+    "add_final_layer_norm": Key.flag(),
+}
 
 
-@dataclass
-class Imported:
-    """What an import produces: the model (eval mode), its tokenizers, and where it came from."""
-
-    model: TransformerBase
-    tokenizers: Tokenizers
-    origin: dict[str, Any]
-
-
-def transformers_config(folder: Path, name: str, raw: dict[str, Any] | None = None) -> Any:
-    """``transformers.<name>`` (e.g. "GPT2Config") read from the folder's config.json (or
-    ``raw``, when the caller already read it).
-
-    Raises:
-        ConfigError: transformers is not installed.
-    """
-    try:
-        import transformers
-    except ImportError as error:
-        raise ConfigError(f"tformer import needs transformers; {INSTALL}") from error
-    return getattr(transformers, name).from_dict(
-        raw if raw is not None else read_json(folder / CONFIG)
-    )
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as error:
-        raise CheckpointError(
-            f"{path}: missing; a folder written by save_pretrained has it"
-        ) from error
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: unreadable ({first_line(error)})") from error
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: not a JSON object")
-    return data
-
-
-def marian_config(folder: Path) -> Any:
-    """The folder's ``MarianConfig`` (transformers' defaults for keys it leaves out).
-
-    Raises:
-        CheckpointError: config.json is missing or unreadable, or names another model type.
-        ConfigError: transformers is not installed.
-    """
-    raw = read_json(folder / CONFIG)
-    model_type = raw.get("model_type")
-    if model_type != "marian":
-        raise CheckpointError(
-            f"{folder / CONFIG}: model_type {model_type!r} is not a Marian model; tformer "
-            "import reads MarianMTModel (OPUS-MT) folders only"
-        )
-    try:
-        from transformers import MarianConfig
-    except ImportError as error:
-        raise ConfigError(f"tformer import needs transformers; {INSTALL}") from error
-    return MarianConfig.from_dict(raw)
-
-
-def check_expressible(config: Any, where: Path) -> None:
-    """Refuse, naming each one, the Marian settings tformer's model cannot express.
-
-    Raises:
-        CheckpointError: naming every such setting in one line.
-    """
+def _problems(config: Any) -> list[str]:
+    """The Marian settings tformer's model cannot express."""
     problems = []
     if getattr(config, "normalize_before", False):
         problems.append("normalize_before (pre-norm layers)")
@@ -119,7 +90,7 @@ def check_expressible(config: Any, where: Path) -> None:
         if getattr(config, name, False):
             problems.append(f"{name} (a layer norm tformer's post-norm model has not)")
     if config.activation_function not in ACTIVATIONS:
-        problems.append(f"activation_function {config.activation_function!r}")
+        problems.append(f"activation_function {excerpt(config.activation_function)}")
     for mine, theirs in (
         ("encoder_attention_heads", "decoder_attention_heads"),
         ("encoder_ffn_dim", "decoder_ffn_dim"),
@@ -128,99 +99,11 @@ def check_expressible(config: Any, where: Path) -> None:
             problems.append(f"{mine} != {theirs}")
     if config.d_model % 2 or config.d_model % config.encoder_attention_heads:
         problems.append(f"d_model {config.d_model} (must be even and divide into the heads)")
-    if problems:
-        raise CheckpointError(
-            f"{where / CONFIG}: {'; '.join(problems)}: tformer has no equivalent, so this "
-            "model cannot be imported"
-        )
-
-
-@contextmanager
-def open_weights(folder: Path) -> Iterator[_Tensors]:
-    """``model.safetensors`` opened for reading one tensor at a time (so an import holds the
-    model and one tensor in memory, not the file's tensors as well).
-
-    Raises:
-        CheckpointError: the file is missing (a pickled ``pytorch_model.bin`` is not read)
-            or unreadable.
-    """
-    path = folder / WEIGHTS
-    if not path.is_file():
-        why = f"{PICKLED} is a pickle, which" if (folder / PICKLED).exists() else "a pickle"
-        raise CheckpointError(
-            f"{path}: missing; {why} tformer does not load: load the model with transformers, "
-            "save it with save_pretrained (safetensors, the default) and import that folder"
-        )
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            yield _Tensors(_OneMapEach(handle, path), path)
-    except (SafetensorError, OSError) as error:
-        raise CheckpointError(f"{path}: unreadable ({first_line(error)})") from error
-
-
-class _OneMapEach:
-    """A ``safe_open`` handle whose tensors each come from a map of their own, unmapped when
-    the tensor is let go: the pages a map has read stay resident while it is open, so reading
-    every tensor through the one map kept the whole file in memory beside the model being
-    built. (A write to such a tensor goes to a private copy, never to the file.)"""
-
-    def __init__(self, handle: Any, path: Path) -> None:
-        self.handle, self.path = handle, path
-
-    def keys(self) -> Any:
-        return self.handle.keys()
-
-    def get_slice(self, key: str) -> Any:
-        return self.handle.get_slice(key)  # shapes only: no data page is read
-
-    def get_tensor(self, key: str) -> torch.Tensor:
-        with safe_open(str(self.path), framework="pt") as handle:
-            tensor: torch.Tensor = handle.get_tensor(key)  # keeps its map open while alive
-        return tensor
-
-
-class _Tensors:
-    """The Marian tensors, read one at a time (float32) with their expected shapes checked."""
-
-    def __init__(self, handle: Any, path: Path) -> None:
-        self.handle = handle
-        self.left = set(handle.keys())
-        self.used: set[str] = set()
-        self.path = path
-
-    def take(self, name: str, shape: tuple[int, ...], *fallbacks: str) -> torch.Tensor:
-        """The tensor ``name`` (or the first of ``fallbacks`` present: a tied one saved once)."""
-        key = next((k for k in (name, *fallbacks) if k in self.left), None)
-        if key is None:
-            raise CheckpointError(
-                f"{self.path}: has no tensor {name}; the weights do not match config.json"
-            )
-        self.used.add(key)
-        found = tuple(self.handle.get_slice(key).get_shape())
-        if found != shape:
-            raise CheckpointError(
-                f"{self.path}: {key} has shape {found} but config.json makes it "
-                f"{shape}; the weights do not match their config"
-            )
-        return self.handle.get_tensor(key).float()
-
-    def done(self, tied: set[str]) -> None:
-        """Refuse tensors left over: neither read, nor a copy of a tied matrix (``tied``),
-        nor Marian's sinusoid table (a function of the config, not weights)."""
-        left = sorted(
-            key
-            for key in self.left - self.used - tied
-            if not key.endswith("embed_positions.weight")
-        )
-        if left:
-            raise CheckpointError(
-                f"{self.path}: tensors {excerpt_list(left)} have no place in a Marian model of "
-                "its config.json (a variant tformer cannot express)"
-            )
+    return problems
 
 
 def _layer_state(
-    weights: _Tensors, config: Any, inverse: torch.Tensor, side: str, i: int
+    weights: Tensors, config: Any, inverse: torch.Tensor, side: str, i: int
 ) -> dict[str, torch.Tensor]:
     """tformer's weights of one encoder or decoder layer, d_model axes back in its order."""
     d, f = config.d_model, config.encoder_ffn_dim
@@ -263,31 +146,6 @@ def _layer_state(
         f"{ours}.feed_forward.w2.weight": w2, f"{ours}.feed_forward.w2.bias": b2,
     })  # fmt: skip
     return state
-
-
-def rows_in_order(matrix: torch.Tensor, order: list[int | None]) -> torch.Tensor:
-    """``matrix``'s rows (a foreign vocabulary's) in tformer's id order; a new row is zeros."""
-    out = matrix.new_empty(len(order), *matrix.shape[1:])
-    fill_rows_in_order(out, matrix, order)
-    return out
-
-
-def fill_rows_in_order(
-    dest: torch.Tensor,
-    matrix: torch.Tensor,
-    order: list[int | None],
-    columns: torch.Tensor | None = None,
-    block: int = 4096,
-) -> None:
-    """``dest`` = ``matrix``'s rows in tformer's id order (new rows zeros), and with
-    ``columns`` its columns in that order too; a block of rows at a time, so no temporary of
-    the matrix's size is made."""
-    index = torch.tensor([0 if i is None else i for i in order])
-    for start in range(0, len(order), block):
-        rows = index[start : start + block]
-        part = matrix[rows] if columns is None else matrix[rows[:, None], columns[None, :]]
-        dest[start : start + block].copy_(part)
-    dest[[row for row, i in enumerate(order) if i is None]] = 0.0
 
 
 def never_rows(order: list[int | None]) -> list[int]:
@@ -360,9 +218,9 @@ def folder_tokenizers(folder: Path, config: Any) -> FolderTokenizers:
     Raises:
         CheckpointError: tokenizer files are missing or do not fit the model's special ids.
     """
-    if (folder / FAST_TOKENIZER).is_file() and not (folder / "source.spm").exists():
+    if os.path.lexists(folder / FAST_TOKENIZER) and not os.path.lexists(folder / "source.spm"):
         return _exported_tokenizers(folder, config)
-    missing = [name for name in MARIAN_TOKENIZER_FILES if not (folder / name).is_file()]
+    missing = [name for name in MARIAN_TOKENIZER_FILES if not os.path.lexists(folder / name)]
     if missing:
         raise CheckpointError(
             f"{folder}: tokenizer files {', '.join(missing)} are missing; save the "
@@ -394,14 +252,15 @@ def _exported_tokenizers(folder: Path, config: Any) -> FolderTokenizers:
     from tformer.data.spm import special_first_order
 
     def load(path: Path) -> tuple[Tokenizer, bool]:
-        text = path.read_text(encoding="utf-8")
-        processor = json.loads(text).get("post_processor") or {}
-        appends = EOS in json.dumps(processor.get("single", []))
+        text, data = read_tokenizer_json(path)
+        processor = data.get("post_processor")
+        single = processor.get("single", []) if isinstance(processor, dict) else []
+        appends = EOS in json.dumps(single)
         return Tokenizer.from_str(text, source=str(path)), appends
 
     source, source_eos = load(folder / FAST_TOKENIZER)
     target_file = folder / TARGET_TOKENIZER / FAST_TOKENIZER
-    target = load(target_file)[0] if target_file.is_file() else source
+    target = load(target_file)[0] if os.path.lexists(target_file) else source
     if config.decoder_start_token_id != BOS_ID or config.eos_token_id != EOS_ID:
         raise CheckpointError(
             f"{folder / CONFIG}: decoder_start_token_id {config.decoder_start_token_id} / "
@@ -432,54 +291,55 @@ def read_marian(folder: Path, *, source: str) -> Imported:
             tokenizer files, or weights that do not match their config.
         ConfigError: the optional packages are not installed.
     """
-    config = marian_config(folder)
-    check_expressible(config, folder)
+    checked = family_config(folder, "MarianConfig", "marian", KEYS, _problems)
+    config = checked.config
     found = folder_tokenizers(folder, config)
-    tokenizers = found.tokenizers
+    names = _tied_names(config)
     with open_weights(folder) as weights:
-        layout = _layout(weights, config, found)
-        arch = model_config(
+        model = read_state(
+            weights,
+            lambda w: _read_model(w, checked, found),
+            # Marian's sinusoid tables are a function of the config, not weights.
+            lambda name: name in names or name.endswith("embed_positions.weight"),
+        )
+    assert model is not None  # read from the tensors, not their headers
+    return Imported(model, found.tokenizers, origin_of(source, folder, config, found.kind))
+
+
+def _read_model(weights: Tensors, checked: Checked, found: FolderTokenizers) -> Transformer | None:
+    """The model of the Marian tensors (eval mode); from their headers (``read_state``'s
+    first pass), only the checks."""
+    config = checked.config
+    layout = _layout(weights, config, found)
+    converted = _converted(weights, config, found, layout)
+    if weights.headers_only:
+        for _ in converted:
+            pass
+        return None
+    tokenizers = found.tokenizers
+    arch = build_arch(
+        checked,
+        lambda: model_config(
             config,
             tokenizers.source.vocab_size,
             tokenizers.target.vocab_size,
             share=layout.share,
             output_bias=layout.bias is not None,
             source_eos=found.source_eos,
-        )
-        model = Transformer(arch)
-        # Each converted tensor goes straight into the model, so at most one is held beside it.
-        target = model.state_dict()
-        filled = set()
-        for name, tensor in _converted(weights, config, found, layout):
-            if callable(tensor):
-                tensor(target[name])
-            else:
-                target[name].copy_(tensor)
-            filled.add(name)
-        assert filled == set(target), set(target) ^ filled
-        weights.done(_tied_names(config))
-    return Imported(model.eval(), tokenizers, origin_of(source, folder, config, found.kind))
-
-
-def origin_of(source: str, folder: Path, config: Any, tokenizer: str) -> dict[str, Any]:
-    """What config.json records of where imported weights came from."""
-    return {
-        "source": source,
-        "folder": str(folder.resolve()),
-        "model_type": config.model_type,
-        "transformers_version": getattr(config, "transformers_version", None),
-        "tokenizer": tokenizer,
-    }
-
-
-def one_tokenizer_import(
-    arch: ModelConfig, state: dict[str, torch.Tensor], tokenizer: Tokenizer, origin: dict[str, Any]
-) -> Imported:
-    """A model of ``arch`` holding ``state`` whose two sides read one tokenizer (GPT-2, BERT,
-    T5)."""
-    model = build_model(arch)
-    model.load_state_dict(state, strict=True)
-    return Imported(model.eval(), Tokenizers(tokenizer, tokenizer), origin)
+        ),
+    )
+    model = Transformer(arch)
+    # Each converted tensor goes straight into the model, so at most one is held beside it.
+    target = model.state_dict()
+    filled = set()
+    for name, tensor in converted:
+        if callable(tensor):
+            tensor(target[name])
+        else:
+            target[name].copy_(tensor)
+        filled.add(name)
+    assert filled == set(target), set(target) ^ filled
+    return model.eval()
 
 
 def _tied_names(config: Any) -> set[str]:
@@ -503,7 +363,7 @@ class _Layout:
     inverse: torch.Tensor  # tformer's d_model order from Marian's
 
 
-def _layout(weights: _Tensors, config: Any, found: FolderTokenizers) -> _Layout:
+def _layout(weights: Tensors, config: Any, found: FolderTokenizers) -> _Layout:
     """Sizes checked against the tokenizers, whether the embeddings are one, the bias."""
     share = bool(config.share_encoder_decoder_embeddings)
     src_size = config.vocab_size
@@ -528,17 +388,18 @@ def _layout(weights: _Tensors, config: Any, found: FolderTokenizers) -> _Layout:
     )
     if share:  # untied, transformers shares nothing: a fine-tuned copy may hold two embeddings
         encoder, decoder = _embeddings(weights, config, layout)
-        layout.share = torch.equal(encoder, decoder)
-    if "final_logits_bias" in weights.left:
-        final = weights.take("final_logits_bias", (1, tgt_size))[0]
+        layout.share = weights.headers_only or torch.equal(encoder, decoder)
+    if "final_logits_bias" in weights.left:  # -inf where an export masks <pad> and <bos>
+        final = weights.take("final_logits_bias", (1, tgt_size), infinite=True)[0]
     else:
         final = torch.zeros(tgt_size)
-    layout.bias = logits_bias(final, found.target_order)
+    if not weights.headers_only:
+        layout.bias = logits_bias(final, found.target_order)
     return layout
 
 
 def _embeddings(
-    weights: _Tensors, config: Any, layout: _Layout
+    weights: Tensors, config: Any, layout: _Layout
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Marian's source and target embeddings (transformers saves a tied matrix once, under
     one of its names)."""
@@ -547,7 +408,7 @@ def _embeddings(
     )
 
 
-def _embedding(weights: _Tensors, config: Any, layout: _Layout, side: str) -> torch.Tensor:
+def _embedding(weights: Tensors, config: Any, layout: _Layout, side: str) -> torch.Tensor:
     """Marian's ``side`` ("encoder" or "decoder") embedding, under whichever name it is saved."""
     share = bool(config.share_encoder_decoder_embeddings)
     shared = ("model.shared.weight",) if share else ()
@@ -562,7 +423,7 @@ Fill = Callable[[torch.Tensor], None]  # writes a converted tensor into the mode
 
 
 def _converted(
-    weights: _Tensors, config: Any, found: FolderTokenizers, layout: _Layout
+    weights: Tensors, config: Any, found: FolderTokenizers, layout: _Layout
 ) -> Iterator[tuple[str, torch.Tensor | Fill]]:
     """tformer's state dict, one tensor at a time, from the Marian tensors."""
     inverse = layout.inverse

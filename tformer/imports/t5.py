@@ -28,20 +28,17 @@ from typing import Any
 import torch
 
 from tformer.config import ModelConfig
-from tformer.data.hf_tokenizers import reordered_tokenizer
+from tformer.data.hf_tokenizers import fast_tokenizer, reordered_tokenizer
 from tformer.errors import CheckpointError
-from tformer.imports.marian import (
-    CONFIG,
+from tformer.imports.common import (
     Imported,
-    _Tensors,
+    Key,
+    Tensors,
+    family_config,
     one_tokenizer_import,
-    open_weights,
-    origin_of,
-    read_json,
     rows_in_order,
-    transformers_config,
 )
-from tformer.paths import first_line
+from tformer.paths import excerpt
 
 # T5 has no position table, so no limit of its own; tformer's model needs one.
 MAX_LEN = 512
@@ -55,19 +52,33 @@ def gated(config: Any) -> bool:
     return bool(config.feed_forward_proj == "gated-gelu")
 
 
-def t5_config(folder: Path) -> Any:
-    """The folder's checked ``T5Config``.
+# What config.json's keys must hold, and the tformer setting each becomes.
+KEYS: dict[str, Key] = {
+    "d_model": Key.width(),
+    "d_kv": Key.width(None),
+    "num_heads": Key.heads(),
+    "d_ff": Key.ffn(),
+    "num_layers": Key.layers("n_encoder_layers"),
+    "num_decoder_layers": Key.layers("n_decoder_layers", null=True),
+    "vocab_size": Key.vocab(),
+    "relative_attention_num_buckets": Key.positions("relative_buckets", low=2),
+    "relative_attention_max_distance": Key.positions("relative_max_distance"),
+    "dropout_rate": Key.fraction("dropout"),
+    "layer_norm_epsilon": Key.epsilon(),
+    "pad_token_id": Key.token_id(null=True),
+    "eos_token_id": Key.token_id(null=True),
+    "decoder_start_token_id": Key.token_id(null=True),
+    "feed_forward_proj": Key.text(),
+    "is_encoder_decoder": Key.flag(),
+    "scale_decoder_outputs": Key.flag(null=True),
+}
 
-    Raises:
-        CheckpointError: naming every setting tformer cannot express, in one line.
-        ConfigError: transformers is not installed.
-    """
-    raw = read_json(folder / CONFIG)
-    config = transformers_config(folder, "T5Config", raw)
+
+def _problems(config: Any) -> list[str]:
     problems = []
     if config.feed_forward_proj not in FEED_FORWARDS:
         problems.append(
-            f"feed_forward_proj {config.feed_forward_proj!r} (tformer imports "
+            f"feed_forward_proj {excerpt(config.feed_forward_proj)} (tformer imports "
             f"{' and '.join(map(repr, FEED_FORWARDS))})"
         )
     elif gated(config) and config.d_ff % 8:
@@ -79,12 +90,7 @@ def t5_config(folder: Path) -> Any:
     starts = (config.pad_token_id, config.eos_token_id, config.decoder_start_token_id)
     if starts != (0, 1, 0):
         problems.append(f"pad/eos/decoder_start ids {starts} (T5's are 0, 1, 0)")
-    if problems:
-        raise CheckpointError(
-            f"{folder / CONFIG}: {'; '.join(problems)}: tformer has no equivalent, so this "
-            "model cannot be imported"
-        )
-    return config
+    return problems
 
 
 def t5_order(size: int) -> list[int | None]:
@@ -106,15 +112,7 @@ def t5_tokenizer(folder: Path, size: int) -> tuple[Any, list[int | None], list[s
     Raises:
         CheckpointError: no readable tokenizer, or one that does not fit the model.
     """
-    from transformers import T5Tokenizer
-
-    try:
-        hf = T5Tokenizer.from_pretrained(str(folder))
-    except (OSError, ValueError, TypeError, KeyError) as error:
-        raise CheckpointError(
-            f"{folder}: no readable T5Tokenizer (tokenizer.json or spiece.model): "
-            f"{first_line(error)[:160]}"
-        ) from error
+    hf = fast_tokenizer(folder, "t5")
     ids = (hf.pad_token_id, hf.eos_token_id, hf.unk_token_id)
     if ids != (0, 1, 2) or len(hf) > size:
         raise CheckpointError(
@@ -136,19 +134,24 @@ def read_t5(folder: Path, *, source: str) -> Imported:
             that do not match their config.
         ConfigError: transformers is not installed.
     """
-    config = t5_config(folder)
+    checked = family_config(folder, "T5Config", "t5", KEYS, _problems)
+    config = checked.config
     hf, order, sentinels = t5_tokenizer(folder, config.vocab_size)
     tokenizer = reordered_tokenizer(
         hf.backend_tokenizer, order, mask=False, where=str(folder), keep=sentinels
     )
-    tied, scaled = output_layout(config, read_json(folder / CONFIG))
-    arch = t5_model_config(config, len(order), tied=tied, scaled=scaled)
-    with open_weights(folder) as weights:
-        state = t5_state(weights, config, order, tied=tied)
-        copies = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"}
-        weights.done(copies | {"lm_head.weight"} if tied else copies)
-    origin = origin_of(source, folder, config, type(hf).__name__)
-    return one_tokenizer_import(arch, state, tokenizer, origin)
+    tied, scaled = output_layout(config, checked.raw)
+    copies = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"}
+    if tied:
+        copies.add("lm_head.weight")
+    return one_tokenizer_import(
+        checked,
+        source,
+        (tokenizer, type(hf).__name__),
+        lambda: t5_model_config(config, len(order), tied=tied, scaled=scaled),
+        lambda weights: t5_state(weights, config, order, tied=tied),
+        copies.__contains__,
+    )
 
 
 def t5_model_config(
@@ -185,7 +188,7 @@ def t5_model_config(
 
 
 def t5_state(
-    weights: _Tensors, config: Any, order: list[int | None], *, tied: bool = True
+    weights: Tensors, config: Any, order: list[int | None], *, tied: bool = True
 ) -> dict[str, torch.Tensor]:
     """tformer's state dict from the T5 tensors."""
     d, f, h = config.d_model, config.d_ff, config.num_heads
