@@ -591,8 +591,10 @@ FORGED = [
     ("max-len-huge", {"config": _model("max_len", 2**31 - 1)}, ["--max-len 2147483647 is over"]),
     ("data-empty", {"config": _train("data", "")}, ["train.data: an empty string"]),
     # config.json, the weights' record and the manifest forged together: shapes still disagree
-    ("d-ff-consistent", {"config": _model("d_ff", 96), "record": True}, ["d_ff"]),
-    ("d-model-consistent", {"config": _model("d_model", 64), "record": True}, ["d_model"]),
+    ("d-ff-consistent", {"config": _model("d_ff", 96), "record": True},
+     ["config.json implies [96]"]),
+    ("d-model-consistent", {"config": _model("d_model", 64), "record": True},
+     ["config.json implies [60, 64]"]),
 ]  # fmt: skip
 USERS = [
     ("generate", "generate {s} 1"),
