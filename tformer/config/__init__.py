@@ -24,6 +24,7 @@ from tformer.config.checks import (
     one_of,
     strict_from_dict,
 )
+from tformer.config.families import FAMILY_RECORDS, Family, family_record
 from tformer.config.model import (
     ADDED_MODEL_KEYS,
     GATED_ACTIVATIONS,
@@ -70,6 +71,7 @@ __all__ = [
     "DEFAULT_PRESET",
     "EOS",
     "EOS_ID",
+    "FAMILY_RECORDS",
     "GATED_ACTIVATIONS",
     "INT_LIMIT",
     "MASK",
@@ -87,6 +89,7 @@ __all__ = [
     "Activation",
     "Arch",
     "BestMetric",
+    "Family",
     "FinalEval",
     "ModelConfig",
     "Norm",
@@ -100,6 +103,7 @@ __all__ = [
     "check_numbers",
     "check_text",
     "check_types",
+    "family_record",
     "flag",
     "kind_of",
     "one_of",

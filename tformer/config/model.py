@@ -16,6 +16,7 @@ from tformer.config.checks import (
     one_of,
     strict_from_dict,
 )
+from tformer.config.families import FAMILY_RECORDS, Family, family_record
 
 Arch = Literal["encoder-decoder", "decoder-only", "encoder-only"]
 Norm = Literal["post", "pre"]
@@ -209,19 +210,7 @@ class ModelConfig:
         one_of("--positions", self.positions, Positions)
         one_of("--arch", self.arch, Arch)
         self._check_variants()
-        _require(
-            not self.source_eos or self.is_seq2seq,
-            f"--source-eos is for encoder-decoder models, not --arch {self.arch}",
-        )
-        _require(
-            self.document_bos or self.arch == "decoder-only",
-            f"--no-document-bos is for decoder-only models, not --arch {self.arch}",
-        )
-        for name in ("mlm_head", "bos_first"):
-            _require(
-                not getattr(self, name) or self.arch == "encoder-only",
-                f"{flag(name)} is for encoder-only models, not --arch {self.arch}",
-            )
+        self._check_family_fields()
         _require(
             self.norm_eps is None or 0.0 < self.norm_eps < 1.0,
             f"--norm-eps {self.norm_eps} must be in (0, 1)",
@@ -297,19 +286,53 @@ class ModelConfig:
         """Whether this is the paper's encoder-decoder (a source and a target)."""
         return self.arch == "encoder-decoder"
 
+    def _check_family_fields(self) -> None:
+        """Refuse a field that only another family reads, set away from its default."""
+        for family in FAMILY_RECORDS.values():
+            if family.name == self.arch:
+                continue
+            for name in family.own_fields:
+                default = _DEFAULTS[name]
+                shown = f"--no-{flag(name)[2:]}" if default is True else flag(name)
+                _require(
+                    getattr(self, name) == default,
+                    f"{shown} is for {family.name} models, not --arch {self.arch}",
+                )
+
+    @property
+    def family(self) -> Family:
+        """The record of this model's family (what it reads, how it trains, ...)."""
+        return family_record(self.arch)
+
     @property
     def unused_fields(self) -> tuple[str, ...]:
-        """Fields the family does not read (a one-stack model has one stack and one vocabulary)."""
-        if self.arch == "decoder-only":
-            return ("src_vocab_size", "n_encoder_layers", "share_embeddings")
-        if self.arch == "encoder-only":
-            return ("tgt_vocab_size", "n_decoder_layers", "share_embeddings")
-        return ()
+        """Fields this model does not read: another family's own, the stack and vocabulary a
+        one-stack family has not, and the relative bias's settings without relative
+        positions."""
+        family = self.family
+        unused = [
+            name
+            for other in FAMILY_RECORDS.values()
+            if other.name != self.arch
+            for name in other.own_fields
+        ]
+        for stack in ("encoder", "decoder"):
+            if stack not in family.stacks:
+                unused.append(f"n_{stack}_layers")
+        if family.stacks == ("decoder",):
+            unused.append("src_vocab_size")
+        if family.stacks == ("encoder",):
+            unused.append("tgt_vocab_size")
+        if family.shared_vocabulary:
+            unused.append("share_embeddings")
+        if self.positions != "relative":
+            unused += ["relative_buckets", "relative_max_distance"]
+        return tuple(unused)
 
     @property
     def layers(self) -> int:
         """Blocks of a one-stack family (decoder-only: decoder layers; encoder-only: encoder)."""
-        return self.n_encoder_layers if self.arch == "encoder-only" else self.n_decoder_layers
+        return getattr(self, f"n_{self.family.stacks[-1]}_layers")
 
     def kv_cache_bytes_per_token(self, bytes_per_value: int = 4) -> int:
         """Bytes the decoder's key/value caches hold per token (float32 by default): keys and
@@ -324,3 +347,6 @@ class ModelConfig:
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> ModelConfig:
         required = {f.name for f in dataclasses.fields(cls)} - set(ADDED_MODEL_KEYS)
         return strict_from_dict(cls, data, source, "model", required)
+
+
+_DEFAULTS = {spec.name: spec.default for spec in dataclasses.fields(ModelConfig)}
