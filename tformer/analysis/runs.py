@@ -35,7 +35,7 @@ from tformer.checkpoint.run_dir import (
 )
 from tformer.checkpoint.store import read_config
 from tformer.checkpoint.weights import read_header
-from tformer.config import ModelConfig
+from tformer.config import FAMILY_RECORDS, ModelConfig
 from tformer.errors import CheckpointError
 from tformer.paths import inside, json_loads, read_small_text
 
@@ -215,7 +215,8 @@ def kv_cache_bytes_per_token(
     token, and are not counted. None when the sizes are not positive whole numbers, and for an
     encoder-only model.
     """
-    if architecture.get("arch") == "encoder-only":
+    arch = architecture.get("arch", "encoder-decoder")
+    if arch not in FAMILY_RECORDS or not FAMILY_RECORDS[arch].caches:
         return None  # no decoder, nothing cached: it reads its input in one pass
     sizes = {
         name: architecture_value(architecture, name)

@@ -20,7 +20,7 @@ from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.checkpoint.trained_on import trained_on
 from tformer.checkpoint.training_state import saved_record
 from tformer.cli.console import err_console
-from tformer.config import TrainConfig, article, flag
+from tformer.config import FAMILY_RECORDS, TrainConfig, article, flag
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, TOKENIZER_KINDS
 from tformer.decoding.api import long_inputs_warning, long_target_warning
 from tformer.decoding.settings import DecodingConfig, check_rows
@@ -553,14 +553,6 @@ def language_split(data: str | None, text_field: str, split: str, limit: int | N
     return splits[split][:limit] if limit else splits[split]
 
 
-# What each family is for, named when a command for another family is given its checkpoint.
-_FAMILY_TOOLS = {
-    "encoder-decoder": "translate with tformer generate",
-    "decoder-only": "continue text with tformer generate",
-    "encoder-only": "fill in <mask> tokens with tformer fill-mask",
-}
-
-
 Capability = Literal["reads_source", "generates", "continues_prompts", "fills_masks"]
 
 
@@ -575,7 +567,7 @@ def checkpoint_family(
     family = FAMILIES.get(arch)
     if family is None or (needs is not None and not getattr(family, needs)):
         allowed = [name for name, cls in FAMILIES.items() if needs is None or getattr(cls, needs)]
-        hint = _FAMILY_TOOLS.get(arch, "")
+        hint = FAMILY_RECORDS[arch].purpose if arch in FAMILY_RECORDS else ""
         raise ConfigError(
             f"tformer {command} works on {' or '.join(allowed)} models; {checkpoint} is "
             f"{article(arch)} {arch} model" + (f" ({hint})" if hint else "")

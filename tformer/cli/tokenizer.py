@@ -18,7 +18,7 @@ from tformer.cli.options import (
     existing_file,
     file_option,
 )
-from tformer.config import MASK, Arch, one_of
+from tformer.config import Arch, family_record, one_of
 from tformer.data.lm import load_texts
 from tformer.data.prepared import is_prepared
 from tformer.data.sources import load_text_pairs
@@ -92,7 +92,8 @@ def train_tokenizer_command(
         )
     one_of("--arch", arch, Arch)
     sides: dict[str, Iterable[str]]
-    if arch != "encoder-decoder":
+    family = family_record(arch)
+    if family.reads == "documents":
         if separate:
             raise ConfigError(f"--separate-vocab needs two sides; a --arch {arch} model has one")
         docs = load_texts(data, text_field)["train"]
@@ -110,7 +111,7 @@ def train_tokenizer_command(
             where = {".source": "the train split's sources", ".target": "the train split's targets"}
             count = len(train)
         where = {k: f"--data {data or 'bundled dates'}, {v}" for k, v in where.items()}
-    specials = (MASK,) if arch == "encoder-only" else ()
+    specials = family.tokenizer_specials
     out.parent.mkdir(parents=True, exist_ok=True)
     for suffix, texts in sides.items():
         tok = train_tokenizer(
@@ -135,10 +136,11 @@ def _convert(model: Path, out: Path, overwrite: bool, separate: bool, arch: str)
     existing_file(model, "--sentencepiece")
     if separate:
         raise ConfigError("--sentencepiece converts one model; leave out --separate-vocab")
-    if arch == "encoder-only":
+    needs = family_record(arch).tokenizer_specials
+    if needs:
         raise ConfigError(
-            "--sentencepiece: a SentencePiece model has no <mask> token, which --arch "
-            "encoder-only needs; train a tokenizer for it instead"
+            f"--sentencepiece: a SentencePiece model has no {' '.join(needs)} token, which "
+            f"--arch {arch} needs; train a tokenizer for it instead"
         )
     check_output_file(out, "--out", overwrite=overwrite)
     tok = spm_tokenizer(model)

@@ -26,7 +26,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tformer.config import BOS_ID, EOS_ID, MASK_ID, PAD_ID, SPECIAL_TOKENS, TrainConfig
+from tformer.config import (
+    BOS_ID,
+    EOS_ID,
+    MASK_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    TrainConfig,
+    family_record,
+)
 from tformer.data.batching import Batch, pad
 from tformer.data.dates_text import write_text_splits
 from tformer.data.sources import load_text_pairs
@@ -135,7 +143,7 @@ def lm_examples(
     document_bos: bool = True,
 ) -> list[IdPair]:
     """The training examples of ``arch`` (decoder-only or encoder-only) from tokenised docs."""
-    if arch == "decoder-only":
+    if family_record(arch).objective == "causal":
         return causal_examples(docs, max_len, pack=pack, document_bos=document_bos)
     return masked_examples(docs, max_len, pack=pack)
 
@@ -218,9 +226,10 @@ def objective_for(
 ) -> Objective | None:
     """How batches of ``arch`` are made: None for the encoder-decoder (teacher forcing); the
     masking settings and seed of ``train`` (defaults without one; ``seed`` overrides)."""
-    if arch == "decoder-only":
+    objective = family_record(arch).objective
+    if objective == "causal":
         return CausalObjective()
-    if arch != "encoder-only":
+    if objective != "masked":
         return None
     settings = train or TrainConfig()
     return MaskedObjective(

@@ -28,6 +28,7 @@ from tformer.config import (
     TrainConfig,
     check_numbers,
     check_types,
+    family_record,
     flag,
     kind_of,
     parse_duration,
@@ -242,7 +243,7 @@ def _recipe(
     """The recipe's values; with no recipe named, 'dates' for the bundled data ('dates-text'
     for a language model's bundled text)."""
     if name is None and data is None:
-        name = "dates" if arch == "encoder-decoder" else "dates-text"
+        name = family_record(arch).default_recipe
     if name is None or name == "none":
         return {"model": {}, "train": {}}
     if name not in RECIPES:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from tformer import checkpoint as ckpt
-from tformer.config import MASK, MASK_ID, ModelConfig, TrainConfig
+from tformer.config import MASK, MASK_ID, ModelConfig, TrainConfig, family_record
 from tformer.data.fingerprint import fingerprint
 from tformer.data.lm import bundled_text_dir, lm_examples, load_texts
 from tformer.data.pairs import EncodedSplit, encode_pairs, no_training_pairs
@@ -85,7 +85,7 @@ def load_data(
     is prepared into the id cache as it is read (with the tokenizers of ``base``, else
     trained on its first pairs as ``spec`` says); anything else is loaded. A language model
     (``arch`` decoder-only or encoder-only) reads documents, kept as (text, "") pairs."""
-    if arch != "encoder-decoder":
+    if family_record(arch).reads == "documents":
         return _load_documents(cfg, arch, max_len)
     if cfg.block_size is not None:
         raise ConfigError(
