@@ -35,6 +35,16 @@ VARIANTS = {
     "gpt2-bert": dict(activation="gelu_tanh", embedding_scale=False, norm_eps=1e-12,
                       embedding_norm=True, segment_embedding=True, positions="learned",
                       norm="pre", output_bias=True),
+    # T5 (v1.0 and v1.1): relative position bias, unscaled scores, bias-free layers, pre-norm
+    # RMSNorm, unscaled embeddings, the output rescaled before the tied projection
+    "t5": dict(positions="relative", attention_scale=False, linear_bias=False, norm="pre",
+               normalization="rmsnorm", norm_eps=1e-6, embedding_scale=False,
+               output_scale=True, source_eos=True, relative_buckets=8,
+               relative_max_distance=20),
+    "t5-v1.1": dict(positions="relative", attention_scale=False, linear_bias=False,
+                    norm="pre", normalization="rmsnorm", norm_eps=1e-6, embedding_scale=False,
+                    activation="geglu_tanh", d_ff=96, relative_buckets=8,
+                    relative_max_distance=20),
 }  # fmt: skip
 # GPT-2's variants on a decoder-only model (the family they come with).
 GPT2 = dict(arch="decoder-only", activation="gelu_tanh", embedding_scale=False, norm_eps=1e-5,

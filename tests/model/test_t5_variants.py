@@ -20,6 +20,7 @@ from tformer.decoding.settings import DecodingConfig
 from tformer.errors import ConfigError
 from tformer.fast.accelerate import accelerate
 from tformer.fast.int8 import quantize_int8
+from tformer.fast.step import FastDecoderLayer, LeanStep
 from tformer.model import Transformer, build_model
 from tformer.model.attention import scaled_dot_product_attention
 from tformer.model.positions import RelativePositionBias, relative_bucket
@@ -119,7 +120,7 @@ def test_relative_positions_decode_cached_as_uncached(arch: str) -> None:
     with torch.inference_mode():
         full = model(src, tgt).logits
         torch.testing.assert_close(cached_logits(model, src, tgt), full, atol=1e-5, rtol=1e-5)
-        accelerate(model)  # the lean step does not fit: decoding goes through decode
+        accelerate(model)  # the lean step, with the relative bias at the cache's offset
         greedy = DecodingConfig(max_new_tokens=6)
         cached = decode(model, src, greedy)
         uncached = decode(model, src, DecodingConfig(max_new_tokens=6, use_cache=False))
@@ -133,9 +134,21 @@ def test_relative_positions_decode_cached_as_uncached(arch: str) -> None:
     ]
 
 
-def test_int8_refuses_the_t5_variants_in_one_line() -> None:
-    with pytest.raises(ConfigError, match="--quantize int8 .* relative position bias"):
-        quantize_int8(Transformer(tiny(**T5)))
+def test_int8_decodes_the_t5_variants_on_the_lean_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """T5's variants quantise (bias-free int8 layers) and decode on the lean step, its
+    relative bias and unscaled scores included; tests/fast/test_variants_fast.py holds the
+    int8 steps within the int8 forward's own error."""
+    torch.manual_seed(0)
+    model = quantize_int8(Transformer(tiny(**T5)).eval())
+    assert isinstance(model, LeanStep)
+    steps = []
+    lean = FastDecoderLayer.step
+    monkeypatch.setattr(
+        FastDecoderLayer, "step", lambda self, *a, **k: steps.append(1) or lean(self, *a, **k)
+    )
+    with torch.inference_mode():
+        out = decode(model, torch.tensor([[5, 6, 7, 8]]), DecodingConfig(max_new_tokens=6))
+    assert out[0][0].ids and steps  # decoded, one lean step per layer and token
 
 
 def test_bad_relative_settings_are_refused() -> None:

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from tformer.decoding.settings import DecodingConfig
 from tformer.fast.graphs import GraphStepper, graphs_fit
-from tformer.fast.step import FastTransformer, LeanStep, lean_step_fits, step_mask
+from tformer.fast.step import FastTransformer, LeanStep, step_mask
 from tformer.model import TransformerBase
 from tformer.model.transformer import EncoderOutput
 
@@ -48,7 +48,7 @@ class CachedStepper:
             first = torch.cat([tokens[:, None], self.prompts], dim=1)
             self.prompts = None
             return model.decode(first, self.encoded, cache=self.cache).logits[:, -1].float()
-        if isinstance(model, LeanStep) and not model.training and lean_step_fits(model.config):
+        if isinstance(model, LeanStep) and not model.training:
             logits = model.step(tokens[:, None], self.encoded.memory, self._mask(), self.cache)
         else:
             logits = model.decode(tokens[:, None], self.encoded, cache=self.cache).logits

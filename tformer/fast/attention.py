@@ -102,9 +102,9 @@ class FoldedSource:
     """
 
     keys: Tensor  # (H * S, D)
-    key_bias: Tensor  # (H * S,)
+    key_bias: Tensor | None  # (H * S,); None for bias-free projections (T5)
     values: Tensor  # (D, H * S)
-    out_bias: Tensor  # (D,): b_O
+    out_bias: Tensor | None  # (D,): b_O
     heads: int
     length: int  # S
 
@@ -121,6 +121,7 @@ class FastMultiHeadAttention(MultiHeadAttention):
         cache: KVCache,
         memory: Tensor | None = None,
         memory_mask: Tensor | None = None,
+        position_bias: Tensor | None = None,
     ) -> Tensor:
         """``forward`` for one new query position per row, at inference, with a cache.
 
@@ -131,6 +132,8 @@ class FastMultiHeadAttention(MultiHeadAttention):
 
         Args:
             query: (B, 1, D). memory_mask: broadcastable to (B, H, 1, S), or None.
+            position_bias: (1, H, 1, t) added to the self-attention scores (T5's relative
+                positions), or None.
         Returns:
             (B, 1, D).
         """
@@ -151,8 +154,13 @@ class FastMultiHeadAttention(MultiHeadAttention):
             k, v = cache.k, cache.v
         assert k is not None and v is not None
         k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, H, t, d_k)
+        if position_bias is not None:  # one additive mask: the bias, -inf where hidden
+            bias = position_bias.to(q.dtype)
+            memory_mask = bias if memory_mask is None else bias.masked_fill(~memory_mask, -math.inf)
         # No causal mask: the one new query may see every cached key.
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=memory_mask)  # (B, H, 1, d_k)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=memory_mask, scale=self.scale
+        )  # (B, H, 1, d_k)
         out = self.gate_heads(out)
         # With one query position the heads already lie side by side: no transpose needed.
         return direct(self.out_proj, out.reshape(b, 1, self.n_heads * self.d_k))
@@ -207,7 +215,7 @@ class FastMultiHeadAttention(MultiHeadAttention):
         """Queries, keys and values of (B, 1, D) new positions: (B, 1, 3D)."""
         return linear(self, query, *self._fused_qkv())
 
-    def fold_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def fold_weights(self) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
         """W^Q, its bias, W^O and its bias as float tensors, for :meth:`_fold`."""
         return self.q_proj.weight, self.q_proj.bias, self.out_proj.weight, self.out_proj.bias
 
@@ -217,11 +225,13 @@ class FastMultiHeadAttention(MultiHeadAttention):
         # (H, S, d_k): every row holds the same source; a grouped head serves H / G heads
         k, v = repeat_kv(cache.k[:1], self.groups)[0], repeat_kv(cache.v[:1], self.groups)[0]
         length = k.size(1)
-        scale = 1.0 / math.sqrt(d_k)
+        scale = 1.0 / math.sqrt(d_k) if self.scale is None else self.scale
         q_weight, q_bias, o_weight, o_bias = self.fold_weights()
         w_q = q_weight.view(h, d_k, -1)  # (H, d_k, D): W_h
         keys = (k @ w_q) * scale  # (H, S, D)
-        key_bias = (k @ q_bias.view(h, d_k, 1)).view(h * length) * scale
+        key_bias = (
+            None if q_bias is None else (k @ q_bias.view(h, d_k, 1)).view(h * length) * scale
+        )
         w_o = o_weight.view(-1, h, d_k).permute(1, 2, 0)  # (H, d_k, D): O_hᵀ
         values = self.gate_heads((v @ w_o)[None])[0].reshape(h * length, -1)  # (H·S, D)
         cache.folded = FoldedSource(
@@ -229,22 +239,23 @@ class FastMultiHeadAttention(MultiHeadAttention):
         )
         return cache.folded
 
-    def _fused_qkv(self) -> tuple[Tensor, Tensor]:
-        """W^Q stacked on the key/value weight ((H + 2G)·d_k x D) and their biases, remade
-        on change.
+    def _fused_qkv(self) -> tuple[Tensor, Tensor | None]:
+        """W^Q stacked on the key/value weight ((H + 2G)·d_k x D) and their biases (None for
+        bias-free layers), remade on change.
 
         A plain attribute, not a parameter: the state dict keeps the paper's projections.
         """
         parts = (self.q_proj.weight, self.kv_proj.weight, self.q_proj.bias, self.kv_proj.bias)
 
-        def stacked() -> tuple[Tensor, Tensor]:
-            return torch.cat(parts[:2]), torch.cat(parts[2:])
+        def stacked() -> tuple[Tensor, Tensor | None]:
+            biases = parts[2:]
+            return torch.cat(parts[:2]), None if biases[0] is None else torch.cat(biases)
 
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             # Never a detached copy where autograd or a tracer is watching: stack the
             # parameters themselves, every call.
             return stacked()
-        key = tuple((p.data_ptr(), p._version) for p in parts)
+        key = tuple((p.data_ptr(), p._version) for p in parts if p is not None)
         cached = self.__dict__.get("_qkv")
         if cached is None or cached[0] != key:
             # Outside inference mode: linear() keys its packed copy on the weight's version

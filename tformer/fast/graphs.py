@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from tformer.fast.attention import StaticKVCache
-from tformer.fast.step import FastDecoderLayer, FastTransformer, lean_step_fits
+from tformer.fast.step import FastDecoderLayer, FastTransformer
 from tformer.model.cache import KVCache, LayerCache
 from tformer.model.positions import LearnedPositions, PositionalEncoding
 from tformer.model.transformer import EncoderOutput
@@ -42,14 +42,15 @@ DEVICES = ("cuda",)  # where the static step runs; elsewhere it is not captured 
 
 def graphs_fit(model: object, encoded: EncoderOutput, prompts: Tensor | None) -> bool:
     """Whether ``model`` decodes ``encoded`` through graphed steps: a lean-step encoder-decoder
-    in eval mode on a CUDA device, with positions added from a table (not RoPE)."""
+    in eval mode on a CUDA device, with positions added from a table (not RoPE, nor T5's
+    relative bias)."""
     return (
         isinstance(model, FastTransformer)
         and not model.training
         and prompts is None
         and encoded.memory.device.type in DEVICES
         and os.environ.get(CUDA_GRAPHS, "1") != "0"
-        and lean_step_fits(model.config)
+        and model.config.positions != "relative"  # its bias is not captured at a device offset
         and isinstance(model.decoder.positions, PositionalEncoding | LearnedPositions)
     )
 

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from tformer.device import cpuinfo
 from tformer.errors import ConfigError
 from tformer.fast.attention import FastMultiHeadAttention
-from tformer.fast.step import FastTransformer, LeanStep, lean_step_fits
+from tformer.fast.step import FastTransformer, LeanStep
 from tformer.model.families import DecoderOnlyTransformer, EncoderOnlyTransformer
 from tformer.model.transformer import Transformer, TransformerBase
 
@@ -81,16 +81,15 @@ class Int8MultiHeadAttention(FastMultiHeadAttention):
     def qkv_step(self, query: Tensor) -> Tensor:
         return self.qkv.forward(query)
 
-    def fold_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def fold_weights(self) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
         q_weight, q_bias = _float(self.q_proj)
         o_weight, o_bias = _float(self.out_proj)
         return q_weight, q_bias, o_weight, o_bias
 
 
-def _float(layer: nn.Module) -> tuple[Tensor, Tensor]:
+def _float(layer: nn.Module) -> tuple[Tensor, Tensor | None]:
     assert isinstance(layer, Int8Linear)
-    weight, bias = layer.dequantized()
-    return weight, torch.zeros(layer.out_features) if bias is None else bias
+    return layer.dequantized()
 
 
 class Int8Model(TransformerBase):
@@ -158,18 +157,14 @@ def quantize_int8(model: TransformerBase) -> TransformerBase:
         return model
     if next(model.parameters()).device.type != "cpu":
         raise ConfigError("int8 decoding runs on the CPU only: load the model with --device cpu")
-    if not lean_step_fits(model.config):
-        raise ConfigError(
-            "--quantize int8 decodes through the lean step, which has no relative position "
-            "bias, unscaled attention or bias-free layers (T5's); leave out --quantize"
-        )
     accelerate(model).eval().requires_grad_(False)
     forget_fast_weights(model)
     projection = Int8Linear(model.output_weight(), model.logits_bias)
     for attention in list(model.modules()):
         if type(attention) is FastMultiHeadAttention:
             q, kv = attention.q_proj, attention.kv_proj
-            fused = Int8Linear(torch.cat([q.weight, kv.weight]), torch.cat([q.bias, kv.bias]))
+            biases = None if q.bias is None else torch.cat([q.bias, kv.bias])
+            fused = Int8Linear(torch.cat([q.weight, kv.weight]), biases)
             attention.__class__ = Int8MultiHeadAttention
             attention.qkv = fused
     for parent in list(model.modules()):

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer.config import ModelConfig
 from tformer.fast.attention import FastMultiHeadAttention, FoldingKVCache
 from tformer.fast.linear import direct, fast_linear
 from tformer.model.cache import DecoderCache, LayerCache
@@ -27,12 +26,6 @@ def layer_norm(norm: nn.LayerNorm | nn.RMSNorm, x: Tensor) -> Tensor:
     if isinstance(norm, nn.RMSNorm):
         return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-
-
-def lean_step_fits(config: ModelConfig) -> bool:
-    """Whether the lean step's attention (the paper's, with biases) is ``config``'s: T5's
-    relative bias, unscaled scores and bias-free layers decode through ``decode`` instead."""
-    return config.positions != "relative" and config.attention_scale and config.linear_bias
 
 
 def step_mask(mask: Tensor) -> Tensor | None:
@@ -71,11 +64,21 @@ class FastDecoderLayer(DecoderLayer):
     feed_forward: FastFeedForward | FastGatedFeedForward
 
     def step(
-        self, x: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: LayerCache
+        self,
+        x: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None,
+        cache: LayerCache,
+        position_bias: Tensor | None = None,
     ) -> Tensor:
-        """``forward`` for one new position per row (B, 1, D), at inference, with a cache."""
+        """``forward`` for one new position per row (B, 1, D), at inference, with a cache
+        (and T5's relative ``position_bias`` (1, H, 1, t) on the self-attention scores)."""
+        self_attn = self.self_attn
         sublayers: list[tuple[nn.LayerNorm | nn.RMSNorm, Callable[[Tensor], Tensor]]] = [
-            (self.norm1, lambda h: self.self_attn.step(h, cache.self_attn))
+            (
+                self.norm1,
+                lambda h: self_attn.step(h, cache.self_attn, position_bias=position_bias),
+            )
         ]
         if self.has_cross:  # a decoder-only model's block has none
             cross = self.cross_attn
@@ -105,10 +108,12 @@ class LeanStep(TransformerBase):
         The same result as ``decode(tgt, encoded, cache=cache).logits`` in eval mode.
         """
         decoder = self.decoder
-        x = decoder.positions(decoder.embedding(tgt), cache.length)  # (B, 1, D)
+        start = cache.length
+        x = decoder.positions(decoder.embedding(tgt), start)  # (B, 1, D)
+        bias = decoder.relative(1, start + 1, start) if decoder.relative is not None else None
         for layer, layer_cache in zip(decoder.layers, cache.layers, strict=True):
             assert isinstance(layer, FastDecoderLayer)  # accelerate() swapped every layer
-            x = layer.step(x, memory, memory_mask, layer_cache)
+            x = layer.step(x, memory, memory_mask, layer_cache, bias)
         cache.length += 1
         return self.project(decoder.finish(x))
 
