@@ -185,7 +185,8 @@ def to_gpt2(model: DecoderOnlyTransformer) -> Any:
         eos_token_id=eos,
         tie_word_embeddings=tied,
     )
-    gpt2 = load_exact(GPT2LMHeadModel(config), state, computed=(".attn.bias", ".masked_bias"))
+    computed = (".attn.bias", ".masked_bias", *(("lm_head.weight",) if tied else ()))
+    gpt2 = load_exact(GPT2LMHeadModel(config), state, computed)
     if tied:
         gpt2.tie_weights()
     never = [vocab.id(i) for i in (PAD_ID, BOS_ID) if i in vocab.rows]
