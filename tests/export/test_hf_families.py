@@ -98,3 +98,65 @@ def test_t5_round_trip(t5: T5Case, toy_data: Path, tmp_path: Path) -> None:  # n
         found = model.generate(**batch, max_new_tokens=10)
     expected = t5.model.generate(**batch, max_new_tokens=10, suppress_tokens=[0])
     assert found.tolist() == expected.tolist()
+
+
+# -- models trained from scratch by tformer ----------------------------------------------------
+
+STEPS = 12
+# family -> the variants it is trained with (each export folds in what its target lacks: the
+# embedding scale, the paper's sinusoids, GPT-2's missing logits bias, T5's score scaling).
+SCRATCH = {
+    "decoder-only": dict(norm="pre", output_bias=True, activation="gelu_tanh"),
+    "encoder-only": dict(embedding_norm=True, mlm_head=True, bos_first=True, positions="learned"),
+    "encoder-decoder": dict(positions="relative", relative_buckets=8, relative_max_distance=16,
+                            linear_bias=False, normalization="rmsnorm", norm="pre",
+                            output_scale=True, activation="swiglu", source_eos=True),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=list(SCRATCH))
+def scratch(request: pytest.FixtureRequest, toy_data: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201, E501
+    from tformer.config import ModelConfig, TrainConfig
+    from tformer.training.run import train
+
+    arch = request.param
+    small = dict(d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
+                 max_len=64, dropout=0.0)  # fmt: skip
+    model = ModelConfig(arch=arch, **small, **SCRATCH[arch])
+    data = {"data": str(toy_data)} if arch == "encoder-decoder" else {}  # else the demo text
+    config = TrainConfig(**data, max_tokens=1024, lr=3e-3, warmup_steps=4, max_steps=STEPS,
+                         eval_every=STEPS, save_every=STEPS, log_every=STEPS, seed=0)  # fmt: skip
+    out = tmp_path_factory.mktemp("scratch") / arch
+    ckpt = train(model, config, out=out, vocab_size=96).checkpoint
+    return ckpt, export(ckpt, tmp_path_factory.mktemp("scratch-hf") / arch)
+
+
+def test_scratch_models_export_with_tformers_logits(scratch) -> None:  # noqa: ANN001
+    ckpt_path, out = scratch
+    ckpt = load_checkpoint(ckpt_path)
+    model, config = ckpt.model.eval(), ckpt.model_config
+    tokenizer = AUTO.AutoTokenizer.from_pretrained(out)
+    text = "12 March 2021 is a date"
+    ids = ckpt.tokenizers.source.encode(text)
+    with torch.no_grad():
+        if config.arch == "decoder-only":
+            hf = AUTO.AutoModelForCausalLM.from_pretrained(out).eval()
+            given = tokenizer(text, return_tensors="pt").input_ids
+            assert given[0].tolist() == [BOS_ID, *ids]
+            ours = model(torch.zeros(1, 0, dtype=torch.long), given).logits
+            torch.testing.assert_close(hf(given).logits, ours, atol=1e-4, rtol=1e-4)
+        elif config.arch == "encoder-only":
+            hf = AUTO.AutoModelForMaskedLM.from_pretrained(out).eval()
+            rows = [0, 3, 1, 2, 4, *range(5, config.src_vocab_size)]
+            given = tokenizer(text, return_tensors="pt")
+            assert [rows[i] for i in given.input_ids[0].tolist()] == [BOS_ID, *ids, 2]
+            ours = model(torch.tensor([[*ids, 2]])).logits[..., rows]
+            torch.testing.assert_close(hf(**given).logits[:, 1:], ours, atol=1e-4, rtol=1e-4)
+        else:
+            hf = AUTO.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+            given = tokenizer(text, return_tensors="pt").input_ids
+            assert given[0].tolist() == [i - 1 for i in [*ids, 2]]
+            target = torch.tensor([[BOS_ID, *ids[:3]]])
+            ours = model(torch.tensor([ids]), target).logits[..., 1:]
+            theirs = hf(input_ids=given, decoder_input_ids=target - 1).logits
+            torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
