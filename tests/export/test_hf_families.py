@@ -7,7 +7,7 @@ is refused in one line, OUT not created."""
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 import warnings
 from pathlib import Path
 
@@ -22,7 +22,6 @@ from tests.imports.test_gpt2 import GPT2Case, gpt2  # noqa: E402, F401
 from tests.imports.test_t5 import T5Case, t5  # noqa: E402, F401
 from tformer.checkpoint.store import load_checkpoint  # noqa: E402
 from tformer.config import BOS_ID  # noqa: E402
-from tformer.imports.api import import_model  # noqa: E402
 
 AUTO = transformers
 
@@ -160,3 +159,66 @@ def test_scratch_models_export_with_tformers_logits(scratch) -> None:  # noqa: A
             ours = model(torch.tensor([ids]), target).logits[..., 1:]
             theirs = hf(input_ids=given, decoder_input_ids=target - 1).logits
             torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
+
+
+# -- refused ----------------------------------------------------------------------------------
+
+REFUSED = {  # arch, variants -> the flags the refusal must name
+    "gpt2-rope": ("decoder-only", dict(positions="rope", kv_heads=2, norm="post"),
+                  ["--norm post", "--positions rope", "--kv-heads 2", "GPT2LMHeadModel"]),
+    "bert-plain": ("encoder-only", dict(normalization="rmsnorm"),
+                   ["--normalization rmsnorm", "no --embedding-norm", "no --mlm-head"]),
+    "t5-biases": ("encoder-decoder", dict(positions="relative", norm="pre", activation="geglu"),
+                  ["--normalization layernorm", "--activation geglu", "--linear-bias"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_what_no_family_expresses_is_refused_in_one_line(case: str, tmp_path: Path) -> None:
+    from tformer.checkpoint.store import Tokenizers, write_checkpoint_files
+    from tformer.config import ModelConfig, TrainConfig
+    from tformer.data.tokenizer import train_tokenizer
+    from tformer.model import build_model
+
+    arch, changes, named = REFUSED[case]
+    specials = ("<mask>",) if arch == "encoder-only" else ()
+    tokenizer = train_tokenizer(["one two three four"] * 50, vocab_size=40, specials=specials)
+    size = tokenizer.vocab_size
+    config = ModelConfig(arch=arch, d_model=32, n_heads=4, n_encoder_layers=1,
+                         n_decoder_layers=1, d_ff=64, max_len=32, src_vocab_size=size,
+                         tgt_vocab_size=size, **changes)  # fmt: skip
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    write_checkpoint_files(
+        ckpt,
+        model=build_model(config),
+        train_config=TrainConfig(),
+        tokenizers=Tokenizers(tokenizer, tokenizer),
+    )
+    out = tmp_path / "out"
+    run = tformer("export", ckpt, out, "--to", "huggingface")
+    assert run.exit_code == 2, run.output
+    message = run.stderr.strip()
+    assert "\n" not in message and not out.exists()
+    for flag in named:
+        assert flag in message, message
+
+
+def test_marian_generation_config_takes_max_new_tokens_without_a_warning(
+    trained_variant, inputs: list[str], tmp_path: Path  # noqa: ANN001
+) -> None:
+    out = export(trained_variant("post-relu-shared-tied"), tmp_path / "hf")
+    model = AUTO.AutoModelForSeq2SeqLM.from_pretrained(out)
+    tokenizer = AUTO.AutoTokenizer.from_pretrained(out)
+    assert model.generation_config.max_length == AUTO.GenerationConfig().max_length
+    batch = tokenizer(inputs[:2], return_tensors="pt", padding=True)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    library = logging.getLogger("transformers")  # its loggers do not propagate to the root
+    library.addHandler(handler)
+    try:
+        model.generate(**batch, max_new_tokens=5)
+    finally:
+        library.removeHandler(handler)
+    assert not [r.getMessage() for r in records if "max_length" in r.getMessage()]

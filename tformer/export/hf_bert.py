@@ -162,7 +162,7 @@ def to_bert(model: EncoderOnlyTransformer) -> Any:
         tie_word_embeddings=c.tie_embeddings,
     )
     bert = BertForMaskedLM(config)
-    computed = ("position_ids", "token_type_ids", "decoder.bias")
+    computed: tuple[str, ...] = ("position_ids", "token_type_ids", "decoder.bias")
     if c.tie_embeddings:
         computed += ("decoder.weight",)
     bert = load_exact(bert, bert_state(model, vocab), computed)

@@ -200,7 +200,9 @@ def position_table(stack: Encoder | Decoder, config: ModelConfig) -> torch.Tenso
     """(positions_held, D) the vectors a stack adds at each position: its learned table, or
     the paper's sinusoids (the same numbers as a learned table)."""
     if config.positions == "learned":
-        return stack.positions.table.weight.detach().float()  # type: ignore[union-attr]
+        table = stack.positions.table
+        assert isinstance(table, torch.nn.Embedding)
+        return table.weight.detach().float()
     return sinusoidal_positions(config.positions_held, config.d_model)
 
 
