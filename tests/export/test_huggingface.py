@@ -152,7 +152,7 @@ def test_configs_and_tokenizers_say_what_tformer_does(
     max_len = load_checkpoint(trained_variant("post-relu-separate-untied")).model_config.max_len
     assert generation["decoder_start_token_id"] == BOS_ID
     assert generation["eos_token_id"] == EOS_ID and generation["pad_token_id"] == PAD_ID
-    assert generation["max_length"] == max_len + 1
+    assert generation["max_new_tokens"] == max_len and "max_length" not in generation
     assert generation.get("num_beams", 1) == 1
     assert (out / "model.safetensors").is_file()
     assert not list(out.glob("*.bin"))  # no pickle

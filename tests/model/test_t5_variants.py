@@ -156,7 +156,7 @@ def test_bad_relative_settings_are_refused() -> None:
         tiny(**{**T5, "relative_buckets": 1})
 
 
-@pytest.mark.parametrize("to", ["huggingface", "ctranslate2"])
+@pytest.mark.parametrize("to", ["ctranslate2"])  # --to huggingface writes a T5 model
 def test_exports_refuse_the_t5_variants_naming_them(to: str) -> None:
     from tformer.export.api import check_variants
 

@@ -1,4 +1,5 @@
-"""Export a trained checkpoint for serving: CTranslate2 and Hugging Face Marian folders.
+"""Export a trained checkpoint for serving: CTranslate2 folders, and Hugging Face folders
+(GPT-2, BERT, T5 or Marian, by the checkpoint's family).
 
 ``export_checkpoint(CKPT, OUT, to="ctranslate2" | "huggingface")`` is what ``tformer export``
 calls. The target packages (``ctranslate2``, ``transformers``) are optional: they are imported

@@ -18,7 +18,13 @@ from tformer.config import ModelConfig, flag
 from tformer.errors import ConfigError
 from tformer.export.ctranslate2 import export_ctranslate2
 from tformer.export.folder import MARKER, check_out, marker_text, staging, written_files
-from tformer.export.huggingface import check_marian, export_huggingface
+from tformer.export.huggingface import (
+    MARIAN,
+    check_marian,
+    check_target,
+    export_huggingface,
+    target,
+)
 from tformer.model import model_class
 from tformer.paths import excerpt
 from tformer.version import __version__
@@ -108,9 +114,16 @@ def check_variants(config: ModelConfig, to: str) -> None:
     key/value head (multi-query), each held to tformer's scores by a parity test; it has no
     rotary positions and no 1 < K < heads for encoder-decoders.
 
+    With --to huggingface, a decoder-only, encoder-only or T5-layout (relative positions)
+    checkpoint goes to its own transformers model, which names what it cannot express
+    (``tformer.export.huggingface.check_target``).
+
     Raises:
         ConfigError: naming each variant the checkpoint uses that the target cannot express.
     """
+    if to == "huggingface" and target(config) is not MARIAN:
+        check_target(config)
+        return
     if not model_class(config.arch).reads_source:
         raise ConfigError(
             f"--to {to} exports an encoder-decoder (translation) model; this checkpoint is a "
@@ -173,7 +186,7 @@ def export_checkpoint(
     require(to)
     loaded = load_checkpoint(folder)
     check_variants(loaded.model_config, to)
-    if to == "huggingface":
+    if to == "huggingface" and target(loaded.model_config) is MARIAN:
         check_marian(loaded.model_config)
     with staging(out, overwrite=overwrite) as tmp:
         _write(loaded, tmp, to, quantization)

@@ -1,4 +1,10 @@
-"""A checkpoint as a Hugging Face Marian model: ``tformer export CKPT --to huggingface OUT``.
+"""``tformer export CKPT OUT --to huggingface``: the transformers model of each family, chosen
+from one table (``TARGETS``), and the Marian export of the paper's encoder-decoder.
+
+- decoder-only -> ``GPT2LMHeadModel`` (:mod:`tformer.export.hf_gpt2`);
+- encoder-only -> ``BertForMaskedLM`` (:mod:`tformer.export.hf_bert`);
+- an encoder-decoder with T5's relative positions -> ``T5ForConditionalGeneration``
+  (:mod:`tformer.export.hf_t5`); any other -> ``MarianMTModel`` (below).
 
 ``MarianMTModel`` is tformer's post-norm architecture with embeddings scaled by √d_model and
 a sinusoidal position table, so every post-norm checkpoint maps onto it: shared or separate
@@ -15,7 +21,8 @@ tformer never predicts <pad> or <bos>: ``final_logits_bias`` is -inf at their id
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +35,27 @@ from tformer.config import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, ModelConf
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import ConfigError
 from tformer.export.ctranslate2 import output_bias
+from tformer.export.hf_bert import WHY as BERT_WHY
+from tformer.export.hf_bert import export_bert
+from tformer.export.hf_bert import problems as bert_problems
+from tformer.export.hf_common import (
+    README,
+    flatten,
+    float_state,
+    load_exact,
+    refuse,
+    save_tokenizer,
+    set_generation,
+)
+from tformer.export.hf_gpt2 import WHY as GPT2_WHY
+from tformer.export.hf_gpt2 import export_gpt2
+from tformer.export.hf_gpt2 import problems as gpt2_problems
+from tformer.export.hf_t5 import WHY as T5_WHY
+from tformer.export.hf_t5 import export_t5
+from tformer.export.hf_t5 import problems as t5_problems
 from tformer.marian_layout import TARGET_TOKENIZER, marian_feature_order
 from tformer.model import Transformer
-from tformer.paths import json_loads
 
-README = "README.md"
 # tformer's activation -> Marian's name for it (the ungated ones Marian has).
 MARIAN_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "swish"}
 
@@ -87,7 +110,7 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     c = model.config
     d = c.d_model
     perm = marian_feature_order(d)
-    ours = {name: t.detach().float() for name, t in model.state_dict().items()}
+    ours = float_state(model)
 
     def reads(prefix: str) -> dict[str, torch.Tensor]:  # a linear reading the residual stream
         return {"weight": ours[f"{prefix}.weight"][:, perm], "bias": ours[f"{prefix}.bias"]}
@@ -125,7 +148,7 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
             "fc2": writes(f"{ours_l}.feed_forward.w2"),
             "final_layer_norm": writes(f"{ours_l}.norm3"),
         }
-    flat = _flatten(tree)
+    flat = flatten(tree)
     source = ours["encoder.embedding.embedding.weight"][:, perm]
     target = ours["decoder.embedding.embedding.weight"][:, perm]
     # All three, always: with tie_word_embeddings off, transformers ties none of them (not even
@@ -139,17 +162,6 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     return flat
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, torch.Tensor]:
-    flat: dict[str, torch.Tensor] = {}
-    for name, value in tree.items():
-        key = f"{prefix}{name}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{key}."))
-        else:
-            flat[key] = value
-    return flat
-
-
 def to_marian(model: Transformer) -> Any:
     """A ``MarianMTModel`` (eval mode) computing the same function as ``model``.
 
@@ -159,26 +171,22 @@ def to_marian(model: Transformer) -> Any:
     from transformers import MarianMTModel
 
     check_marian(model.config)
-    marian = MarianMTModel(marian_config(model.config)).eval()
-    state = marian_state_dict(model)
-    missing, unexpected = marian.load_state_dict(state, strict=False)
     # Marian's fixed position tables are not weights: it computes them from the config.
-    leftover = [name for name in missing if not name.endswith("embed_positions.weight")]
-    assert not unexpected and not leftover, (unexpected, leftover)
-    _set_generation_config(marian, model.config)
+    marian = load_exact(
+        MarianMTModel(marian_config(model.config)),
+        marian_state_dict(model),
+        computed=("embed_positions.weight",),
+    )
+    set_generation(
+        marian,
+        max_new_tokens=model.config.max_len,
+        decoder_start_token_id=BOS_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        forced_eos_token_id=None,
+    )
     return marian
-
-
-def _set_generation_config(marian: Any, config: ModelConfig) -> None:
-    generation = marian.generation_config
-    generation.decoder_start_token_id = BOS_ID
-    generation.bos_token_id = BOS_ID
-    generation.eos_token_id = EOS_ID
-    generation.pad_token_id = PAD_ID
-    generation.forced_eos_token_id = None
-    generation.max_length = config.max_len + 1  # the decoder start token counts in it
-    generation.num_beams = 1
-    generation.do_sample = False
 
 
 def fast_tokenizer(tokenizer: Tokenizer, max_len: int, *, source_eos: bool = False) -> Any:
@@ -207,17 +215,11 @@ def fast_tokenizer(tokenizer: Tokenizer, max_len: int, *, source_eos: bool = Fal
 def _save_tokenizer(
     tokenizer: Tokenizer, folder: Path, max_len: int, *, source_eos: bool = False
 ) -> None:
-    fast_tokenizer(tokenizer, max_len, source_eos=source_eos).save_pretrained(str(folder))
-    # Named explicitly, so that AutoTokenizer loads this file and not Marian's SentencePiece
-    # tokenizer, which the folder does not have.
-    path = folder / "tokenizer_config.json"
-    settings = json_loads(path.read_text(encoding="utf-8"))
-    settings["tokenizer_class"] = "PreTrainedTokenizerFast"
-    path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    save_tokenizer(fast_tokenizer(tokenizer, max_len, source_eos=source_eos), folder)
 
 
-def export_huggingface(checkpoint: Checkpoint, folder: Path) -> None:
-    """The whole Hugging Face export of ``checkpoint`` into the (new, empty) ``folder``."""
+def export_marian(checkpoint: Checkpoint, folder: Path) -> None:
+    """The whole Marian export of ``checkpoint`` into the (new, empty) ``folder``."""
     model = checkpoint.model
     assert isinstance(model, Transformer)  # the export refused the one-stack families
     marian = to_marian(model)
@@ -278,8 +280,52 @@ What tformer does, baked in (no extra option needed):
   that id for an empty text;
 - `{PAD}` and `{BOS}` are never predicted: `final_logits_bias` is -inf at their ids (and
   holds the model's own logits bias, if it has one);
-- `generation_config.json`: greedy (`num_beams` 1), ends at `{EOS}`, at most max_len tokens.
+- `generation_config.json`: greedy (`num_beams` 1), ends at `{EOS}`, at most max_len new
+  tokens (`max_new_tokens`, which a call may change).
 
 The weights are tformer's, renamed, with every d_model axis permuted to Marian's
 [sin..., cos...] position layout: the model computes the same function as the checkpoint.
 """
+
+
+@dataclass(frozen=True)
+class Target:
+    """One transformers model a family exports to: its class, the options of a checkpoint
+    it cannot express (as flags; None: the Marian checks of ``tformer.export.api``), what it
+    has, and the writer."""
+
+    model: str
+    problems: Callable[[ModelConfig], list[str]] | None
+    why: str
+    write: Callable[[Checkpoint, Path], None]
+
+
+MARIAN = Target("MarianMTModel", None, "", export_marian)
+GPT2 = Target("GPT2LMHeadModel", gpt2_problems, GPT2_WHY, export_gpt2)
+BERT = Target("BertForMaskedLM", bert_problems, BERT_WHY, export_bert)
+T5 = Target("T5ForConditionalGeneration", t5_problems, T5_WHY, export_t5)
+# family -> its target; an encoder-decoder goes to T5 with T5's relative positions.
+EXPORTS = {"decoder-only": GPT2, "encoder-only": BERT, "encoder-decoder": MARIAN}
+
+
+def target(config: ModelConfig) -> Target:
+    """The transformers model ``config``'s checkpoint exports to."""
+    if config.arch == "encoder-decoder" and config.positions == "relative":
+        return T5
+    return EXPORTS[config.arch]
+
+
+def check_target(config: ModelConfig) -> None:
+    """Refuse, naming each one in one line, the options the target model cannot express.
+
+    Raises:
+        ConfigError: when there are any.
+    """
+    chosen = target(config)
+    if chosen.problems is not None:
+        refuse(chosen.model, chosen.problems(config), chosen.why)
+
+
+def export_huggingface(checkpoint: Checkpoint, folder: Path) -> None:
+    """The whole Hugging Face export of ``checkpoint`` into the (new, empty) ``folder``."""
+    target(checkpoint.model_config).write(checkpoint, folder)
