@@ -173,3 +173,12 @@ def test_gpt2_decode_speed_smoke() -> None:
     assert ceiling["mb_per_token"] > 0 and ceiling["tokens_per_s"] > 0
     (ablated,) = [r for r in records if r["benchmark"] == "gpt2_ablate"]
     assert ablated["heads"] == 8 and ablated["measurements"] == 9 and ablated["documents"] == 5
+
+
+def test_t5_decode_speed_smoke() -> None:
+    pytest.importorskip("transformers")
+    records = run_script("t5_decode_speed.py", "--smoke")
+    assert [r["implementation"] for r in records] == [
+        "huggingface", "tformer-plain", "tformer", "tformer-int8",
+    ]  # fmt: skip
+    assert all(r["tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in records)
