@@ -216,8 +216,12 @@ def fine_tuned_losses(imported: Path, toy_data: Path, tmp_path: Path) -> tuple[f
               "--log-every", "4", "--eval-every", "100", "--device", "cpu"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    before = evaluate_language(load_checkpoint(imported), docs).loss
-    return before, evaluate_language(load_checkpoint(out), docs).loss
+    start, tuned = load_checkpoint(imported), load_checkpoint(out)
+    # the tokenizer's own names of the special tokens, for display, are kept by the fine-tune
+    names = start.tokenizers.source.special_names
+    assert names and tuned.tokenizers.source.special_names == names
+    before = evaluate_language(start, docs).loss
+    return before, evaluate_language(tuned, docs).loss
 
 
 def test_train_init_from_fine_tunes_the_import(
