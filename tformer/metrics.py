@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 # Padded tokens per evaluation batch: larger than training batches (no activations are kept).
 EVAL_BATCH_TOKENS = 8192
+PERPLEXITY_PLAIN = 1e6  # perplexities from here on are printed in scientific notation
 
 
 @dataclass
@@ -24,6 +25,13 @@ class Scores:
     bleu_signature: str
     chrf_signature: str
     bleu_detail: str
+
+
+def perplexity_text(value: float) -> str:
+    """A perplexity as every table, card and progress line prints it: three decimals below a
+    million ("12.346"), scientific notation above ("5.185e+21", a random model's), so a
+    huge value stays readable."""
+    return f"{value:.3f}" if abs(value) < PERPLEXITY_PLAIN else f"{value:.3e}"
 
 
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:

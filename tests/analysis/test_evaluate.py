@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import platform
 from pathlib import Path
 
@@ -84,3 +85,13 @@ def test_evaluate_on_a_prepared_folder_scores_its_kept_test_pairs(
     refused = CliRunner().invoke(app, ["train-tokenizer", "--data", str(prepared),
                                        "-o", str(tmp_path / "tok.json")])
     assert refused.exit_code == 3 and "keeps token ids, not the training text" in refused.output
+
+
+def test_perplexities_are_printed_readably() -> None:
+    """Three decimals below a million, scientific notation above (a random model's e^50)."""
+    from tformer.metrics import perplexity_text
+
+    assert perplexity_text(12.34567) == "12.346"
+    assert perplexity_text(999_999.4) == "999999.400"
+    assert perplexity_text(math.exp(50)) == "5.185e+21"
+    assert perplexity_text(float("inf")) == "inf"

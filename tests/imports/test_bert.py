@@ -115,7 +115,6 @@ def test_logits_equal_transformers(bert: BertCase, toy_data: Path) -> None:
 
 def test_fill_mask_top5_equal_transformers(bert: BertCase, toy_data: Path) -> None:
     ckpt = load_checkpoint(bert.out)
-    to_ours = mapping(bert)
     checked = 0
     for line in lines("val", "en", 12, toy_data):
         words = line.split()
@@ -128,9 +127,10 @@ def test_fill_mask_top5_equal_transformers(bert: BertCase, toy_data: Path) -> No
         with torch.no_grad():
             probs = bert.model(**hf).logits[0, at].softmax(-1)
         top = probs.topk(5)
-        assert [f.token for f in ours[0].fillers] == [
-            ckpt.tokenizers.source.id_to_token(to_ours[i]) for i in top.indices.tolist()
-        ]
+        # shown as transformers names them ([MASK], not <mask>)
+        assert [f.token for f in ours[0].fillers] == bert.tokenizer.convert_ids_to_tokens(
+            top.indices.tolist()
+        )
         assert [f.probability for f in ours[0].fillers] == pytest.approx(
             top.values.tolist(), abs=1e-5
         )
@@ -241,3 +241,40 @@ def test_fill_mask_refuses_a_tokenizer_without_mask_in_one_line(
     with pytest.raises(ConfigError, match="has no <mask> token at id 4") as error:
         fill_mask(ckpt, "a man in a <mask> shirt")
     assert "\n" not in str(error.value)
+
+
+def test_fill_mask_takes_berts_own_mask_token(bert: BertCase) -> None:
+    """[MASK], as BERT's users write it, is the mask as <mask> is: the same fillers."""
+    ours = tformer("fill-mask", bert.out, "a man in a <mask> shirt", "--json")
+    theirs = tformer("fill-mask", bert.out, "a man in a [MASK] shirt", "--json")
+    assert ours.exit_code == 0 and theirs.exit_code == 0, theirs.output
+    assert json.loads(ours.stdout)["masks"] == json.loads(theirs.stdout)["masks"]
+    table = tformer("fill-mask", bert.out, "a [MASK] in a <mask> shirt")
+    assert table.stdout.count("probability") == 2  # one table for each mask
+    none = tformer("fill-mask", bert.out, "a man in a shirt")
+    assert none.exit_code != 0
+    assert "the input has no <mask> or [MASK]: write [MASK] where" in none.stderr
+
+
+def test_maps_show_berts_own_special_tokens(bert: BertCase, tmp_path: Path) -> None:
+    """tformer's <bos> <eos> <mask> are shown as [CLS] [SEP] [MASK], from config.json's record
+    of the tokenizer's own names."""
+    saved = tmp_path / "map.json"
+    result = tformer("inspect-attention", bert.out, "a man in a [MASK] shirt", "--save", saved)
+    assert result.exit_code == 0, result.output
+    columns = json.loads(saved.read_text())["columns"]
+    assert columns == ["[CLS]", "a", "man", "in", "a", "[MASK]", "shirt", "[SEP]"]
+    assert "[CLS]" in result.stdout and "<bos>" not in result.stdout
+    identity = json.loads((bert.out / "config.json").read_text())["tokenizer"]
+    names = {"<pad>": "[PAD]", "<bos>": "[CLS]", "<eos>": "[SEP]", "<unk>": "[UNK]",
+             "<mask>": "[MASK]"}  # fmt: skip
+    assert identity["special_names"] == {"source": names, "target": names}
+
+
+def test_a_broken_record_of_special_names_is_refused(bert: BertCase) -> None:
+    from tformer.checkpoint.store import load_tokenizers
+
+    config = json.loads((bert.out / "config.json").read_text())
+    config["tokenizer"]["special_names"]["source"]["<bos>"] = "\x1b[31m"
+    with pytest.raises(CheckpointError, match="names \\(1 to 64 printable characters\\)"):
+        load_tokenizers(bert.out, config)

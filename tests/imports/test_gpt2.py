@@ -5,6 +5,7 @@ transformers' function: logits, greedy continuations and token ids equal."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from tformer.analysis.language import evaluate_language  # noqa: E402
 from tformer.checkpoint.store import load_checkpoint  # noqa: E402
 from tformer.cli.commands import app  # noqa: E402
 from tformer.config import BOS_ID, EOS_ID  # noqa: E402
+from tformer.data.display import display_tokens  # noqa: E402
 from tformer.data.hf_tokenizers import to_tformer_ids  # noqa: E402
 from tformer.decoding.api import decode_texts  # noqa: E402
 from tformer.decoding.settings import DecodingConfig  # noqa: E402
@@ -214,8 +216,12 @@ def fine_tuned_losses(imported: Path, toy_data: Path, tmp_path: Path) -> tuple[f
               "--log-every", "4", "--eval-every", "100", "--device", "cpu"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    before = evaluate_language(load_checkpoint(imported), docs).loss
-    return before, evaluate_language(load_checkpoint(out), docs).loss
+    start, tuned = load_checkpoint(imported), load_checkpoint(out)
+    # the tokenizer's own names of the special tokens, for display, are kept by the fine-tune
+    names = start.tokenizers.source.special_names
+    assert names and tuned.tokenizers.source.special_names == names
+    before = evaluate_language(start, docs).loss
+    return before, evaluate_language(tuned, docs).loss
 
 
 def test_train_init_from_fine_tunes_the_import(
@@ -311,3 +317,67 @@ def test_ablate_ranks_gpt2s_heads_by_the_loss_evaluate_measures(
     refused = runner.invoke(app, ["ablate", str(gpt2.out), "--metric", "bleu"])
     assert refused.exit_code != 0
     assert "is ablated by its loss" in " ".join(refused.stderr.split())
+
+
+def test_inspect_attention_max_new_tokens_bounds_the_continuation(
+    gpt2: GPT2Case, tmp_path: Path
+) -> None:
+    """--max-new-tokens, as generate's: the map holds <|endoftext|>, the prompt and at most
+    that many generated tokens (without it the random model runs on to max_len)."""
+    prompt = "A man in a blue shirt"
+    saved = tmp_path / "map.json"
+    result = tformer("inspect-attention", gpt2.out, prompt, "--max-new-tokens", "3",
+                     "--save", saved)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    record = json.loads(saved.read_text())
+    prompt_ids = gpt2.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert len(record["columns"]) == 1 + len(prompt_ids) + 3
+    assert record["columns"][0] == EOT  # tformer's <bos>, shown by GPT-2's own name
+    assert "columns 0-" not in result.stdout  # no longer folded into blocks
+    refused = tformer("inspect-attention", gpt2.out, prompt, "--max-new-tokens", "0")
+    assert refused.exit_code != 0 and "--max-new-tokens 0 must be >= 1" in refused.stderr
+
+
+def test_tokens_are_shown_as_the_text_they_stand_for(gpt2: GPT2Case, toy_data: Path) -> None:
+    """Byte-level pieces are shown as their text, a space as ▁ ("Ġman" is "▁man"), a byte of a
+    character split across pieces as <0x..>; tformer's <bos>/<eos> as <|endoftext|>."""
+    tokenizer = load_checkpoint(gpt2.out).tokenizers.source
+    for text in filter(str.isascii, lines("test2016", "en", 20, toy_data)):
+        hf_ids = gpt2.tokenizer(text, add_special_tokens=False)["input_ids"]
+        pieces = gpt2.tokenizer.convert_ids_to_tokens(hf_ids)
+        shown = display_tokens(tokenizer, tformer_ids(gpt2, hf_ids))
+        assert shown == [p.replace("Ġ", "▁") for p in pieces], text
+    shown = display_tokens(tokenizer, [BOS_ID, *tokenizer.encode("café ☕\n"), EOS_ID])
+    assert shown[0] == shown[-1] == EOT
+    assert "<0xE2>" in shown  # ☕'s first byte: a piece of its own
+    assert spelled(shown[1:-1]) == "café ☕\n"
+
+
+def spelled(shown: list[str]) -> str:
+    """The text shown tokens spell: ▁ a space, \\n a line break, <0xNN> a byte."""
+    data = b""
+    for part in re.split(r"(<0x[0-9A-F]{2}>)", "".join(shown)):
+        if re.fullmatch(r"<0x[0-9A-F]{2}>", part):
+            data += bytes([int(part[3:5], 16)])
+        else:
+            data += part.replace("▁", " ").replace("\\n", "\n").encode()
+    return data.decode()
+
+
+def test_score_of_an_import_shows_its_own_tokens_and_smoothing(gpt2: GPT2Case) -> None:
+    """The table and the JSON show GPT-2's pieces as text and <|endoftext|> by its name; the
+    smoothed loss is named for what it is to a model tformer never trained."""
+    result = tformer("score", gpt2.out, "A man in a blue shirt")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "▁man" in out and "Ġ" not in out
+    assert "<bos>" not in out and "<eos>" not in out  # <|endoftext|>, cut to the width
+    assert "the training loss" not in out
+    caption = " ".join(out.split())
+    assert "ε=0.1 (what tformer train --init-from fine-tunes this import with by default)" in (
+        caption
+    )
+    record = json.loads(tformer("score", gpt2.out, "A man", "--json").stdout)
+    positions = record["positions"]
+    assert [p["input"] for p in positions] == [EOT, "A", "▁man"]
+    assert [p["label"] for p in positions] == ["A", "▁man", EOT]

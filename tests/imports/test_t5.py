@@ -6,6 +6,7 @@ model must compute transformers' function: token ids, logits, greedy and beam-4 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import types
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ spm = pytest.importorskip("sentencepiece")
 from tests.imports.conftest import lines, tformer  # noqa: E402
 from tformer.checkpoint.store import Checkpoint, load_checkpoint  # noqa: E402
 from tformer.config import BOS_ID, PAD_ID  # noqa: E402
+from tformer.data.hf_tokenizers import to_tformer_ids  # noqa: E402
 from tformer.decoding.api import decode_texts  # noqa: E402
 from tformer.decoding.settings import DecodingConfig  # noqa: E402
 from tformer.errors import CheckpointError  # noqa: E402
@@ -133,7 +135,7 @@ def test_ids_equal_the_t5_tokenizer(t5: T5Case, toy_data: Path) -> None:
     for mine, hf in zip(ours, theirs, strict=True):
         assert [order[i] for i in mine] + [1] == hf  # T5Tokenizer appends </s>
     sentinel = t5.ckpt.tokenizers.source.encode("<extra_id_0>")
-    assert t5.ckpt.tokenizers.source.decode(sentinel) == "<extra_id_0>"
+    assert len(sentinel) == 1  # one token, which decoding leaves out (as transformers does)
 
 
 def batched(rows: list[list[int]], pad: int) -> torch.Tensor:
@@ -263,3 +265,37 @@ def test_a_published_v1_1_folder_with_its_own_output_projection(
     real = batched([[1] * (len(ids) + 1) for ids in tgt], 0).bool()
     difference = (ours[real][:, keep] - want[real][:, columns]).abs().max()
     assert difference < 1e-4, difference
+
+
+def test_decoded_text_drops_sentinels_as_transformers(t5: T5Case, toy_data: Path) -> None:
+    """T5's <extra_id_N> are special tokens: decoding leaves them out, as transformers'
+    decode(skip_special_tokens=True) does, on the same ids; shown, they keep their names."""
+    tokenizer = t5.ckpt.tokenizers.target
+    mapping = to_tformer_ids(t5_order(len(t5.tokenizer)))
+    for text in ["A dog <extra_id_0> the park <extra_id_7>.", *sources(toy_data)[:5]]:
+        hf_ids = t5.tokenizer(text)["input_ids"]  # closed by </s>
+        ours = [mapping[i] for i in hf_ids]
+        assert tokenizer.decode(ours) == t5.tokenizer.decode(hf_ids, skip_special_tokens=True)
+    sentinel = tokenizer.encode("<extra_id_2>")
+    assert tokenizer.decode(sentinel) == "" and tokenizer.tokens(sentinel) == ["<extra_id_2>"]
+
+
+def test_score_shows_t5s_names_and_a_readable_perplexity(t5: T5Case) -> None:
+    result = tformer("score", t5.ckpt.path, "A dog runs.", "a man in a blue shirt")
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())
+    assert "</s>" in out and "<eos>" not in out
+    perplexity = re.search(r"perplexity (\S+);", out)
+    assert perplexity is not None and re.fullmatch(r"\d\.\d{3}e\+\d\d|\d+\.\d{3}", perplexity[1])
+
+
+def test_inspect_attention_max_new_tokens_bounds_the_translation(
+    t5: T5Case, tmp_path: Path
+) -> None:
+    saved = tmp_path / "map.json"
+    result = tformer("inspect-attention", t5.ckpt.path, PREFIX + "A dog runs.",
+                     "--max-new-tokens", "2", "--save", saved)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    record = json.loads(saved.read_text())
+    assert len(record["rows"]) <= 3  # what <bos> and at most 2 new tokens predict
+    assert record["columns"][-1] == "</s>"  # the source's </s>, by T5's name

@@ -23,6 +23,7 @@ from torch import Tensor
 from tformer.analysis.language import as_read, encode_with_masks_of
 from tformer.checkpoint.store import Checkpoint, Tokenizers
 from tformer.config import BOS_ID, EOS, EOS_ID, article
+from tformer.data.display import display_token, display_tokens
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
 from tformer.errors import ConfigError
@@ -104,8 +105,10 @@ class AttentionResult:
         encoder: (L, H, S, S) source self-attention.
         decoder: (L, H, T, T) causal self-attention over BOS + target.
         cross: (L, H, T, S) decoder positions over source tokens.
-        source_tokens / target_tokens: labels for S and T, as the tokenizer writes them.
+        source_tokens / target_tokens: labels for S and T, as tables show them
+            (:func:`tformer.data.display.display_token`).
         target_text: the target the maps were computed for (given or generated).
+        eos_token: how the target's <eos> is shown (an import's own name, e.g. "</s>").
     """
 
     encoder: Tensor
@@ -117,6 +120,7 @@ class AttentionResult:
     target_text: str
     generated: bool
     arch: str = "encoder-decoder"
+    eos_token: str = EOS
 
     def maps(self, kind: str) -> Tensor:
         if kind not in KINDS:
@@ -133,7 +137,7 @@ class AttentionResult:
     def predicted_tokens(self) -> list[str]:
         """What each decoder position predicts: the next token it reads, then EOS (the labels
         of the rows of decoder and cross maps)."""
-        return [*self.target_tokens[1:], EOS] if self.target_tokens else []
+        return [*self.target_tokens[1:], self.eos_token] if self.target_tokens else []
 
     def labels(self, kind: str) -> tuple[list[str], list[str]]:
         """(row labels, column labels) of a kind's maps: a decoder row is labelled by the
@@ -302,7 +306,7 @@ def _inspect_encoder(model: TransformerBase, tokenizers: Tokenizers, text: str) 
         encoder=_stack(out.attentions.encoder),
         decoder=empty,
         cross=empty,
-        source_tokens=tokenizers.source.tokens(ids),
+        source_tokens=display_tokens(tokenizers.source, ids),
         target_tokens=[],
         source_text=text,
         target_text="",
@@ -333,11 +337,12 @@ def _inspect_decoder(
         decoder=_stack(out.attentions.decoder),
         cross=empty,
         source_tokens=[],
-        target_tokens=tokenizers.target.tokens(sequence),
+        target_tokens=display_tokens(tokenizers.target, sequence),
         source_text=prompt,
         target_text=target,
         generated=generated,
         arch=model.family,
+        eos_token=display_token(tokenizers.target, EOS_ID),
     )
 
 
@@ -380,9 +385,10 @@ def _inspect(
         encoder=stack(out.attentions.encoder),
         decoder=stack(out.attentions.decoder),
         cross=stack(out.attentions.cross),
-        source_tokens=tokenizers.source.tokens(source_as_read(src_ids, model.config)),
-        target_tokens=tokenizers.target.tokens(tgt_in),
+        source_tokens=display_tokens(tokenizers.source, source_as_read(src_ids, model.config)),
+        target_tokens=display_tokens(tokenizers.target, tgt_in),
         source_text=source,
         target_text=target,
         generated=generated,
+        eos_token=display_token(tokenizers.target, EOS_ID),
     )

@@ -25,7 +25,7 @@ from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
 from tformer.device import cpuinfo
 from tformer.folders import MarkedFolder
-from tformer.metrics import EVAL_BATCH_TOKENS, Scores, corpus_scores
+from tformer.metrics import EVAL_BATCH_TOKENS, Scores, corpus_scores, perplexity_text
 from tformer.model import TransformerBase
 from tformer.paths import json_loads, read_small_text
 from tformer.training.loss import sequence_loss
@@ -193,7 +193,7 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"| sacreBLEU | {m['bleu']:.2f} | `{m['bleu_signature']}` |",
         f"| chrF | {m['chrf']:.2f} | `{m['chrf_signature']}` |",
         f"| loss (teacher forcing) | {m['loss']:.4f} | |",
-        f"| perplexity | {m['perplexity']:.2f} | |",
+        f"| perplexity | {perplexity_text(m['perplexity'])} | |",
         "",
         f"- checkpoint: `{card['checkpoint']}` (step {card['step']})",
         f"- pairs: {card['pairs']}, data sha256 `{card['data_sha256'][:16]}…`",
@@ -317,7 +317,11 @@ def language_card(
 
 def write_language_results(out: Path, card: dict[str, Any]) -> dict[str, Path]:
     """Write result.json and result.md of a language model's card into ``out`` (atomically)."""
-    rows = [f"| {name.replace('_', ' ')} | {value} |" for name, value in card["metrics"].items()]
+    rows = [
+        f"| {name.replace('_', ' ')} | "
+        f"{perplexity_text(value) if name == 'perplexity' else value} |"
+        for name, value in card["metrics"].items()
+    ]
     markdown = "\n".join(
         [
             f"# tformer evaluation ({card['arch']}): {card['data']} [{card['split']}]",

@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from tformer.checkpoint.store import Tokenizers
-from tformer.config import BOS, BOS_ID, EOS_ID
+from tformer.config import BOS_ID, EOS_ID
+from tformer.data.display import display_tokens
 from tformer.decoding.api import fit_input, fit_source
 from tformer.decoding.logits import mask_special_tokens
 from tformer.decoding.settings import DecodingConfig, Hypothesis
@@ -112,6 +113,7 @@ def attended_tokens(
     it (with the <eos> Marian's models add), or a decoder-only model's <bos> + prompt (as it
     is read) + output."""
     if model.continues_prompts:
-        prompt = tokenizers.source.tokens(fit_input(model, src_ids))
-        return [BOS, *prompt, *tokenizers.target.tokens(hyp.ids)]
-    return tokenizers.source.tokens(source_as_read(list(src_ids) or [EOS_ID], model.config))
+        prompt = display_tokens(tokenizers.source, [BOS_ID, *fit_input(model, src_ids)])
+        return [*prompt, *display_tokens(tokenizers.target, hyp.ids)]
+    read = source_as_read(list(src_ids) or [EOS_ID], model.config)
+    return display_tokens(tokenizers.source, read)

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from tformer.config import EOS
+from tformer.data.display import stands_for
 
 # A head is named for a positional pattern when at least this share of its weight follows it.
 POSITIONAL_SHARE = 0.5
@@ -45,7 +46,7 @@ class HeadStats:
 
 def eos_column(columns: list[str]) -> int:
     """The end-of-sequence key: the last ``<eos>`` column if there is one, else the last one."""
-    found = [i for i, token in enumerate(columns) if token == EOS]
+    found = [i for i, token in enumerate(columns) if stands_for(token, EOS)]
     return found[-1] if found else len(columns) - 1
 
 

@@ -17,6 +17,7 @@ import torch
 from tformer.checkpoint.store import Checkpoint
 from tformer.config import EOS_ID, MASK, MASK_ID, PAD_ID, ModelConfig
 from tformer.data.batching import Batch, BatchPlan
+from tformer.data.display import display_token, mask_names
 from tformer.data.lm import lm_examples, objective_for
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import ConfigError
@@ -106,7 +107,7 @@ def evaluate_language(ckpt: Checkpoint, docs: Sequence[str], *, split: str = "te
 
 @dataclass(frozen=True)
 class Filler:
-    token: str  # as the vocabulary writes it ("▁March")
+    token: str  # as tables show it ("▁March", an import's "[MASK]"): display_token
     text: str  # as it reads ("March")
     probability: float
 
@@ -124,8 +125,17 @@ def encode_with_masks(ckpt: Checkpoint, text: str) -> list[int]:
     return encode_with_masks_of(ckpt.tokenizers.source, text)
 
 
+def masks_written(tokenizer: Tokenizer, text: str) -> str:
+    """``text`` with the tokenizer's own name of the mask token (BERT's ``[MASK]``, where the
+    checkpoint records one) written ``<mask>``."""
+    for name in mask_names(tokenizer)[1:]:
+        text = text.replace(name, MASK)
+    return text
+
+
 def encode_with_masks_of(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Token ids of ``text`` with each literal ``<mask>`` as the mask token.
+    """Token ids of ``text`` with each literal ``<mask>`` (or the tokenizer's own name of it,
+    :func:`masks_written`) as the mask token.
 
     The text is tokenised whole, with a character no vocabulary holds in each mask's place, so
     the tokens around a mask are those of the full sentence ("20<mask>5" masks one digit of a
@@ -135,6 +145,7 @@ def encode_with_masks_of(tokenizer: Tokenizer, text: str) -> list[int]:
     """
     if _HOLE in text:
         raise ConfigError("the input holds U+E000, which fill-mask reserves; remove it")
+    text = masks_written(tokenizer, text)
     joined = text.replace(MASK, _HOLE)
     holes = [i for i, ch in enumerate(joined) if ch == _HOLE]
     (encoding,) = tokenizer.encodings([joined])
@@ -184,8 +195,12 @@ def fill_mask(ckpt: Checkpoint, text: str, *, top_k: int = 5) -> list[FilledMask
     Raises:
         ConfigError: no ``<mask>`` in ``text``, or the input is longer than the model reads.
     """
-    if MASK not in text:
-        raise ConfigError(f"the input has no {MASK}: write {MASK} where a word is to be filled in")
+    names = mask_names(ckpt.tokenizers.source)
+    if MASK not in masks_written(ckpt.tokenizers.source, text):
+        written = " or ".join(names)
+        raise ConfigError(
+            f"the input has no {written}: write {names[-1]} where a word is to be filled in"
+        )
     config = ckpt.model_config
     if not has_mask_token(ckpt.tokenizers.source):
         raise ConfigError(
@@ -210,7 +225,7 @@ def fill_mask(ckpt: Checkpoint, text: str, *, top_k: int = 5) -> list[FilledMask
         probs = logits[position].softmax(dim=-1)
         top = probs.topk(k)
         fillers = [
-            Filler(tokenizer.id_to_token(i), tokenizer.decode([i]), round(float(p), 6))
+            Filler(display_token(tokenizer, i), tokenizer.decode([i]), round(float(p), 6))
             for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
         ]
         results.append(FilledMask(position, fillers))

@@ -25,6 +25,7 @@ from tformer.analysis.language import as_read, has_mask_token
 from tformer.checkpoint.store import Tokenizers
 from tformer.config import MASK, MASK_ID, PAD_ID, UNK, UNK_ID
 from tformer.data.batching import BatchPlan, shift_right
+from tformer.data.display import display_tokens
 from tformer.data.lm import CausalObjective, lm_examples
 from tformer.data.pairs import KeptTexts, encode_pairs, unfit
 from tformer.data.sources import TextPair
@@ -277,15 +278,15 @@ def _scored(
         source=pair[0],
         reference=pair[1],
         source_ids=src_ids,
-        source_tokens=tokenizers.source.tokens(src_ids),
+        source_tokens=display_tokens(tokenizers.source, src_ids),
         input_ids=input_ids,
-        input_tokens=target.tokens(input_ids),
+        input_tokens=display_tokens(target, input_ids),
         label_ids=label_ids,
-        label_tokens=target.tokens(label_ids),
+        label_tokens=display_tokens(target, label_ids),
         p_label=row["p_label"][:n],
         rank=[int(r) for r in row["rank"][:n]],
         top_ids=top_ids,
-        top_tokens=target.tokens(top_ids),
+        top_tokens=display_tokens(target, top_ids),
         p_top=row["p_top"][:n],
         loss=row["loss"][:n],
         smoothed_loss=row["smoothed_loss"][:n],

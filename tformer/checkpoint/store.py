@@ -58,7 +58,7 @@ from tformer.checkpoint.run_dir import (
 )
 from tformer.checkpoint.training_state import write_training_state
 from tformer.checkpoint.weights import check_finite, check_weights, weights_metadata
-from tformer.config import INT_LIMIT, SPECIAL_TOKENS, ModelConfig, TrainConfig
+from tformer.config import INT_LIMIT, MASK, SPECIAL_TOKENS, ModelConfig, TrainConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model import TransformerBase, build_model
@@ -68,6 +68,11 @@ from tformer.version import __version__
 # Tests set this to a number of seconds to pause a save just before its rename, so that a kill
 # lands while a checkpoint is half-written. Nothing else reads it.
 SLOW_SAVE_ENV = "TFORMER_TEST_SLOW_SAVE"
+
+
+SPECIAL_NAMES = "special_names"  # config.json's tokenizer key: the imported tokenizer's names
+_NAMED = (*SPECIAL_TOKENS, MASK)  # the special tokens that may have another name, by id
+MAX_NAME = 64  # characters of such a name
 
 
 @dataclass
@@ -101,7 +106,18 @@ class Tokenizers:
             "special_tokens": list(SPECIAL_TOKENS),
             "special_token_ids": {token: i for i, token in enumerate(SPECIAL_TOKENS)},
             **({"requested": self.requested} if self.requested else {}),
+            **self._special_names(),
         }
+
+    def _special_names(self) -> dict[str, Any]:
+        """The imported tokenizers' own names of tformer's special tokens, by side, where
+        there are any (shown for them: "<bos>": "[CLS]")."""
+        sides = {"source": self.source, "target": self.target}
+        names = {
+            side: {_NAMED[i]: name for i, name in sorted(tok.special_names.items())}
+            for side, tok in sides.items()
+        }
+        return {SPECIAL_NAMES: names} if any(names.values()) else {}
 
     def save(self, folder: Path) -> None:
         files = self.files()
@@ -364,8 +380,36 @@ def load_tokenizers(folder: Path, config: dict[str, Any]) -> Tokenizers:
                 f"{folder / files[side]}: has {tok.vocab_size} tokens but {folder / CONFIG} "
                 f"records {size} for the {side} vocabulary"
             )
+    for side, tok in (("source", source), ("target", target)):
+        tok.special_names = _special_names(folder, identity, side)
     requested = identity.get("requested")
     return Tokenizers(source, target, requested if isinstance(requested, dict) else None)
+
+
+def _special_names(folder: Path, identity: dict[str, Any], side: str) -> dict[int, str]:
+    """tformer id -> the imported tokenizer's name for it, as config.json records them.
+
+    Raises:
+        CheckpointError: a record that is not tformer's special tokens with short printable
+            names.
+    """
+    recorded = identity.get(SPECIAL_NAMES)
+    if recorded is None:
+        return {}
+    names = recorded.get(side) if isinstance(recorded, dict) else None
+    fits = isinstance(names, dict) and all(
+        token in _NAMED and isinstance(name, str) and 0 < len(name) <= MAX_NAME
+        and name.isprintable()
+        for token, name in names.items()
+    )  # fmt: skip
+    if not fits:
+        raise CheckpointError(
+            f"{folder / CONFIG}: tokenizer.{SPECIAL_NAMES} {excerpt(recorded)} must give, for "
+            f"the source and the target, names (1 to {MAX_NAME} printable characters) of "
+            f"{', '.join(_NAMED)}"
+        )
+    assert isinstance(names, dict)
+    return {_NAMED.index(token): name for token, name in names.items()}
 
 
 def check_vocabulary(folder: Path, tokenizers: Tokenizers, model_config: ModelConfig) -> None:

@@ -15,6 +15,7 @@ from tformer.analysis.runs import Comparison, RunSummary, compare_runs
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import file_option
+from tformer.metrics import perplexity_text
 
 NONE = "-"
 
@@ -95,7 +96,7 @@ def _figure_rows(runs: list[RunSummary]) -> list[tuple[str, list[str | None]]]:
             (f"{split} BLEU", [_fmt(c.get("bleu"), ".2f") for c in cards]),
             (f"{split} chrF", [_fmt(c.get("chrf"), ".2f") for c in cards]),
             (f"{split} loss", [_fmt(c.get("loss"), ".4f") for c in cards]),
-            (f"{split} perplexity", [_fmt(c.get("perplexity"), ".3f") for c in cards]),
+            (f"{split} perplexity", [_perplexity(c.get("perplexity")) for c in cards]),
             (f"{split} bits/char", [_fmt(c.get("bits_per_char"), ".4f") for c in cards]),
             (f"{split} masked acc.", [_fmt(c.get("masked_accuracy"), ".1%") for c in cards]),
             (f"{split} card step", [_fmt(c.get("step"), ",d") for c in cards]),
@@ -109,6 +110,10 @@ def _best_loss(run: RunSummary) -> str | None:
     if run.best_val_loss is None:
         return None
     return f"{run.best_val_loss:.4f} (step {run.best_val_loss_step:,})"
+
+
+def _perplexity(value: Any) -> str | None:
+    return None if value is None else perplexity_text(value)
 
 
 def _fmt(value: Any, spec: str) -> str | None:

@@ -56,6 +56,7 @@ from tformer.cli.options import (
     warn_long_inputs,
 )
 from tformer.errors import CheckpointError
+from tformer.metrics import perplexity_text
 
 
 @app.command("evaluate")
@@ -141,7 +142,7 @@ def evaluate_command(
     table.add_row("sacreBLEU", f"{result.scores.bleu:.2f}", result.scores.bleu_signature)
     table.add_row("chrF", f"{result.scores.chrf:.2f}", result.scores.chrf_signature)
     table.add_row("loss", f"{result.loss:.4f}", "teacher forcing")
-    table.add_row("perplexity", f"{result.perplexity:.2f}", "")
+    table.add_row("perplexity", perplexity_text(result.perplexity), "")
     console.print(table)
     console.print(
         f"{result.new_tokens_per_s:,.0f} new tokens/s; wrote "
@@ -180,7 +181,7 @@ def _evaluate_language(
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("loss", f"{result.loss:.4f}")
-    table.add_row("perplexity", f"{result.perplexity:.3f}")
+    table.add_row("perplexity", perplexity_text(result.perplexity))
     for name, value in result.metrics.items():
         shown = f"{value:.2%}" if name == "masked_accuracy" else f"{value:.4f}"
         table.add_row(name.replace("_", " "), shown)

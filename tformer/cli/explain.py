@@ -9,6 +9,7 @@ from rich.table import Table
 
 from tformer.analysis.explain import StepExplanation
 from tformer.checkpoint.store import Tokenizers
+from tformer.data.display import display_token
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 
 
@@ -59,8 +60,8 @@ def explanation_table(
     for t, step in enumerate(steps):
         probs = [f"{step.probs[stage]:.3f}" for stage in stages]
         alternatives = ", ".join(
-            f"{escape(tgt.id_to_token(i))} {p:.3f}" for i, p in step.alternatives if p > 0
+            f"{escape(display_token(tgt, i))} {p:.3f}" for i, p in step.alternatives if p > 0
         )
         source = ", ".join(f"{escape(columns[j])} {w:.2f}" for j, w in step.source)
-        table.add_row(str(t), escape(tgt.id_to_token(step.token)), *probs, alternatives, source)
+        table.add_row(str(t), escape(display_token(tgt, step.token)), *probs, alternatives, source)
     return table

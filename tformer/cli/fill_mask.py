@@ -31,21 +31,22 @@ def fill_mask_command(
     checkpoint: Path = CHECKPOINT,
     checkpoint_choice: str = CHECKPOINT_CHOICE,
     text: str = typer.Argument(
-        ..., help='A sentence with one or more <mask>, e.g. "6 <mask> 2025 = 2025-03-06".'
+        ...,
+        help='A sentence with one or more <mask> (or the model\'s own mask token: [MASK] for '
+        'a BERT import), e.g. "6 <mask> 2025 = 2025-03-06".',
     ),
     top_k: int = typer.Option(5, "--top-k", "-k", help="Fillers shown per mask."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     device: str = DEVICE,
     quantize: str = QUANTIZE,
 ) -> None:
-    """Fill in each <mask> of TEXT with an encoder-only (masked language) model.
+    """Fill in each <mask> of TEXT with an encoder-only (masked language) model; an import
+    also takes its own mask token (BERT's [MASK]).
 
     Example: tformer fill-mask checkpoints/text "6 <mask> 2025 = 2025-03-06"
     """
     if not 1 <= top_k <= MAX_TOP_K:
         raise ConfigError(f"--top-k {top_k} must be from 1 to {MAX_TOP_K}")
-    if "<mask>" not in text:
-        raise ConfigError('the input has no <mask>: write <mask> where a word is to be filled in')
     checkpoint_family(checkpoint, "fill-mask", "fills_masks")
     ckpt = load_chosen(checkpoint, device)
     apply_quantize(ckpt.model, quantize)

@@ -23,6 +23,7 @@ from tformer.cli.options import (
     CHECKPOINT_CHOICE,
     DEVICE,
     MASK_HEADS,
+    MAX_NEW_TOKENS,
     SEED,
     TEMPERATURE,
     apply_mask_heads,
@@ -97,6 +98,7 @@ def inspect_attention_command(
     ),
     temperature: float = TEMPERATURE,
     seed: int | None = SEED,
+    max_new_tokens: int = MAX_NEW_TOKENS,
     device: str = DEVICE,
     mask_heads: str | None = MASK_HEADS,
 ) -> None:
@@ -104,8 +106,9 @@ def inspect_attention_command(
 
     Rows of decoder and cross maps are decoder positions: row "<bos>"
     predicts the first output token. The target is the model's own output
-    (greedy unless --temperature) or --target, teacher-forced. Wide maps
-    fold to the terminal width; --stats tags each head with its pattern.
+    (greedy unless --temperature, at most --max-new-tokens long) or
+    --target, teacher-forced. Wide maps fold to the terminal width;
+    --stats tags each head with its pattern.
 
     Examples:
 
@@ -114,12 +117,14 @@ def inspect_attention_command(
       tformer inspect-attention checkpoints/dates "6 Mar 2025" --layer all --stats
 
       tformer inspect-attention checkpoints/dates "03/06/25" --save map.html
+
+      tformer inspect-attention checkpoints/gpt2 "The cat" --max-new-tokens 8
     """
     if kind is not None and kind not in KINDS:
         raise ConfigError(f"--kind {kind!r} must be one of {', '.join(KINDS)}")
     which_layer, which_head = parse_layer(layer), parse_head(head)
     check_save_path(save)
-    decoding = DecodingConfig(temperature=temperature, seed=seed)
+    decoding = DecodingConfig(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
     family = checkpoint_family(checkpoint, "inspect-attention")
     kind = kind or default_kind(family)
     check_kind(kind, family)

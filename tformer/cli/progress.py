@@ -17,6 +17,7 @@ from rich.progress import (
 from rich.table import Table
 
 from tformer.cli.console import console, err_console
+from tformer.metrics import perplexity_text
 from tformer.model import model_class
 from tformer.training.dryrun import DryRunReport
 from tformer.training.reporting import Reporter, TrainResult
@@ -106,7 +107,7 @@ class RichReporter(Reporter):
 
     def log(self, record: dict[str, Any]) -> None:
         if "val_loss" in record:
-            self.val = f"{record['val_loss']:.3f} (ppl {record['val_ppl']:.2f})"
+            self.val = f"{record['val_loss']:.3f} (ppl {perplexity_text(record['val_ppl'])})"
             if "val_bleu" in record:
                 self.val += f" BLEU {record['val_bleu']:.1f} chrF {record['val_chrf']:.1f}"
             if record.get("best"):

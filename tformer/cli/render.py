@@ -20,7 +20,7 @@ from torch import Tensor
 
 from tformer.analysis.attention import AttentionSelection
 from tformer.analysis.head_stats import HeadStats
-from tformer.config import SPECIAL_TOKENS
+from tformer.data.display import is_special
 
 # A viridis-like ramp: dark for ~0, bright for ~1, readable on dark and light terminals.
 RAMP = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
@@ -53,7 +53,7 @@ def legend() -> Text:
 
 
 def _token_style(token: str) -> str:
-    return SPECIAL_STYLE if token in SPECIAL_TOKENS else ""
+    return SPECIAL_STYLE if is_special(token) else ""
 
 
 def _clip(token: str, width: int) -> str:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from tformer.analysis.attention import AttentionResult, AttentionSelection
 from tformer.config import SPECIAL_TOKENS
+from tformer.data.display import is_special
 
 DECIMALS = 4  # weights are stored rounded: enough for colours and hover values, 4x smaller
 
@@ -40,7 +41,12 @@ def page_data(result: AttentionResult, selection: AttentionSelection) -> dict[st
             "target": result.target_tokens,
             "predicted": result.predicted_tokens,
         },
-        "special": list(SPECIAL_TOKENS),
+        "special": sorted({
+            token
+            for tokens in (result.source_tokens, result.target_tokens)
+            for token in tokens
+            if is_special(token)
+        } | set(SPECIAL_TOKENS)),
         "kinds": {
             kind: {
                 "rows": _AXES[kind][0],

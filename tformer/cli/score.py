@@ -29,7 +29,7 @@ from tformer.analysis.score import (
     worst,
 )
 from tformer.checkpoint.files import write_text_atomic
-from tformer.checkpoint.store import Checkpoint
+from tformer.checkpoint.store import Checkpoint, read_origin
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.options import (
@@ -49,8 +49,10 @@ from tformer.cli.options import (
     split_pairs,
 )
 from tformer.cli.render import SPECIAL_STYLE, heatmap
-from tformer.config import SPECIAL_TOKENS, UNK, UNK_ID
+from tformer.config import UNK, UNK_ID
+from tformer.data.display import is_special
 from tformer.errors import CheckpointError, ConfigError
+from tformer.metrics import perplexity_text
 
 MARKER = "≠"  # a position whose top choice is not the label
 
@@ -276,17 +278,29 @@ def _show_pair(ckpt: Checkpoint, scored: PairScore, *, as_json: bool, masks: boo
             }
         _echo_json(record)
         return
-    console.print(pair_table(scored))
+    console.print(pair_table(scored, imported=read_origin(ckpt.path) is not None))
     if masks:
         console.print(mask_maps(scored, width=console.width))
 
 
 def _token(token: str) -> Text:
-    return Text(token, style=SPECIAL_STYLE if token in SPECIAL_TOKENS else "")
+    return Text(token, style=SPECIAL_STYLE if is_special(token) else "")
 
 
-def pair_table(scored: PairScore) -> Table:
-    """One row per decoder position; the caption holds the pair's totals."""
+def smoothing_note(epsilon: float, *, imported: bool) -> str:
+    """What the smoothed loss is: the loss tformer trained the checkpoint with, or, for an
+    import (which tformer never trained), the one a fine-tune trains with by default."""
+    if imported:
+        return (
+            f"smoothed: with label smoothing ε={epsilon:g} (what tformer train --init-from "
+            "fine-tunes this import with by default)"
+        )
+    return f"smoothed: with label smoothing ε={epsilon:g} (the training loss)"
+
+
+def pair_table(scored: PairScore, *, imported: bool = False) -> Table:
+    """One row per decoder position; the caption holds the pair's totals. ``imported``: the
+    checkpoint is an import, not trained by tformer (:func:`smoothing_note`)."""
     totals = scored.totals()
     how = (
         "each token scored with it alone masked (pseudo-log-likelihood; perplexity is the "
@@ -295,9 +309,9 @@ def pair_table(scored: PairScore) -> Table:
         else ""
     )
     caption = how + (
-        f"loss: -log p(label); smoothed: with label smoothing ε={scored.label_smoothing:g} "
-        f"(the training loss). Sum {totals['loss_sum']:.4f}, mean {totals['mean_loss']:.4f}, "
-        f"perplexity {totals['perplexity']:.3f}; smoothed sum "
+        f"loss: -log p(label); {smoothing_note(scored.label_smoothing, imported=imported)}. "
+        f"Sum {totals['loss_sum']:.4f}, mean {totals['mean_loss']:.4f}, "
+        f"perplexity {perplexity_text(totals['perplexity'])}; smoothed sum "
         f"{totals['smoothed_loss_sum']:.4f}, mean {totals['smoothed_mean_loss']:.4f}. "
         f"{MARKER}: the top choice is not the label ({totals['mismatches']} of "
         f"{scored.tokens} positions)."
@@ -362,7 +376,7 @@ def summary_table(summary: ScoreSummary, where: str) -> Table:
         ("tokens (incl. <eos>)", f"{summary.tokens:,}"),
         ("loss sum", f"{summary.loss_sum:.4f}"),
         ("mean loss", f"{summary.mean_loss:.4f}"),
-        ("perplexity", f"{summary.perplexity:.3f}"),
+        ("perplexity", perplexity_text(summary.perplexity)),
         (f"mean loss, smoothed (ε={eps:g})", f"{summary.smoothed_mean_loss:.4f}"),
         (f"top choice {MARKER} label", f"{summary.mismatch_share:.2%} of positions"),
     ]
@@ -394,7 +408,7 @@ def worst_table(scores: Sequence[PairScore]) -> Table:
             str(s.index),
             str(s.tokens),
             f"{s.mean_loss:.4f}",
-            f"{s.perplexity:.3f}",
+            perplexity_text(s.perplexity),
             str(len(s.mismatches)),
             where,
             f"{escape(s.source)} → {escape(s.reference)}",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -212,8 +212,9 @@ def reordered_tokenizer(
     keep: Sequence[str] = (),
 ) -> Tokenizer:
     """``inner`` (a BPE, WordPiece or Unigram pipeline) with its vocabulary in tformer's id
-    ``order``; the added tokens named in ``keep`` (T5's sentinels) stay whole, as ordinary
-    tokens that decoding shows.
+    ``order``; the added tokens named in ``keep`` (T5's sentinels) stay whole, as special
+    tokens that decoding leaves out (as transformers' ``skip_special_tokens`` does). The
+    foreign names of the special tokens are kept as ``special_names``, for display.
 
     The first four rows (five with ``mask``) are named ``<pad> <bos> <eos> <unk>`` (``<mask>``)
     and registered as special tokens; the folder's own added tokens and post-processor
@@ -262,8 +263,20 @@ def reordered_tokenizer(
     built.add_special_tokens(
         [AddedToken(name, normalized=False, special=True) for name in specials]
     )
-    built.add_tokens([AddedToken(name, normalized=False, special=False) for name in keep])
-    return Tokenizer.from_str(built.to_str(), source=where)
+    # Special, as transformers has them: decoding leaves them out, tables show them.
+    built.add_special_tokens([AddedToken(name, normalized=False, special=True) for name in keep])
+    tokenizer = Tokenizer.from_str(built.to_str(), source=where)
+    tokenizer.special_names = own_names(order, pieces, specials)
+    return tokenizer
+
+
+def own_names(
+    order: Sequence[int | None], pieces: Mapping[int, str], specials: Sequence[str]
+) -> dict[int, str]:
+    """tformer's special ids -> the foreign vocabulary's names of them (``pieces``: foreign id
+    -> piece), where the two differ (``<bos>``: ``[CLS]``); a new row keeps tformer's name."""
+    names = {i: pieces[j] for i, j in enumerate(order[: len(specials)]) if j is not None}
+    return {i: name for i, name in names.items() if name != specials[i]}
 
 
 def to_tformer_ids(order: Sequence[int | None]) -> dict[int, int]:
@@ -280,6 +293,7 @@ __all__ = [
     "check_tokenizer",
     "fast_tokenizer",
     "read_tokenizer_json",
+    "own_names",
     "reordered_tokenizer",
     "to_tformer_ids",
 ]

@@ -28,7 +28,7 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
 from tformer.config import SPECIAL_TOKENS, UNK
-from tformer.data.hf_tokenizers import check_ids
+from tformer.data.hf_tokenizers import check_ids, own_names
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
 from tformer.source_files import TOKENIZER_BYTES, read_bytes, read_json
@@ -344,7 +344,9 @@ class _MarianSide:
         )
         codes = [name for name in names if _LANGUAGE_CODE.fullmatch(name)]
         built.add_tokens([AddedToken(code, normalized=False, special=False) for code in codes])
-        return _finish(built, where)
+        tokenizer = _finish(built, where)
+        tokenizer.special_names = own_names(order, dict(enumerate(pieces)), SPECIAL_TOKENS)
+        return tokenizer
 
 
 def _missing_pieces(sides: Iterable[_MarianSide]) -> list[str]:

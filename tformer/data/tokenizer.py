@@ -13,6 +13,7 @@ Every tformer tokenizer shares one pipeline so that its output can be decoded ba
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -70,6 +71,9 @@ class Tokenizer:
         self.inner = inner
         self._text = inner.to_str()
         self._words: WordCache | None = None
+        # tformer's special ids under the names the imported tokenizer gives them (1: "[CLS]",
+        # 2: "</s>"), where a checkpoint records them; only how a token is shown uses them.
+        self.special_names: dict[int, str] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -78,6 +82,12 @@ class Tokenizer:
     @property
     def kind(self) -> str:
         return _KIND_OF_MODEL[type(self.inner.model)]
+
+    @functools.cached_property
+    def byte_level(self) -> bool:
+        """Whether pieces spell bytes (GPT-2's byte-level BPE: "Ġman" is " man")."""
+        decoder = json.loads(self._text).get("decoder") or {}
+        return decoder.get("type") == "ByteLevel"
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; BOS/EOS are added by the data pipeline, not here.
