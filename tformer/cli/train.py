@@ -82,7 +82,6 @@ TRAIN_OPTIONS = (
     "accumulate",
     "lr",
     "warmup_steps",
-    "warmup_share",
     "schedule",
     "min_lr",
     "label_smoothing",
@@ -140,7 +139,7 @@ PANELS: dict[str, tuple[str, ...]] = {
         "attention_scale", "linear_bias", "output_scale",
     ),
     "Optimisation & schedule": (
-        "lr", "warmup_steps", "warmup_share", "schedule", "min_lr", "label_smoothing", "clip_norm",
+        "lr", "warmup_steps", "schedule", "min_lr", "label_smoothing", "clip_norm",
         "weight_decay", "ema_decay", "seed",
     ),
     "Batching": ("max_tokens", "accumulate"),
@@ -343,10 +342,15 @@ def train_command(
         return
     reporter = RichReporter()
     try:
-        train(  # resolved again from the settings, so the run knows which defaults it took
-            settings=settings,
+        train(
+            None if resume else job.model,
+            job.train,
             out=job.out,
             tokenizer=tokenizer,
+            tokenizer_kind=job.tokenizer.kind,
+            vocab_size=job.tokenizer.vocab_size,
+            shared_vocab=job.tokenizer.shared,
+            tokenizer_sample=job.tokenizer.sample,
             resume=resume or False,
             overwrite=overwrite,
             strict=strict,
