@@ -32,6 +32,7 @@ from tformer.decoding.api import decode_texts  # noqa: E402
 from tformer.decoding.settings import DecodingConfig  # noqa: E402
 from tformer.errors import CheckpointError  # noqa: E402
 from tformer.imports import import_model  # noqa: E402
+from tformer.imports.check import compared_rows  # noqa: E402
 from tformer.imports.gpt2 import gpt2_order  # noqa: E402
 
 EOT = "<|endoftext|>"
@@ -111,20 +112,20 @@ def test_logits_equal_transformers(gpt2: GPT2Case, toy_data: Path) -> None:
     ckpt = load_checkpoint(gpt2.out)
     model = ckpt.model.eval()
     eot = gpt2.tokenizer.eos_token_id
-    order = torch.tensor([0 if i is None else i for i in gpt2_order(len(gpt2.tokenizer), eot)])
+    # <eos> and every other piece (tformer's rows 2, 4...) against their GPT-2 ids; the
+    # rows GPT-2 has not (<pad>, <unk>, <bos> a copy of <eos>) are never predicted.
+    rows, columns = compared_rows(gpt2_order(len(gpt2.tokenizer), eot), model.logits_bias)
+    assert rows == [2, *range(4, len(gpt2.tokenizer) + 3)]
     for text in lines("val", "en", 20, toy_data):
         hf = [eot, *gpt2.tokenizer.encode(text)][:48]
         ids = [BOS_ID, *tformer_ids(gpt2, hf[1:])]
         with torch.no_grad():
             theirs = gpt2.model(torch.tensor([hf])).logits[0]
             ours = model(torch.zeros(1, 0, dtype=torch.long), torch.tensor([ids])).logits[0]
-        # <eos> and every other piece (tformer's rows 2, 4...) against their GPT-2 ids; the
-        # rows GPT-2 has not (<pad>, <unk>, <bos> a copy of <eos>) are never predicted.
-        rows = torch.tensor([2, *range(4, len(order))])
-        torch.testing.assert_close(ours[:, rows], theirs[:, order[rows]], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ours[:, rows], theirs[:, columns], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(
             ours.log_softmax(-1)[:, rows],
-            theirs.log_softmax(-1)[:, order[rows]],
+            theirs.log_softmax(-1)[:, columns],
             atol=1e-4,
             rtol=1e-4,
         )

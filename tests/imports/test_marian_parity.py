@@ -18,6 +18,7 @@ from tformer.config import BOS_ID, PAD_ID
 from tformer.decoding.api import decode_texts
 from tformer.decoding.settings import DecodingConfig
 from tformer.imports import import_model
+from tformer.imports.check import compared_rows
 from tformer.imports.marian import never_rows
 
 INPUTS = 40
@@ -92,9 +93,9 @@ def test_logits_equal_transformers(
         hf = case.model(**batch, decoder_input_ids=theirs_in).logits
     # Every row but <pad> and <bos> (never predicted: tformer's logits bias holds them off)
     # and rows that stand for no Marian token.
+    keep, columns = compared_rows(tgt_order, ckpt.model.logits_bias)
     never = {PAD_ID, BOS_ID, *never_rows(tgt_order)}
-    keep = [i for i in range(len(tgt_order)) if i not in never]
-    columns = torch.tensor([tgt_order[i] for i in keep])
+    assert keep == [i for i in range(len(tgt_order)) if i not in never]
     real = torch.zeros_like(tgt_in, dtype=torch.bool)
     for row, ids in enumerate(tgt):
         real[row, : len(ids) + 1] = True

@@ -11,10 +11,14 @@ from rich.markup import escape
 
 from tformer.checkpoint.files import WEIGHTS
 from tformer.checkpoint.store import read_config
+from tformer.checkpoint.verify import Check
 from tformer.checkpoint.weights import read_header
 from tformer.cli.app import app
 from tformer.cli.console import console
+from tformer.errors import CheckpointError
 from tformer.imports import import_model
+from tformer.imports.check import check_import, read_texts
+from tformer.imports.hub import local_folder
 
 
 @app.command("import")
@@ -35,6 +39,19 @@ def import_command(
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an earlier import in OUT (nothing else)."
     ),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="After writing OUT, run SOURCE with transformers and compare it with OUT on a few "
+        "short sentences: token ids, logits (within 1e-3), greedy outputs or fill-mask's top "
+        "token. A failed check exits 4; OUT is kept either way.",
+    ),
+    check_text: Path | None = typer.Option(
+        None,
+        "--check-text",
+        help="The sentences --check reads, one a line (implies --check).",
+        show_default=False,
+    ),
 ) -> None:
     """Import an OPUS-MT / Marian or T5 model (encoder-decoder), GPT-2 (decoder-only) or
     BERT (encoder-only) as an ordinary tformer checkpoint.
@@ -44,13 +61,34 @@ def import_command(
     your data with its tokenizer. Commands that read data (evaluate, score --split, ablate,
     align) need --data for an import. A hub id is fetched through huggingface_hub's cache;
     offline, pass a local folder. Needs the "import" extra (pip install "tformer[import]").
-    See docs/finetune.md.
+    With --check, OUT is then compared with SOURCE run by transformers (exit 4 if they
+    differ; OUT is kept). See docs/finetune.md.
 
     Example: tformer import Helsinki-NLP/opus-mt-en-de checkpoints/opus-en-de
     """
+    texts = read_texts(check_text) if check_text is not None else None
     folder = import_model(source, out, overwrite=overwrite)
     console.print(f"imported {escape(source)} into {escape(str(folder))}", soft_wrap=True)
     console.print(escape(import_summary(folder)), soft_wrap=True, highlight=False)
+    if check or check_text is not None:
+        report_checks(check_import(local_folder(source), folder, texts), folder)
+
+
+def report_checks(checks: list[Check], folder: Path) -> None:
+    """One line per check of ``--check``, its figure and pass / fail.
+
+    Raises:
+        CheckpointError: a check failed (the checkpoint is kept).
+    """
+    for c in checks:
+        verdict = "[green]pass[/]" if c.ok else "[red]FAIL[/]"
+        console.print(f"check {c.name}: {escape(c.detail)}: {verdict}", soft_wrap=True)
+    failed = [c.name for c in checks if not c.ok]
+    if failed:
+        raise CheckpointError(
+            f"--check: {', '.join(failed)} differ from transformers' (the import is kept in "
+            f"{folder})"
+        )
 
 
 def import_summary(folder: Path) -> str:
