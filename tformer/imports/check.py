@@ -304,6 +304,7 @@ def _fill_mask(pair: _Pair, texts: list[str]) -> Check:
     """fill-mask's top token at the middle word of each text of two words or more, masked,
     against the top row of transformers' logits there."""
     from tformer.analysis.language import fill_mask
+    from tformer.data.display import display_token
 
     to_ours = to_tformer_ids(pair.source_order)
     tokenizer, checked, differ = pair.ckpt.tokenizers.source, 0, []
@@ -318,7 +319,8 @@ def _fill_mask(pair: _Pair, texts: list[str]) -> Check:
         at = batch["input_ids"][0].tolist().index(pair.tokenizer.mask_token_id)
         with torch.no_grad():
             top = int(pair.model(**batch).logits[0, at].argmax())
-        theirs = tokenizer.id_to_token(to_ours[top]) if top in to_ours else None
+        # as fill-mask shows tokens: a special one by the imported tokenizer's own name
+        theirs = display_token(tokenizer, to_ours[top]) if top in to_ours else None
         checked += 1
         if ours != theirs:
             differ.append(f"{masked!r}: {ours!r}, transformers {theirs!r}")
