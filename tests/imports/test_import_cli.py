@@ -85,8 +85,10 @@ def test_every_command_runs_on_the_import(imported: Path, tmp_path: Path, toy_da
     assert plain.exit_code == 0, plain.output
     assert plain.stdout.strip() == want.strip()
     explained = invoke("generate", str(imported), source, "--explain")
-    # tformer's <eos> is shown by Marian's own name
-    assert explained.exit_code == 0 and "</s>" in explained.stdout, explained.output
+    # tformer's <eos> is never shown by its own name (whether this random model ends its
+    # output, or </s> is among the source tokens it attends to most, is its weights' chance;
+    # the masks and the attention map below show </s> for certain)
+    assert explained.exit_code == 0, explained.output
     assert "<eos>" not in explained.stdout
     int8 = invoke("generate", str(imported), source, "--quantize", "int8", "--beam-size", "4")
     assert int8.exit_code == 0, int8.output
