@@ -42,12 +42,12 @@ from tformer.decoding.api import decode_texts  # noqa: E402
 from tformer.decoding.settings import DecodingConfig  # noqa: E402
 from tformer.fast.accelerate import accelerate  # noqa: E402
 from tformer.fast.int8 import quantize_int8  # noqa: E402
-from tformer.imports.common import open_weights  # noqa: E402
 from tformer.imports.gpt2 import (  # noqa: E402
     gpt2_model_config,
     gpt2_order,
     gpt2_state,
 )
+from tformer.imports.weights import open_weights
 from tformer.model import Transformer, build_model  # noqa: E402
 
 SMALL: dict[str, Any] = {}  # GPT2Config's defaults are GPT-2 small's
@@ -76,6 +76,21 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def best_times(cases: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Each case's fastest of ``repeats`` runs (seconds), after one warm-up each, the cases
+    taking turns so that a change in the machine's speed reaches them all alike."""
+    best = {name: float("inf") for name in cases}
+    with torch.inference_mode():
+        for case in cases.values():
+            case()  # warm-up
+        for _ in range(repeats):
+            for name, case in cases.items():
+                start = time.perf_counter()
+                case()
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -98,15 +113,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         "tformer": lambda: decode_texts(model, [ours_prompt], settings),
         "tformer-int8": lambda: decode_texts(int8, [ours_prompt], settings),
     }
-    best = {name: float("inf") for name in cases}
-    with torch.inference_mode():
-        for case in cases.values():
-            case()  # warm-up
-        for _ in range(args.repeats):
-            for name, case in cases.items():
-                start = time.perf_counter()
-                case()
-                best[name] = min(best[name], time.perf_counter() - start)
+    best = best_times(cases, args.repeats)
     records = []
     for name, seconds in best.items():
         record = {

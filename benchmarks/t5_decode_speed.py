@@ -25,7 +25,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,15 +33,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpt2_decode_speed import peak_mb  # noqa: E402
+from gpt2_decode_speed import best_times, peak_mb  # noqa: E402
 
 from tformer.config import BOS_ID  # noqa: E402
 from tformer.decoding.api import decode_texts  # noqa: E402
 from tformer.decoding.settings import DecodingConfig  # noqa: E402
 from tformer.fast.accelerate import accelerate  # noqa: E402
 from tformer.fast.int8 import quantize_int8  # noqa: E402
-from tformer.imports.common import open_weights  # noqa: E402
 from tformer.imports.t5 import t5_model_config, t5_order, t5_state  # noqa: E402
+from tformer.imports.weights import open_weights
 from tformer.model import Transformer, build_model  # noqa: E402
 
 SMALL: dict[str, Any] = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6,
@@ -93,15 +92,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         "tformer": lambda: decode_texts(lean, [ours], settings),
         "tformer-int8": lambda: decode_texts(int8, [ours], settings),
     }
-    best = {name: float("inf") for name in cases}
-    with torch.inference_mode():
-        for case in cases.values():
-            case()  # warm-up
-        for _ in range(args.repeats):
-            for name, case in cases.items():
-                start = time.perf_counter()
-                case()
-                best[name] = min(best[name], time.perf_counter() - start)
+    best = best_times(cases, args.repeats)
     records = []
     for name, seconds in best.items():
         record = {

@@ -13,7 +13,7 @@ from tformer.cli.commands import app
 from tformer.data import parallel
 from tformer.data.parallel import encoded_slices
 from tformer.data.prepare import TextSource, cached_prepared
-from tformer.data.prepared import PrepareOptions
+from tformer.data.prepared_write import PrepareOptions
 from tformer.data.tokenizer import Tokenizer, train_tokenizer
 
 PAIRS = [(p["source"], p["target"]) for p in digit_pairs(400, seed=5)]

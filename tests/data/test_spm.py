@@ -21,15 +21,13 @@ from typing import Any
 import pytest
 
 from tformer.config import SPECIAL_TOKENS
+from tformer.data.marian_spm import MarianTokenizers, marian_tokenizers, unk_stand_ins
 from tformer.data.spm import (
-    MarianTokenizers,
     is_sentencepiece,
     load_tokenizer,
-    marian_tokenizers,
     read_model,
     special_first_order,
     spm_tokenizer,
-    unk_stand_ins,
 )
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError

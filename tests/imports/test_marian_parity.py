@@ -19,7 +19,7 @@ from tformer.decoding.api import decode_texts
 from tformer.decoding.settings import DecodingConfig
 from tformer.imports import import_model
 from tformer.imports.check import compared_rows
-from tformer.imports.marian import never_rows
+from tformer.imports.weights import never_rows
 
 INPUTS = 40
 MAX_NEW = 12
@@ -48,7 +48,7 @@ def sources(toy_data: Path) -> list[str]:
 
 def orders(case: MarianCase, ckpt: Checkpoint) -> tuple[list[int | None], list[int | None]]:
     """tformer id -> Marian id, per side (None: a row Marian has not)."""
-    from tformer.data.spm import marian_tokenizers
+    from tformer.data.marian_spm import marian_tokenizers
 
     config = case.model.config
     found = marian_tokenizers(

@@ -19,25 +19,27 @@ from tformer.analysis.run_plot import PLOT_SUFFIXES, check_plot_path
 from tformer.checkpoint.files import write_text_atomic
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
+from tformer.cli.data_options import (
+    LIMIT,
+    TEXT_FIELD,
+    check_limit,
+    checkpoint_family,
+    data_of,
+    language_split,
+    split_pairs,
+)
 from tformer.cli.options import (
     BATCH_SIZE,
     CHECKPOINT,
     CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
-    LIMIT,
     MAX_NEW_TOKENS,
     SOURCE_FIELD,
     TARGET_FIELD,
-    TEXT_FIELD,
     check_batch_size,
-    check_limit,
-    checkpoint_family,
-    data_of,
     file_option,
-    language_split,
     load_chosen,
-    split_pairs,
 )
 from tformer.cli.render import weight_color
 from tformer.decoding.settings import DecodingConfig

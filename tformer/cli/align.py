@@ -21,22 +21,24 @@ from tformer.analysis.align import Choice, align, check_choice, check_extraction
 from tformer.checkpoint.files import write_text_atomic
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
+from tformer.cli.data_options import (
+    LIMIT,
+    SPLIT,
+    check_limit,
+    checkpoint_family,
+    data_of,
+    split_pairs,
+)
 from tformer.cli.options import (
     CHECKPOINT,
     CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
-    LIMIT,
     SOURCE_FIELD,
-    SPLIT,
     TARGET_FIELD,
-    check_limit,
-    checkpoint_family,
-    data_of,
     existing_file,
     file_option,
     load_chosen,
-    split_pairs,
     warn_long_inputs,
 )
 from tformer.errors import ConfigError, DataError

@@ -13,6 +13,7 @@ from rich.table import Table
 from tformer.checkpoint.store import Checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console
+from tformer.cli.data_options import checkpoint_family
 from tformer.cli.options import (
     BATCH_SIZE,
     CHECKPOINT,
@@ -24,7 +25,6 @@ from tformer.cli.options import (
     TEXTS,
     apply_quantize,
     check_batch_size,
-    checkpoint_family,
     default,
     load_chosen,
     read_inputs,

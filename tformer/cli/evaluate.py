@@ -20,6 +20,16 @@ from tformer.analysis.evaluate import (
 from tformer.analysis.language import evaluate_language
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
+from tformer.cli.data_options import (
+    LIMIT,
+    SPLIT,
+    TEXT_FIELD,
+    check_limit,
+    checkpoint_family,
+    data_of,
+    language_split,
+    split_pairs,
+)
 from tformer.cli.options import (
     BEAM_SIZE,
     CHECKPOINT,
@@ -27,7 +37,6 @@ from tformer.cli.options import (
     DATA,
     DEVICE,
     LENGTH_PENALTY,
-    LIMIT,
     MASK_HEADS,
     MAX_NEW_TOKENS,
     MIN_NEW_TOKENS,
@@ -37,22 +46,15 @@ from tformer.cli.options import (
     REPETITION_PENALTY,
     SEED,
     SOURCE_FIELD,
-    SPLIT,
     TARGET_FIELD,
     TEMPERATURE,
-    TEXT_FIELD,
     TOP_K,
     TOP_P,
     apply_mask_heads,
     apply_quantize,
     check_batch_size,
-    check_limit,
-    checkpoint_family,
-    data_of,
     decoding_config,
-    language_split,
     load_chosen,
-    split_pairs,
     warn_long_inputs,
 )
 from tformer.errors import CheckpointError

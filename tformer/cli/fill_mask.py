@@ -12,13 +12,13 @@ from rich.table import Table
 from tformer.analysis.language import fill_mask
 from tformer.cli.app import app
 from tformer.cli.console import console
+from tformer.cli.data_options import checkpoint_family
 from tformer.cli.options import (
     CHECKPOINT,
     CHECKPOINT_CHOICE,
     DEVICE,
     QUANTIZE,
     apply_quantize,
-    checkpoint_family,
     load_chosen,
 )
 from tformer.errors import ConfigError

@@ -16,6 +16,7 @@ from tformer.checkpoint import Checkpoint
 from tformer.cli.app import app
 from tformer.cli.compare import default_settings, print_comparison
 from tformer.cli.console import console
+from tformer.cli.data_options import checkpoint_family
 from tformer.cli.explain import explanation_table
 from tformer.cli.options import (
     BATCH_SIZE,
@@ -41,7 +42,6 @@ from tformer.cli.options import (
     apply_mask_heads,
     apply_quantize,
     check_batch_size,
-    checkpoint_family,
     decoding_config,
     default,
     load_chosen,

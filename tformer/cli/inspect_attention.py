@@ -18,6 +18,7 @@ from tformer.analysis.attention import (
 from tformer.analysis.head_stats import eos_column, head_statistics
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
+from tformer.cli.data_options import checkpoint_family
 from tformer.cli.options import (
     CHECKPOINT,
     CHECKPOINT_CHOICE,
@@ -27,7 +28,6 @@ from tformer.cli.options import (
     SEED,
     TEMPERATURE,
     apply_mask_heads,
-    checkpoint_family,
     load_chosen,
     warn_long_inputs,
     warn_long_target,

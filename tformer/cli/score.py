@@ -32,6 +32,7 @@ from tformer.checkpoint.files import write_text_atomic
 from tformer.checkpoint.store import Checkpoint, read_origin
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
+from tformer.cli.data_options import check_limit, checkpoint_family, data_of, split_pairs
 from tformer.cli.options import (
     CHECKPOINT,
     CHECKPOINT_CHOICE,
@@ -41,12 +42,8 @@ from tformer.cli.options import (
     SOURCE_FIELD,
     TARGET_FIELD,
     apply_mask_heads,
-    check_limit,
-    checkpoint_family,
-    data_of,
     file_option,
     load_chosen,
-    split_pairs,
 )
 from tformer.cli.render import SPECIAL_STYLE, heatmap
 from tformer.config import UNK, UNK_ID

@@ -9,13 +9,13 @@ from rich.markup import escape
 
 from tformer.cli.app import app
 from tformer.cli.console import err_console
+from tformer.cli.data_options import checkpoint_family
 from tformer.cli.options import (
     CHECKPOINT,
     CHECKPOINT_CHOICE,
     DEVICE,
     QUANTIZE,
     apply_quantize,
-    checkpoint_family,
     config_parameter,
     load_chosen,
     with_parameters,

@@ -10,14 +10,8 @@ from rich.markup import escape
 
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
-from tformer.cli.options import (
-    DATA,
-    SOURCE_FIELD,
-    TARGET_FIELD,
-    TEXT_FIELD,
-    existing_file,
-    file_option,
-)
+from tformer.cli.data_options import TEXT_FIELD
+from tformer.cli.options import DATA, SOURCE_FIELD, TARGET_FIELD, existing_file, file_option
 from tformer.config import Arch, family_record, one_of
 from tformer.data.lm import load_texts
 from tformer.data.prepared import is_prepared

@@ -25,14 +25,13 @@ from tformer.data.parallel import Pairs
 from tformer.data.prepared import (
     PREPARED,
     Prepared,
-    PrepareOptions,
     Progress,
     is_prepared,
     open_prepared,
     prepared_manifest,
     tokenizer_files,
-    write_split,
 )
+from tformer.data.prepared_write import PrepareOptions, write_split
 from tformer.data.sources import SPLITS, TextPair, bundled_data_dir, load_text_pairs
 from tformer.data.spm import load_tokenizer
 from tformer.data.streaming import stream_splits

@@ -55,12 +55,13 @@ NAMES = {PAD_ID: "[PAD]", UNK_ID: "[UNK]", BOS_ID: "[CLS]", EOS_ID: "[SEP]", MAS
 
 def problems(config: ModelConfig) -> list[str]:
     """The options of an encoder-only ``config`` BERT has no equivalent for, as flags."""
-    found = unsupported(
+    return unsupported(
         config,
         allowed={
             "norm": ("post",),
             "normalization": ("layernorm",),
             "positions": ("learned", "sinusoidal"),
+            "kv_heads": (),
             "activation": tuple(ACTIVATIONS),
             "attention_scale": (True,),
             "linear_bias": (True,),
@@ -68,9 +69,6 @@ def problems(config: ModelConfig) -> list[str]:
             "mlm_head": (True,),
         },
     )
-    if config.n_kv_heads != config.n_heads:
-        found.insert(4, f"--kv-heads {config.n_kv_heads}")
-    return found
 
 
 def vocabulary(config: ModelConfig) -> Vocabulary:

@@ -70,9 +70,14 @@ def refuse(model_name: str, found: Sequence[str], why: str) -> None:
 
 def unsupported(config: ModelConfig, *, allowed: dict[str, Sequence[Any]]) -> list[str]:
     """The flags of ``config``'s architecture options outside ``allowed`` (field -> the
-    values the target expresses), in the order of ``allowed``."""
+    values the target expresses), in the order of ``allowed``. ``"kv_heads": ()`` stands for
+    multi-head attention only (no grouped key/value heads)."""
     found = []
     for name, values in allowed.items():
+        if name == "kv_heads":
+            if config.n_kv_heads != config.n_heads:
+                found.append(f"--kv-heads {config.n_kv_heads}")
+            continue
         value = getattr(config, name)
         if value in values:
             continue

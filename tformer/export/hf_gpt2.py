@@ -56,21 +56,19 @@ WHY = (
 
 def problems(config: ModelConfig) -> list[str]:
     """The options of a decoder-only ``config`` GPT-2 has no equivalent for, as flags."""
-    found = unsupported(
+    return unsupported(
         config,
         allowed={
             "norm": ("pre",),
             "normalization": ("layernorm",),
             "positions": ("learned", "sinusoidal"),
+            "kv_heads": (),
             "activation": tuple(ACTIVATIONS),
             "attention_scale": (True,),
             "linear_bias": (True,),
             "embedding_norm": (False,),
         },
     )
-    if config.n_kv_heads != config.n_heads:
-        found.insert(4, f"--kv-heads {config.n_kv_heads}")
-    return found
 
 
 def vocabulary(model: DecoderOnlyTransformer) -> Vocabulary:

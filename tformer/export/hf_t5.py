@@ -58,11 +58,12 @@ WHY = (
 
 def problems(config: ModelConfig) -> list[str]:
     """The options of a relative-position encoder-decoder ``config`` T5 cannot express."""
-    found = unsupported(
+    return unsupported(
         config,
         allowed={
             "norm": ("pre",),
             "normalization": ("rmsnorm",),
+            "kv_heads": (),
             "activation": tuple(FEED_FORWARDS),
             "linear_bias": (False,),
             "share_embeddings": (True,),
@@ -71,9 +72,6 @@ def problems(config: ModelConfig) -> list[str]:
             "segment_embedding": (False,),
         },
     )
-    if config.n_kv_heads != config.n_heads:
-        found.insert(2, f"--kv-heads {config.n_kv_heads}")
-    return found
 
 
 def vocabulary(config: ModelConfig) -> Vocabulary:

@@ -21,14 +21,8 @@ from tformer.config import ModelConfig
 from tformer.data.hf_tokenizers import fast_tokenizer, reordered_tokenizer
 from tformer.data.spm import special_first_order
 from tformer.errors import CheckpointError
-from tformer.imports.common import (
-    Imported,
-    Key,
-    Tensors,
-    family_config,
-    one_tokenizer_import,
-    rows_in_order,
-)
+from tformer.imports.common import Imported, Key, family_config, one_tokenizer_import
+from tformer.imports.weights import Tensors, rows_in_order
 from tformer.paths import excerpt
 
 # transformers' ACT2FN names -> tformer's (BERT's "gelu" is the exact, erf one).

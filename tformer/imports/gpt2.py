@@ -23,15 +23,8 @@ import torch
 from tformer.config import BOS_ID, PAD_ID, UNK_ID, ModelConfig
 from tformer.data.hf_tokenizers import fast_tokenizer, reordered_tokenizer
 from tformer.errors import CheckpointError
-from tformer.imports.common import (
-    NEVER,
-    Imported,
-    Key,
-    Tensors,
-    family_config,
-    one_tokenizer_import,
-    rows_in_order,
-)
+from tformer.imports.common import NEVER, Imported, Key, family_config, one_tokenizer_import
+from tformer.imports.weights import Tensors, rows_in_order
 from tformer.paths import excerpt
 
 # transformers' ACT2FN names -> tformer's ("gelu_new" and "gelu_pytorch_tanh" are the tanh GELU).

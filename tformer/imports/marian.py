@@ -36,12 +36,15 @@ from tformer.imports.common import (
     Checked,
     Imported,
     Key,
-    Tensors,
     build_arch,
     family_config,
-    fill_rows_in_order,
-    open_weights,
     origin_of,
+)
+from tformer.imports.weights import (
+    Tensors,
+    fill_rows_in_order,
+    never_rows,
+    open_weights,
     read_state,
     rows_in_order,
 )
@@ -148,19 +151,6 @@ def _layer_state(
     return state
 
 
-def never_rows(order: list[int | None]) -> list[int]:
-    """Rows tformer must never predict: new rows, and repeats of an earlier foreign id (a
-    piece a SentencePiece model produces that the vocabulary lacks, standing for <unk>)."""
-    seen: set[int] = set()
-    rows = []
-    for row, i in enumerate(order):
-        if i is None or i in seen:
-            rows.append(row)
-        else:
-            seen.add(i)
-    return rows
-
-
 def logits_bias(bias: torch.Tensor, order: list[int | None]) -> torch.Tensor | None:
     """tformer's logits bias from Marian's ``final_logits_bias`` (its vocabulary order), or
     None when it would hold nothing: <pad> and <bos> (never predicted; an export writes -inf
@@ -226,7 +216,7 @@ def folder_tokenizers(folder: Path, config: Any) -> FolderTokenizers:
             f"{folder}: tokenizer files {', '.join(missing)} are missing; save the "
             "MarianTokenizer into the folder too (tokenizer.save_pretrained)"
         )
-    from tformer.data.spm import marian_tokenizers
+    from tformer.data.marian_spm import marian_tokenizers
 
     found = marian_tokenizers(
         folder,

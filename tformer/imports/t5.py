@@ -30,14 +30,8 @@ import torch
 from tformer.config import ModelConfig
 from tformer.data.hf_tokenizers import fast_tokenizer, reordered_tokenizer
 from tformer.errors import CheckpointError
-from tformer.imports.common import (
-    Imported,
-    Key,
-    Tensors,
-    family_config,
-    one_tokenizer_import,
-    rows_in_order,
-)
+from tformer.imports.common import Imported, Key, family_config, one_tokenizer_import
+from tformer.imports.weights import Tensors, rows_in_order
 from tformer.paths import excerpt
 
 # T5 has no position table, so no limit of its own; tformer's model needs one.

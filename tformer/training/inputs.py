@@ -22,14 +22,8 @@ from tformer.data.prepare import (
     streamed_prepared,
     tokenizers_for,
 )
-from tformer.data.prepared import (
-    PREPARED,
-    Prepared,
-    PrepareOptions,
-    Progress,
-    is_prepared,
-    open_prepared,
-)
+from tformer.data.prepared import PREPARED, Prepared, Progress, is_prepared, open_prepared
+from tformer.data.prepared_write import PrepareOptions
 from tformer.data.sources import bundled_data_dir, load_text_pairs
 from tformer.data.spm import load_tokenizer
 from tformer.data.store import as_store
