@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from tformer.analysis.attention import FILE_FORMAT, FILE_VERSION, AttentionSelection
+from tformer.checkpoint.files import write_text_atomic
 from tformer.errors import ConfigError, DataError
 from tformer.paths import json_loads
 
@@ -30,7 +31,7 @@ def save_attention(path: Path, selection: AttentionSelection) -> None:
             "columns": selection.columns,
             "weights": selection.weights.tolist(),
         }
-        path.write_text(json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
+        write_text_atomic(path, json.dumps(record, ensure_ascii=False) + "\n")
     elif suffix == ".npz":
         with open(path, "wb") as handle:  # a file object: numpy would append .npz to a name
             np.savez(

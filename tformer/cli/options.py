@@ -193,15 +193,6 @@ def existing_file(path: Path | None, option: str) -> Path | None:
     return path
 
 
-def folder_option(path: Path | None, option: str) -> Path | None:
-    """Refuse a folder option (``--out``) that names a file, or lies under one."""
-    if path is None:
-        return None
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{option} {path}: exists and is a file; choose a folder name")
-    return _not_under_a_file(path, option)
-
-
 def file_option(path: Path, option: str) -> Path:
     """Refuse a file option (``--save``, a tokenizer's ``--out``) that names a folder or lies
     under a file; missing folders on the way are made when it is written."""

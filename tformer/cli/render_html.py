@@ -16,6 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from tformer.analysis.attention import AttentionResult, AttentionSelection
+from tformer.checkpoint.files import write_text_atomic
 from tformer.config import SPECIAL_TOKENS
 from tformer.data.display import is_special
 
@@ -97,7 +98,8 @@ def render_html(result: AttentionResult, selection: AttentionSelection) -> str:
 
 
 def write_html(path: Path, result: AttentionResult, selection: AttentionSelection) -> None:
-    path.write_text(render_html(result, selection), encoding="utf-8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, render_html(result, selection))
 
 
 _TEMPLATE = """<!doctype html>
