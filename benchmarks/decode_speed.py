@@ -34,7 +34,9 @@ each 4 KB page of a fresh large tensor is a page fault: at batch 32 the encoder'
 feed-forward activations took 7 ms each to fill on a 2-core EPYC, against 1 ms.
 
 On a GPU (``--device cuda``) both torch implementations run there, timed up to a device
-synchronisation; CTranslate2 is measured on the CPU only, so it is left out of a GPU run.
+synchronisation, and CTranslate2 in float32 on the GPU too, where its build sees one (its
+PyPI wheel opens CUDA 12's cuBLAS by name: scripts/gpu-common.sh offers CUDA 13's under those
+names on a CUDA 13 machine).
 
 Usage: python benchmarks/decode_speed.py [--shape small|base] [--repeats 3] [--threads N]
        [--device cpu|cuda] [--cache-only] [--smoke]
@@ -544,11 +546,13 @@ def main() -> None:
         import ctranslate2 as ct2
     except ImportError:
         print(json.dumps({"note": "ctranslate2 is not installed: CTranslate2 skipped"}))
-    if ct2 is not None and device.type != "cpu":
-        print(json.dumps({"note": "CTranslate2 is measured on the CPU only: skipped"}))
+    if ct2 is not None and device.type == "cuda" and ct2.get_cuda_device_count() == 0:
+        print(json.dumps({"note": "this CTranslate2 build sees no GPU: CTranslate2 skipped"}))
         ct2 = None
     if ct2 is not None:
-        translators = ct2_translators(model, torch.get_num_threads())
+        # Converted, and checked against tformer, from a CPU copy of the same weights.
+        model = model.cpu() if device.type == "cuda" else model
+        translators = ct2_translators(model, torch.get_num_threads(), device.type)
         check = sources(big_batch, length, shape["vocab"])  # the greedy big batch's sources
         # float32 must agree with tformer; int8 is reported to show what quantisation changes.
         note: dict[str, Any] = {

@@ -21,3 +21,13 @@ step() {  # step SECONDS FILE COMMAND...: run, keep its output, say how it ended
     echo "$file: exit $? after $((SECONDS - started)) s"
     tail -n "${STEP_TAIL:-12}" "$out/$file"
 }
+# CTranslate2's PyPI wheel opens CUDA 12's cuBLAS by name: on a CUDA 13 machine, CUDA 13's
+# cuBLAS is offered under those names (it ran so on an H200, 2026-11-26).
+cublas=$(ls /usr/local/cuda*/lib64/libcublas*.so.13 2>/dev/null; "$py" -c 'import glob, site
+print("\n".join(p for d in site.getsitepackages()
+                for p in glob.glob(d + "/nvidia/**/libcublas*.so.13", recursive=True)))' 2>/dev/null)
+if [ -n "$cublas" ]; then
+    mkdir -p /tmp/cublas12
+    for lib in $cublas; do ln -sf "$lib" "/tmp/cublas12/$(basename "$lib" .13).12"; done
+    export LD_LIBRARY_PATH="/tmp/cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
