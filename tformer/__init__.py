@@ -54,7 +54,7 @@ _EXPORTS: dict[str, str] = {
     "TrainConfig": "tformer.config",
     "TrainResult": "tformer.training.reporting",
     "Transformer": "tformer.model",
-    "ablate": "tformer.analysis.ablate",
+    "ablate": "tformer.analysis.measures",
     "accelerate": "tformer.fast.accelerate",
     "quantize_int8": "tformer.fast.int8",
     "score_pair": "tformer.analysis.score",
@@ -65,7 +65,8 @@ _EXPORTS: dict[str, str] = {
     "configure_process": "tformer.fast.process",
     "corpus_scores": "tformer.metrics",
     "decode_texts": "tformer.decoding.api",
-    "evaluate": "tformer.analysis.evaluate",
+    "evaluate": "tformer.analysis.measures",
+    "score": "tformer.analysis.measures",
     "explain": "tformer.analysis.explain",
     "export_checkpoint": "tformer.export",
     "generate": "tformer.decoding.text",
@@ -101,12 +102,12 @@ _EXPORTS: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
-    from tformer.analysis.ablate import Ablation, ablate
+    from tformer.analysis.ablate import Ablation
     from tformer.analysis.aer import AlignmentScores, read_pharaoh, score_alignments
     from tformer.analysis.align import Alignment, align
     from tformer.analysis.attention import AttentionResult, AttentionSelection, inspect_attention
     from tformer.analysis.attention_files import load_attention, save_attention
-    from tformer.analysis.evaluate import Evaluation, evaluate
+    from tformer.analysis.evaluate import Evaluation
     from tformer.analysis.explain import StepExplanation, explain
     from tformer.analysis.head_stats import HeadStats, head_statistics
     from tformer.analysis.language import (
@@ -115,6 +116,7 @@ if TYPE_CHECKING:
         evaluate_language,
         fill_mask,
     )
+    from tformer.analysis.measures import ablate, evaluate, score
     from tformer.analysis.runs import Comparison, RunSummary, compare_runs
     from tformer.analysis.score import PairScore, score_pair, score_pairs
     from tformer.checkpoint import (
@@ -237,6 +239,7 @@ __all__ = [
     "read_pharaoh",
     "save_attention",
     "save_checkpoint",
+    "score",
     "score_alignments",
     "score_pair",
     "score_pairs",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tformer.analysis.ablate import ablate
+from tformer.analysis.ablate import ablate_pairs as ablate
 from tformer.analysis.evaluate import teacher_forced_loss
 from tformer.checkpoint.store import Checkpoint
 from tformer.cli.commands import app

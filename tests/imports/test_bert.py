@@ -21,7 +21,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers  
 from tests.imports.conftest import lines, tformer  # noqa: E402
 from tests.imports.test_gpt2 import fine_tuned_losses  # noqa: E402
 from tformer.analysis.language import fill_mask  # noqa: E402
-from tformer.analysis.score import score_masked_text  # noqa: E402
+from tformer.analysis.score_text import score_masked_text  # noqa: E402
 from tformer.checkpoint.store import load_checkpoint  # noqa: E402
 from tformer.config import EOS_ID  # noqa: E402
 from tformer.data.hf_tokenizers import to_tformer_ids  # noqa: E402

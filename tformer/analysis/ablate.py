@@ -198,7 +198,7 @@ def head_effects(
     return baseline, [effects[i] for i in order]
 
 
-def ablate(
+def ablate_pairs(
     model: TransformerBase,
     tokenizers: Tokenizers,
     pairs: Sequence[TextPair],

@@ -72,7 +72,7 @@ class Evaluation:
     decoding: dict[str, Any] = field(default_factory=dict)
 
 
-def evaluate(
+def evaluate_pairs(
     ckpt: Checkpoint,
     pairs: Sequence[TextPair],
     *,

@@ -14,7 +14,8 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from tformer.analysis.ablate import METRICS, Ablation, ablate, ablate_language
+from tformer.analysis.ablate import METRICS, Ablation
+from tformer.analysis.measures import ablate, check_ablation_metric
 from tformer.analysis.run_plot import PLOT_SUFFIXES, check_plot_path
 from tformer.checkpoint.files import write_text_atomic
 from tformer.cli.app import app
@@ -25,8 +26,7 @@ from tformer.cli.data_options import (
     check_limit,
     checkpoint_family,
     data_of,
-    language_split,
-    split_pairs,
+    split_examples,
 )
 from tformer.cli.options import (
     BATCH_SIZE,
@@ -42,6 +42,7 @@ from tformer.cli.options import (
     load_chosen,
 )
 from tformer.cli.render import weight_color
+from tformer.config.families import family_record
 from tformer.decoding.settings import DecodingConfig
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model.heads import PARTS, all_heads
@@ -102,22 +103,15 @@ def ablate_command(
     _check_options(metric, limit, prune_step, top, save)
     check_batch_size(batch_size)
     family = checkpoint_family(checkpoint, "ablate")
-    if not family.reads_source and metric != "loss":
-        raise ConfigError(
-            f"--metric {metric}: a language model ({family.family}) is ablated by its loss; "
-            "leave out --metric"
-        )
+    check_ablation_metric(family_record(family.family), metric)  # before any data is read
     data, source_field, target_field, text_field = data_of(
         checkpoint, data, source_field, target_field, text_field
     )
-    if not family.reads_source:
-        docs = language_split(data, text_field, split, limit)
-        measured = f"{len(docs):,} documents"
-    else:
-        pairs = split_pairs(
-            data, split, source_field=source_field, target_field=target_field, limit=limit
-        )
-        measured = f"{len(pairs):,} pairs"
+    examples = split_examples(
+        data, split, pairs=family.reads_source, source_field=source_field,
+        target_field=target_field, text_field=text_field, limit=limit,
+    )  # fmt: skip
+    measured = f"{len(examples):,} {'pairs' if family.reads_source else 'documents'}"
     ckpt = load_chosen(checkpoint, device)
     heads = all_heads(ckpt.model)
     runs = len(heads) + 1
@@ -134,24 +128,14 @@ def ablate_command(
         transient=True,
     ) as progress:
         task = progress.add_task("heads", total=runs - 1)
-        result = (
-            ablate_language(
-                ckpt,
-                docs,
-                prune_step=prune_step if prune else None,
-                on_head=lambda _: progress.advance(task),
-            )
-            if not family.reads_source
-            else ablate(
-                ckpt.model,
-                ckpt.tokenizers,
-                pairs,
-                metric=metric,
-                prune_step=prune_step if prune else None,
-                decoding=DecodingConfig(max_new_tokens=max_new_tokens),
-                batch_size=batch_size,
-                on_head=lambda _: progress.advance(task),
-            )
+        result = ablate(
+            ckpt,
+            examples,
+            metric=metric,
+            prune_step=prune_step if prune else None,
+            decoding=DecodingConfig(max_new_tokens=max_new_tokens),
+            batch_size=batch_size,
+            on_head=lambda _: progress.advance(task),
         )
     record = {"checkpoint": str(ckpt.path), "data": data, "split": split, **result.to_dict()}
     if save is not None:

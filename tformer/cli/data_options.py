@@ -133,6 +133,25 @@ def language_split(data: str | None, text_field: str, split: str, limit: int | N
     return splits[split][:limit] if limit else splits[split]
 
 
+def split_examples(
+    data: str | None,
+    split: str,
+    *,
+    pairs: bool,
+    source_field: str,
+    target_field: str,
+    text_field: str,
+    limit: int | None = None,
+) -> list[TextPair] | list[str]:
+    """The (first ``limit``) examples of ``split`` as the model's family reads them: text
+    pairs for a translation model (``pairs``), documents for a language model."""
+    if pairs:
+        return split_pairs(
+            data, split, source_field=source_field, target_field=target_field, limit=limit
+        )
+    return language_split(data, text_field, split, limit)
+
+
 Capability = Literal["reads_source", "generates", "continues_prompts", "fills_masks"]
 
 

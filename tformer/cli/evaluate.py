@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from tformer.analysis.evaluate import (
+    Evaluation,
     check_card_folder,
-    evaluate,
     language_card,
     result_card,
     write_language_results,
     write_results,
 )
-from tformer.analysis.language import evaluate_language
+from tformer.analysis.language import LanguageEvaluation
+from tformer.analysis.measures import evaluate
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.data_options import (
@@ -27,8 +29,7 @@ from tformer.cli.data_options import (
     check_limit,
     checkpoint_family,
     data_of,
-    language_split,
-    split_pairs,
+    split_examples,
 )
 from tformer.cli.options import (
     BEAM_SIZE,
@@ -57,6 +58,7 @@ from tformer.cli.options import (
     load_chosen,
     warn_long_inputs,
 )
+from tformer.data.sources import TextPair
 from tformer.errors import CheckpointError
 from tformer.metrics import perplexity_text
 
@@ -113,29 +115,43 @@ def evaluate_command(
     data, source_field, target_field, text_field = data_of(
         checkpoint, data, source_field, target_field, text_field
     )
-    if not family.reads_source:
-        _evaluate_language(checkpoint, data, text_field, split, limit, out, device, mask_heads)
-        return
+    examples = split_examples(
+        data, split, pairs=family.reads_source, source_field=source_field,
+        target_field=target_field, text_field=text_field, limit=limit,
+    )  # fmt: skip
     # The same decoding flags as `tformer generate`; one output per input is scored.
-    decoding = decoding_config(ctx.params)
-    pairs = split_pairs(
-        data, split, source_field=source_field, target_field=target_field, limit=limit
-    )
+    decoding = decoding_config(ctx.params) if family.reads_source else None
     ckpt = load_chosen(checkpoint, device)
     masked = apply_mask_heads(ckpt.model, mask_heads)
-    apply_quantize(ckpt.model, quantize)
-    check_card_folder(out or ckpt.path / f"eval-{split}")
-    err_console.print(f"translating {len(pairs):,} pairs of {split} …")
-    warn_long_inputs(ckpt.tokenizers.source, [s for s, _ in pairs], ckpt.model_config.max_len)
-    result = evaluate(ckpt, pairs, split=split, decoding=decoding, batch_size=batch_size)
+    folder = out or ckpt.path / f"eval-{split}"
+    check_card_folder(folder)
+    if family.reads_source:
+        apply_quantize(ckpt.model, quantize)
+        sources = [s for s, _ in cast(list[TextPair], examples)]
+        warn_long_inputs(ckpt.tokenizers.source, sources, ckpt.model_config.max_len)
+    what = "translating" if family.reads_source else "measuring"
+    unit = "pairs" if family.reads_source else "documents"
+    err_console.print(f"{what} {len(examples):,} {unit} of {split} …")
+    result = evaluate(ckpt, examples, split=split, decoding=decoding, batch_size=batch_size)
+    if isinstance(result, LanguageEvaluation):
+        docs = cast(list[str], examples)
+        card = language_card(ckpt, result, data=data, docs=docs, mask_heads=masked)
+        paths = _written(folder, lambda: write_language_results(folder, card))
+        _show_language(result, data, split, len(examples), paths)
+        return
     result.decoding["quantize"] = quantize  # the card says whether int8 made these outputs
     result.decoding["mask_heads"] = masked  # ... and which heads were silenced
-    card = result_card(ckpt, result, data=data, pairs=pairs)
-    folder = out or ckpt.path / f"eval-{split}"
+    card = result_card(ckpt, result, data=data, pairs=cast(list[TextPair], examples))
     paths = _written(folder, lambda: write_results(folder, card, result.hypotheses))
+    _show_translation(result, data, split, paths)
 
+
+def _show_translation(
+    result: Evaluation, data: str | None, split: str, paths: dict[str, Path]
+) -> None:
+    """The scores of a translated split as a table, and the files written."""
     table = Table(
-        title=f"{escape(data or 'bundled dates')} [{split}], {len(pairs):,} pairs",
+        title=f"{escape(data or 'bundled dates')} [{split}], {result.pairs:,} pairs",
         title_justify="left",
     )
     table.add_column("metric")
@@ -153,29 +169,13 @@ def evaluate_command(
     )
 
 
-def _evaluate_language(
-    checkpoint: Path,
-    data: str | None,
-    text_field: str,
-    split: str,
-    limit: int | None,
-    out: Path | None,
-    device: str,
-    mask_heads: str | None,
+def _show_language(
+    result: LanguageEvaluation, data: str | None, split: str, docs: int, paths: dict[str, Path]
 ) -> None:
-    """A language model's split: loss, perplexity and bits per character or masked accuracy."""
-    docs = language_split(data, text_field, split, limit)
-    ckpt = load_chosen(checkpoint, device)
-    masked = apply_mask_heads(ckpt.model, mask_heads)
-    folder = out or ckpt.path / f"eval-{split}"
-    check_card_folder(folder)
-    err_console.print(f"measuring {len(docs):,} documents of {split} …")
-    result = evaluate_language(ckpt, docs, split=split)
-    card = language_card(ckpt, result, data=data, docs=docs, mask_heads=masked)
-    paths = _written(folder, lambda: write_language_results(folder, card))
+    """A language model's figures on a split as a table, and the files written."""
     table = Table(
         title=escape(
-            f"{data or 'bundled text'} [{split}], {len(docs):,} documents, "
+            f"{data or 'bundled text'} [{split}], {docs:,} documents, "
             f"{result.tokens:,} predicted tokens"
         ),
         title_justify="left",

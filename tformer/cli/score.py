@@ -15,14 +15,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from tformer.analysis.measures import score
 from tformer.analysis.score import (
     PairScore,
     ScoreSummary,
     decoder_masks,
-    score_masked_text,
-    score_pair,
     score_pairs,
-    score_text,
     score_tsv,
     summarize,
     unknown_characters,
@@ -126,7 +124,7 @@ def score_command(
     if pairs is None:
         assert source is not None and reference is not None
         _warn_unknown_source(ckpt, source)
-        scored = score_pair(model, ckpt.tokenizers, source, reference, label_smoothing=smoothing)
+        scored = score(ckpt, reference, source=source)
         _write_tsv(out, [scored])
         _show_pair(ckpt, scored, as_json=as_json, masks=masks)
         return
@@ -175,10 +173,7 @@ def _score_text(
             "reads its whole text (tformer inspect-attention shows what it attends to)"
         )
     apply_mask_heads(ckpt.model, mask_heads)
-    scorer = score_masked_text if masked else score_text
-    scored = scorer(
-        ckpt.model, ckpt.tokenizers, text, label_smoothing=ckpt.train_config.label_smoothing
-    )
+    scored = score(ckpt, text)
     _write_tsv(out, [scored])
     _show_pair(ckpt, scored, as_json=as_json, masks=masks)
 
