@@ -330,6 +330,17 @@ def with_parameters(extra: list[Parameter]) -> Callable[[F], F]:
     return decorate
 
 
+def dataclass_parameters(flags: type) -> list[Parameter]:
+    """The fields of dataclass ``flags``, each defaulting to its ``typer.Option``, as keyword
+    parameters for :func:`with_parameters`: a command's options declared once, with types."""
+    hints = typing.get_type_hints(flags)
+    return [
+        Parameter(field.name, Parameter.KEYWORD_ONLY, default=field.default,
+                  annotation=hints[field.name])  # fmt: skip
+        for field in dataclasses.fields(flags)
+    ]
+
+
 def in_panels(panels: dict[str, tuple[str, ...]]) -> Callable[[F], F]:
     """Group a command's options in ``--help`` panels: panel title -> parameter names.
 

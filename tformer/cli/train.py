@@ -8,32 +8,30 @@ resolves them over the recipe and the ``--config`` file (tformer.training.config
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import typer
 
 from tformer.cli.app import app
 from tformer.cli.options import (
-    SEPARATE_VOCAB,
-    TOKENIZER_KIND,
-    TOKENIZER_SAMPLE,
-    VOCAB_SIZE,
     config_parameter,
+    dataclass_parameters,
     existing_file,
     in_panels,
     with_parameters,
 )
 from tformer.cli.progress import RichReporter, show_dry_run
-from tformer.config import PRESETS, RECIPES, ModelConfig, TrainConfig, flag, parse_duration
+from tformer.cli.train_flags import TRAIN_FLAGS, TrainFlags
+from tformer.config import ModelConfig, TrainConfig, flag, parse_duration
 from tformer.data.prepare import default_cache_dir
 from tformer.device import set_threads
 from tformer.errors import ConfigError
 from tformer.training.configs import Settings, dump_config
 from tformer.training.dryrun import dry_run
 from tformer.training.inputs import check_prepared_options
+from tformer.training.launch import RunOptions
 from tformer.training.loggers import check_installed, log_targets
-from tformer.training.run import plan_job, train
+from tformer.training.run import plan_job, train_job
 
 # The config fields `tformer train` takes as options, in --help order.
 MODEL_OPTIONS = (
@@ -163,133 +161,8 @@ _TOKENIZER_OPTIONS = {
 
 @app.command("train")
 @in_panels(PANELS)
-@with_parameters(_CONFIG_PARAMETERS)
-def train_command(
-    ctx: typer.Context,
-    out: Path | None = typer.Option(
-        None,
-        "--out",
-        "-o",
-        help="Run folder. Default: checkpoints/<data name>.",
-        show_default=False,
-    ),
-    resume: Path | None = typer.Option(
-        None,
-        "--resume",
-        help="Continue a run exactly where it stopped: give its folder (latest checkpoint) or "
-        "one of its step-* checkpoints (later ones are dropped). Training flags given again "
-        "override the saved ones (and are listed); architecture flags must match.",
-        show_default=False,
-    ),
-    init_from: Path | None = typer.Option(
-        None,
-        "--init-from",
-        help="Fine-tune: start a new run from this checkpoint (or run folder's latest) with its "
-        "weights, architecture and tokenizer, and a fresh optimizer, schedule and step count. "
-        "Architecture and tokenizer flags must agree with it.",
-        show_default=False,
-    ),
-    log_to: list[str] | None = typer.Option(
-        None,
-        "--log-to",
-        help="Also log the metrics (and attention entropy per layer at each evaluation) to "
-        "tensorboard (RUN/tensorboard/), wandb or mlflow; repeat or separate with commas. "
-        "Needs the optional package: pip install \"tformer[tensorboard]\" ...",
-        show_default=False,
-    ),
-    overwrite: bool = typer.Option(
-        False,
-        "--overwrite",
-        help="Replace the tformer run in --out (its checkpoints and metrics). A folder that is "
-        "not a tformer run is never deleted.",
-    ),
-    strict: bool = typer.Option(
-        False,
-        "--strict",
-        help="Refuse pairs longer than --max-len (or with an empty side) instead of skipping "
-        "and counting them.",
-    ),
-    config: Path | None = typer.Option(
-        None,
-        "--config",
-        help="A YAML file of settings (sections model, train, tokenizer), as --print-config "
-        "writes it. Precedence: defaults < recipe < this file < flags given.",
-        show_default=False,
-    ),
-    print_config: bool = typer.Option(
-        False, "--print-config", help="Print the resolved settings as YAML and exit."
-    ),
-    recipe: str | None = typer.Option(
-        None,
-        "--recipe",
-        show_default=False,
-        help=f"Architecture + training settings for a data set ({', '.join(RECIPES)}, or "
-        "none); default: 'dates' for the bundled data. They replace the defaults shown here; "
-        "flags given still win.",
-    ),
-    preset: str | None = typer.Option(
-        None,
-        "--preset",
-        help=f"Architecture preset: {', '.join(PRESETS)} (default: the recipe's, else small).",
-        show_default=False,
-    ),
-    n_layers: int | None = typer.Option(
-        None, "--n-layers", show_default=False, help="Encoder and decoder depth."
-    ),
-    tokenizer: Path | None = typer.Option(
-        None,
-        "--tokenizer",
-        help="tokenizer.json or SentencePiece model (.model / .spm) to use (default: train "
-        "one on the data).",
-        show_default=False,
-    ),
-    tokenizer_kind: str = TOKENIZER_KIND,
-    vocab_size: int = VOCAB_SIZE,
-    separate_vocab: bool = SEPARATE_VOCAB,
-    tokenizer_sample: int = TOKENIZER_SAMPLE,
-    threads: int | None = typer.Option(
-        None,
-        "--threads",
-        show_default=False,
-        help="CPU threads for torch (default: torch's choice, one per physical core).",
-    ),
-    nproc: int | None = typer.Option(
-        None,
-        "--nproc",
-        show_default=False,
-        help="Train data-parallel with N processes on this machine (runs torchrun for you; "
-        "--max-tokens is per process and step).",
-    ),
-    num_proc: int | None = typer.Option(
-        None,
-        "--num-proc",
-        show_default=False,
-        help="Processes that tokenise a large corpus (datasets.map).",
-    ),
-    cache_dir: Path | None = typer.Option(
-        None,
-        "--cache-dir",
-        show_default=False,
-        help="Where token ids are cached, keyed by data + tokenizer, so the next run over the "
-        "same data starts at once (default: $TFORMER_CACHE or ~/.cache/tformer).",
-    ),
-    no_cache: bool = typer.Option(
-        False, "--no-cache", help="Tokenise in memory; read and write no cache."
-    ),
-    allow_data_change: bool = typer.Option(
-        False,
-        "--allow-data-change",
-        help="With --resume: train on even though the training data changed since the "
-        "checkpoint was saved (refused otherwise, naming the split that changed).",
-    ),
-    dry_run_: bool = typer.Option(
-        False,
-        "--dry-run",
-        help="Run a few steps on the largest batch the settings allow and report tokens/s, "
-        "peak memory and the largest --max-tokens that fits; trains nothing, writes nothing.",
-    ),
-    **values: Any,
-) -> None:
+@with_parameters([*dataclass_parameters(TrainFlags), *_CONFIG_PARAMETERS])
+def train_command(ctx: typer.Context, **values: Any) -> None:
     """Train a Transformer; with no options, on the bundled date-normalisation data.
 
     Ctrl-C (or SIGTERM) finishes the current step, saves a checkpoint and exits 130 (143);
@@ -297,74 +170,79 @@ def train_command(
 
     Example: tformer train --preset tiny --max-steps 2000 --out checkpoints/dates
     """
-    for option, count in (("--threads", threads), ("--nproc", nproc), ("--num-proc", num_proc)):
-        if count is not None and not 1 <= count <= MAX_PROCESSES:
-            raise ConfigError(f"{option} {count} must be from 1 to {MAX_PROCESSES}")
-    if threads is not None:
-        set_threads(threads)
-        os.environ["OMP_NUM_THREADS"] = str(threads)  # for the ranks of --nproc
-    existing_file(tokenizer, "--tokenizer")
-    existing_file(config, "--config")
-    given = {k: v for k, v in values.items() if _given(ctx, k)}
-    if isinstance(given.get("time_budget"), str):
-        given["time_budget"] = parse_duration(given["time_budget"])
-    if n_layers is not None:
-        given["n_layers"] = n_layers
-    if tokenizer_sample < 1:
-        raise ConfigError(f"--tokenizer-sample {tokenizer_sample} must be at least 1 pair")
-    tokenizer_spec = {
-        new: ctx.params[old] for old, new in _TOKENIZER_OPTIONS.items() if _given(ctx, old)
-    }
-    if separate_vocab:
-        tokenizer_spec["shared"] = False
-    settings = Settings(
-        recipe=recipe, preset=preset, config_file=config, values=given, tokenizer=tokenizer_spec
-    )
-    targets = log_targets(log_to or [])
+    flags = TrainFlags(**{name: values.pop(name) for name in TRAIN_FLAGS})
+    _check_flags(flags)
+    targets = log_targets(flags.log_to or [])
     check_installed(targets)
     job = plan_job(
         None,
         None,
-        settings=settings,
-        out=out,
-        resume=resume or False,
-        overwrite=overwrite,
-        init_from=init_from,
+        settings=_settings(ctx, flags, values),
+        out=flags.out,
+        resume=flags.resume or False,
+        overwrite=flags.overwrite,
+        init_from=flags.init_from,
     )
     given_flags = [flag(name) for name in (*_TOKENIZER_OPTIONS, "num_proc") if _given(ctx, name)]
-    check_prepared_options(job.train, job.tokenizer, num_proc, given_flags)
-    if print_config:  # fine-tuning: the architecture and tokenizer are the checkpoint's
-        model = None if init_from is not None else job.model
+    check_prepared_options(job.train, job.tokenizer, flags.num_proc, given_flags)
+    if flags.print_config:  # fine-tuning: the architecture and tokenizer are the checkpoint's
+        model = None if flags.init_from is not None else job.model
         typer.echo(dump_config(model, job.train, job.tokenizer), nl=False)
         return
-    if dry_run_:
-        show_dry_run(dry_run(job, tokenizer=tokenizer))
+    if flags.dry_run_:
+        show_dry_run(dry_run(job, tokenizer=flags.tokenizer))
         return
+    options = RunOptions(
+        tokenizer=flags.tokenizer,
+        overwrite=flags.overwrite,
+        strict=flags.strict,
+        tokenized_cache=None if flags.no_cache else (flags.cache_dir or default_cache_dir()),
+        num_proc=flags.num_proc,
+        allow_data_change=flags.allow_data_change,
+        log_to=targets,
+    )
     reporter = RichReporter()
     try:
-        train(
-            None if resume else job.model,
-            job.train,
-            out=job.out,
-            tokenizer=tokenizer,
-            tokenizer_kind=job.tokenizer.kind,
-            vocab_size=job.tokenizer.vocab_size,
-            shared_vocab=job.tokenizer.shared,
-            tokenizer_sample=job.tokenizer.sample,
-            resume=resume or False,
-            overwrite=overwrite,
-            strict=strict,
-            reporter=reporter,
-            tokenized_cache=None if no_cache else (cache_dir or default_cache_dir()),
-            num_proc=num_proc,
-            nproc=nproc,
-            allow_data_change=allow_data_change,
-            init_from=init_from,
-            log_to=targets,
-        )
+        train_job(job, options, nproc=flags.nproc, reporter=reporter)
     finally:
         if reporter.progress is not None:  # leave the terminal clean for the error line
             reporter.progress.stop()
+
+
+def _check_flags(flags: TrainFlags) -> None:
+    """Refuse out-of-range counts and missing files before anything is resolved; set the
+    threads asked for."""
+    counts = (("--threads", flags.threads), ("--nproc", flags.nproc),
+              ("--num-proc", flags.num_proc))  # fmt: skip
+    for option, count in counts:
+        if count is not None and not 1 <= count <= MAX_PROCESSES:
+            raise ConfigError(f"{option} {count} must be from 1 to {MAX_PROCESSES}")
+    if flags.threads is not None:
+        set_threads(flags.threads)
+        os.environ["OMP_NUM_THREADS"] = str(flags.threads)  # for the ranks of --nproc
+    existing_file(flags.tokenizer, "--tokenizer")
+    existing_file(flags.config, "--config")
+    if flags.tokenizer_sample < 1:
+        raise ConfigError(
+            f"--tokenizer-sample {flags.tokenizer_sample} must be at least 1 pair"
+        )
+
+
+def _settings(ctx: typer.Context, flags: TrainFlags, values: dict[str, Any]) -> Settings:
+    """What the command line asks for: the config values given, the recipe, preset and config
+    file, and the tokenizer settings given."""
+    given = {k: v for k, v in values.items() if _given(ctx, k)}
+    if isinstance(given.get("time_budget"), str):
+        given["time_budget"] = parse_duration(given["time_budget"])
+    if flags.n_layers is not None:
+        given["n_layers"] = flags.n_layers
+    tokenizer_spec = {
+        new: ctx.params[old] for old, new in _TOKENIZER_OPTIONS.items() if _given(ctx, old)
+    }
+    if flags.separate_vocab:
+        tokenizer_spec["shared"] = False
+    return Settings(recipe=flags.recipe, preset=flags.preset, config_file=flags.config,
+                    values=given, tokenizer=tokenizer_spec)  # fmt: skip
 
 
 def _given(ctx: typer.Context, name: str) -> bool:

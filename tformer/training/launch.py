@@ -83,9 +83,10 @@ def train_data_parallel(job: Job, options: RunOptions, nproc: int) -> TrainResul
         dist_.check_gpus_per_process(resolve_device(job.train.device), nproc)
     with tempfile.TemporaryDirectory(prefix="tformer-") as folder:
         config = Path(folder) / "run.yaml"
-        # A fine-tuned run's architecture and tokenizer are its checkpoint's: the ranks read
-        # them from there, as on resume.
-        model = None if job.init_from is not None else job.model
+        # A resumed or fine-tuned run's architecture and tokenizer are its checkpoint's: the
+        # ranks read them from there.
+        from_checkpoint = job.init_from is not None or job.resume_from is not None
+        model = None if from_checkpoint else job.model
         config.write_text(dump_config(model, job.train, job.tokenizer), encoding="utf-8")
         argv = ["train", "--config", str(config), "--recipe", "none", "--out", str(job.out)]
         if job.resume_from is not None:

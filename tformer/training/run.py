@@ -70,6 +70,7 @@ __all__ = [
     "plan_job",
     "sequence_loss",
     "train",
+    "train_job",
     "with_older_checkpoint",
 ]
 
@@ -117,8 +118,7 @@ def train(
         tokenized_cache: a folder where the data is prepared once (``tformer.data.prepare``),
             keyed by data and tokenizer, so the next run over the same data maps it at once.
         num_proc: processes that tokenise a large corpus (with ``tokenized_cache``).
-        nproc: train data-parallel with this many processes on this machine (torchrun is
-            started for it; the result is read back from the run folder).
+        nproc: train data-parallel with this many processes on this machine (under torchrun).
         allow_data_change: resume even though the training data changed since the checkpoint
             was saved (refused otherwise, naming what changed).
         init_from: fine-tune: start from this checkpoint's (or run folder's latest) weights,
@@ -127,19 +127,13 @@ def train(
         log_to: also send the run's records to "tensorboard" (``out/tensorboard/``), "wandb"
             or "mlflow" (their optional packages must be installed).
 
+    ``plan_job`` and ``train_job`` are its two halves, for a caller that keeps the plan.
+
     Raises:
         ConfigError, DataError, CheckpointError, DeviceError: for users to act on.
         DivergedError: the loss or a gradient became NaN / inf (the last good checkpoint stays).
         TrainingInterrupted: SIGINT / SIGTERM; a checkpoint was written first.
     """
-    given = {
-        "kind": tokenizer_kind,
-        "vocab_size": vocab_size,
-        "shared": shared_vocab,
-        "sample": tokenizer_sample,
-    }
-    targets = log_targets(log_to)
-    check_installed(targets)  # before anything is loaded or written
     options = RunOptions(
         tokenizer=tokenizer,
         overwrite=overwrite,
@@ -147,19 +141,28 @@ def train(
         tokenized_cache=tokenized_cache,
         num_proc=num_proc,
         allow_data_change=allow_data_change,
-        log_to=targets,
+        log_to=log_targets(log_to),
     )
-    job = plan_job(
-        model_config,
-        train_config,
-        settings=settings,
-        tokenizer={k: v for k, v in given.items() if v is not None},
-        out=out,
-        resume=resume,
-        overwrite=overwrite,
-        init_from=init_from,
-    )
-    check_prepared_options(job.train, job.tokenizer, num_proc)
+    check_installed(options.log_to)  # before anything is loaded or written
+    spec = {"kind": tokenizer_kind, "vocab_size": vocab_size, "shared": shared_vocab,
+            "sample": tokenizer_sample}  # fmt: skip
+    tokens = {k: v for k, v in spec.items() if v is not None}
+    job = plan_job(model_config, train_config, settings=settings, tokenizer=tokens, out=out,
+                   resume=resume, overwrite=overwrite, init_from=init_from)  # fmt: skip
+    return train_job(job, options, nproc=nproc, reporter=reporter)
+
+
+def train_job(
+    job: Job,
+    options: RunOptions | None = None,
+    *,
+    nproc: int | None = None,
+    reporter: Reporter | None = None,
+) -> TrainResult:
+    """Run a job as :func:`plan_job` planned it, with ``options`` for its inputs and folder:
+    here, or data-parallel under torchrun with ``nproc`` processes (see :func:`train`)."""
+    options = options or RunOptions()
+    check_prepared_options(job.train, job.tokenizer, options.num_proc)
     if nproc is not None and not dist_.launched_by_torchrun():
         return train_data_parallel(job, options, nproc)
     return _run(job, options, reporter or Reporter())
