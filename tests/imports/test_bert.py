@@ -272,7 +272,7 @@ def test_maps_show_berts_own_special_tokens(bert: BertCase, tmp_path: Path) -> N
 
 
 def test_a_broken_record_of_special_names_is_refused(bert: BertCase) -> None:
-    from tformer.checkpoint.store import load_tokenizers
+    from tformer.checkpoint.tokenizers import load_tokenizers
 
     config = json.loads((bert.out / "config.json").read_text())
     config["tokenizer"]["special_names"]["source"]["<bos>"] = "\x1b[31m"
