@@ -9,6 +9,7 @@ only). They keep the model's parameters and ``forward``; the tests hold ``step``
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ from torch import Tensor, nn
 from tformer.fast.attention import FastMultiHeadAttention, FoldingKVCache
 from tformer.fast.linear import direct, fast_linear
 from tformer.model.cache import DecoderCache, LayerCache
-from tformer.model.layers import DecoderLayer, FeedForward, GatedFeedForward
+from tformer.model.layers import DecoderLayer, FeedForward, GatedFeedForward, residual
 from tformer.model.transformer import Decoder, Transformer, TransformerBase
 
 
@@ -87,10 +88,7 @@ class FastDecoderLayer(DecoderLayer):
             )
         sublayers.append((self.norm3, self.feed_forward.step))
         for norm, sublayer in sublayers:
-            if self.pre_norm:
-                x = x + sublayer(layer_norm(norm, x))
-            else:
-                x = layer_norm(norm, x + sublayer(x))
+            x = residual(x, sublayer, partial(layer_norm, norm), self.pre_norm)
         return x
 
 

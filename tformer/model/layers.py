@@ -154,13 +154,29 @@ def _cross_attention(config: ModelConfig) -> MultiHeadAttention:
     )
 
 
-class EncoderLayer(nn.Module):
-    """Self-attention then feed-forward, each wrapped in residual + LayerNorm (section 3.1).
+def residual(
+    x: Tensor,
+    sublayer: Callable[[Tensor], Tensor],
+    norm: Callable[[Tensor], Tensor],
+    pre_norm: bool,
+    dropout: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
+    """A sub-layer inside its residual connection and normalisation (section 3.1).
 
-    Post-norm (the paper): x = LayerNorm(x + Dropout(Sublayer(x))).
-    Pre-norm (option):     x = x + Dropout(Sublayer(LayerNorm(x))), steadier for deep stacks.
-    (LayerNorm or RMSNorm, by ``config.normalization``.)
+    Post-norm (the paper): LayerNorm(x + Dropout(Sublayer(x))).
+    Pre-norm (option):     x + Dropout(Sublayer(LayerNorm(x))), steadier for deep stacks.
+    Every layer runs its sub-layers through this one rule, the lean decoding step included.
     """
+    if pre_norm:
+        out = sublayer(norm(x))
+        return x + (out if dropout is None else dropout(out))
+    out = sublayer(x)
+    return norm(x + (out if dropout is None else dropout(out)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each wrapped in residual + LayerNorm (section 3.1,
+    :func:`residual`; LayerNorm or RMSNorm, by ``config.normalization``)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -178,19 +194,18 @@ class EncoderLayer(nn.Module):
         need_weights: bool = False,
         position_bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        h = self.norm1(x) if self.pre_norm else x
-        attended, weights = self.self_attn(
-            h, h, mask, need_weights=need_weights, position_bias=position_bias
-        )
-        x = x + self.dropout(attended)
-        if not self.pre_norm:
-            x = self.norm1(x)
+        weights: list[Tensor | None] = []  # the self-attention's, when asked for
 
-        h = self.norm2(x) if self.pre_norm else x
-        x = x + self.dropout(self.feed_forward(h))
-        if not self.pre_norm:
-            x = self.norm2(x)
-        return x, weights  # (B, S, D), (B, H, S, S) or None
+        def attend(h: Tensor) -> Tensor:
+            attended, w = self.self_attn(
+                h, h, mask, need_weights=need_weights, position_bias=position_bias
+            )
+            weights.append(w)
+            return attended
+
+        x = residual(x, attend, self.norm1, self.pre_norm, self.dropout)
+        x = residual(x, self.feed_forward, self.norm2, self.pre_norm, self.dropout)
+        return x, weights[0]  # (B, S, D), (B, H, S, S) or None
 
 
 class DecoderLayer(nn.Module):
@@ -230,50 +245,34 @@ class DecoderLayer(nn.Module):
         need_weights: bool = False,
         position_bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        h = self.norm1(x) if self.pre_norm else x
-        # Causality alone suffices: with right-padded targets a real position never sees a
-        # later (padding) one, and outputs at padding positions are ignored by the loss.
-        attended, self_weights = self.self_attn(
-            h,
-            h,
-            causal=True,
-            cache=cache.self_attn if cache else None,
-            need_weights=need_weights,
-            position_bias=position_bias,
-        )
-        x = x + self.dropout(attended)
-        if not self.pre_norm:
-            x = self.norm1(x)
+        weights: dict[str, Tensor | None] = {"self": None, "cross": None}  # when asked for
 
-        if not self.has_cross:
-            cross_weights = None
-        else:
-            x, cross_weights = self._cross(x, memory, memory_mask, cache, need_weights)
+        def attend(h: Tensor) -> Tensor:
+            # Causality alone suffices: with right-padded targets a real position never sees
+            # a later (padding) one, and outputs at padding positions are ignored by the loss.
+            attended, weights["self"] = self.self_attn(
+                h,
+                h,
+                causal=True,
+                cache=cache.self_attn if cache else None,
+                need_weights=need_weights,
+                position_bias=position_bias,
+            )
+            return attended
 
-        h = self.norm3(x) if self.pre_norm else x
-        x = x + self.dropout(self.feed_forward(h))
-        if not self.pre_norm:
-            x = self.norm3(x)
-        return x, self_weights, cross_weights  # (B, T, D), (B, H, T, T), (B, H, T, S)
+        def attend_source(h: Tensor) -> Tensor:
+            attended, weights["cross"] = self.cross_attn(
+                h,
+                memory,
+                memory_mask,
+                cache=cache.cross_attn if cache else None,
+                static_kv=True,
+                need_weights=need_weights,
+            )
+            return attended
 
-    def _cross(
-        self,
-        x: Tensor,
-        memory: Tensor,
-        memory_mask: Tensor | None,
-        cache: LayerCache | None,
-        need_weights: bool,
-    ) -> tuple[Tensor, Tensor | None]:
-        h = self.norm2(x) if self.pre_norm else x
-        attended, cross_weights = self.cross_attn(
-            h,
-            memory,
-            memory_mask,
-            cache=cache.cross_attn if cache else None,
-            static_kv=True,
-            need_weights=need_weights,
-        )
-        x = x + self.dropout(attended)
-        if not self.pre_norm:
-            x = self.norm2(x)
-        return x, cross_weights
+        x = residual(x, attend, self.norm1, self.pre_norm, self.dropout)
+        if self.has_cross:  # a decoder-only model's block has none
+            x = residual(x, attend_source, self.norm2, self.pre_norm, self.dropout)
+        x = residual(x, self.feed_forward, self.norm3, self.pre_norm, self.dropout)
+        return x, weights["self"], weights["cross"]  # (B, T, D), (B, H, T, T), (B, H, T, S)
