@@ -15,6 +15,7 @@ from tformer.checkpoint.verify import Check
 from tformer.checkpoint.weights import read_header
 from tformer.cli.app import app
 from tformer.cli.console import console
+from tformer.config.families import family_record
 from tformer.errors import CheckpointError
 from tformer.imports import import_model
 from tformer.imports.check import check_import, read_texts
@@ -99,11 +100,8 @@ def import_summary(folder: Path) -> str:
     params = sum(
         math.prod(shape) for _, shape in read_header(folder / WEIGHTS).tensors.values()
     )
-    layers = {
-        "encoder-decoder": f"{model['n_encoder_layers']}+{model['n_decoder_layers']} layers",
-        "decoder-only": f"{model['n_decoder_layers']} layers",
-        "encoder-only": f"{model['n_encoder_layers']} layers",
-    }.get(model.get("arch", "encoder-decoder"), "")
+    stacks = family_record(model.get("arch", "encoder-decoder")).stacks
+    layers = "+".join(str(model[f"n_{stack}_layers"]) for stack in stacks) + " layers"
     vocab = f"{model['src_vocab_size']:,}"
     if model["tgt_vocab_size"] != model["src_vocab_size"]:
         vocab = f"{vocab} source / {model['tgt_vocab_size']:,} target"
