@@ -29,7 +29,6 @@ from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError
 from tformer.model import Transformer
 from tformer.model.layers import RMS_NORM_EPS
-from tformer.model.positions import LearnedPositions, PositionalEncoding
 
 README = "README.md"
 
@@ -127,11 +126,9 @@ def transformer_spec(
 
 def position_table(model: Transformer, stack: str) -> torch.Tensor:
     """The (max_len, D) table ``stack`` ("encoder" / "decoder") adds to its embeddings."""
-    positions = getattr(model, stack).positions
-    if isinstance(positions, LearnedPositions):
-        return positions.table.weight.detach().float()
-    assert isinstance(positions, PositionalEncoding)  # RoPE is refused before export
-    return positions.table
+    table = getattr(model, stack).positions.vectors()
+    assert table is not None  # RoPE is refused before export
+    return table.detach().float()
 
 
 def _linear(layer: Any, weights: dict[str, torch.Tensor], prefix: str) -> None:

@@ -25,7 +25,6 @@ from tokenizers.processors import TemplateProcessing
 from tformer.config import ModelConfig
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import ConfigError
-from tformer.model.positions import sinusoidal_positions
 from tformer.model.transformer import Decoder, Encoder, TransformerBase
 from tformer.paths import json_loads
 
@@ -204,11 +203,9 @@ def input_embedding(stack: Encoder | Decoder, config: ModelConfig) -> torch.Tens
 def position_table(stack: Encoder | Decoder, config: ModelConfig) -> torch.Tensor:
     """(positions_held, D) the vectors a stack adds at each position: its learned table, or
     the paper's sinusoids (the same numbers as a learned table)."""
-    if config.positions == "learned":
-        table = stack.positions.table
-        assert isinstance(table, torch.nn.Embedding)
-        return table.weight.detach().float()
-    return sinusoidal_positions(config.positions_held, config.d_model)
+    table = stack.positions.vectors()
+    assert table is not None  # the exports refuse RoPE and relative positions first
+    return table.detach().float()
 
 
 def segment(stack: Encoder | Decoder, config: ModelConfig) -> torch.Tensor:

@@ -30,7 +30,6 @@ from torch import Tensor
 from tformer.fast.attention import StaticKVCache
 from tformer.fast.step import FastDecoderLayer, FastTransformer
 from tformer.model.cache import KVCache, LayerCache
-from tformer.model.positions import LearnedPositions, PositionalEncoding
 from tformer.model.transformer import EncoderOutput
 
 CUDA_GRAPHS = "TFORMER_CUDA_GRAPHS"
@@ -51,7 +50,7 @@ def graphs_fit(model: object, encoded: EncoderOutput, prompts: Tensor | None) ->
         and encoded.memory.device.type in DEVICES
         and os.environ.get(CUDA_GRAPHS, "1") != "0"
         and model.config.positions != "relative"  # its bias is not captured at a device offset
-        and isinstance(model.decoder.positions, PositionalEncoding | LearnedPositions)
+        and model.decoder.positions.vectors() is not None  # added from a table, not RoPE
     )
 
 
@@ -109,12 +108,7 @@ class StepGraph:
         """The step the graph records: (rows, V) logits for ``tokens`` at ``pos``."""
         decoder = self.model.decoder
         visible = (self._positions <= self.pos).view(1, 1, 1, -1)
-        x = decoder.embedding(self.tokens)  # (rows, 1, D)
-        positions = decoder.positions
-        assert isinstance(positions, PositionalEncoding | LearnedPositions)  # graphs_fit
-        table = positions.table
-        table = table.weight if isinstance(table, torch.nn.Embedding) else table
-        x = positions.norm(x + table.index_select(0, self.pos).to(x.dtype))
+        x = decoder.positions.at(decoder.embedding(self.tokens), self.pos)  # (rows, 1, D)
         no_memory = x.new_empty(0)  # the cross caches are filled: memory is not read again
         for layer, cache in zip(_layers(self.model), self.caches, strict=True):
             assert isinstance(cache.self_attn, StaticKVCache)

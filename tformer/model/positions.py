@@ -47,9 +47,14 @@ class AddedPositions(nn.Module):
         # BERT's embeddings.LayerNorm (``embedding_norm``): on the sum, before the dropout.
         self.norm = norm if norm is not None else nn.Identity()
 
+    def vectors(self) -> Tensor | None:
+        """The (max_len, D) vector added at each position; None: nothing is added."""
+        return None
+
     def positions(self, start: int, length: int) -> Tensor | None:
         """The (L, D) vectors added at positions start .. start + L - 1; None: nothing added."""
-        return None
+        table = self.vectors()
+        return None if table is None else table[start : start + length]
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
         length = x.size(1)
@@ -59,6 +64,12 @@ class AddedPositions(nn.Module):
             )
         table = self.positions(start, length)
         return self.dropout(self.norm(x if table is None else x + table.to(x.dtype)))
+
+    def at(self, x: Tensor, index: Tensor) -> Tensor:
+        """``forward`` at inference for the positions held in ``index`` (a tensor on x's
+        device, so that a captured CUDA graph replays the step at any position)."""
+        table = self.vectors()
+        return self.norm(x if table is None else x + table.index_select(0, index).to(x.dtype))
 
 
 class PositionalEncoding(AddedPositions):
@@ -73,8 +84,8 @@ class PositionalEncoding(AddedPositions):
         self.table: Tensor
         self.register_buffer("table", sinusoidal_positions(max_len, d_model), persistent=False)
 
-    def positions(self, start: int, length: int) -> Tensor:
-        return self.table[start : start + length]
+    def vectors(self) -> Tensor:
+        return self.table
 
 
 class LearnedPositions(AddedPositions):
@@ -87,8 +98,8 @@ class LearnedPositions(AddedPositions):
         self.table = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.table.weight, std=0.02)  # BERT's and GPT-2's initialisation
 
-    def positions(self, start: int, length: int) -> Tensor:
-        return self.table.weight[start : start + length]
+    def vectors(self) -> Tensor:
+        return self.table.weight
 
 
 def positional_encoding(config: ModelConfig, norm: nn.Module | None = None) -> AddedPositions:
