@@ -109,6 +109,14 @@ class FoldedSource:
     length: int  # S
 
 
+def stacked_qkv(attention: MultiHeadAttention) -> tuple[Tensor, Tensor | None]:
+    """W^Q stacked on the key/value weight ((H + 2G)·d_k x D) and their biases (None for
+    bias-free layers): one product then gives a new position's query, key and value."""
+    q, kv = attention.q_proj, attention.kv_proj
+    bias = None if q.bias is None or kv.bias is None else torch.cat([q.bias, kv.bias])
+    return torch.cat([q.weight, kv.weight]), bias
+
+
 class FastMultiHeadAttention(MultiHeadAttention):
     """:class:`MultiHeadAttention` with ``step`` for cached decoding; same parameters."""
 
@@ -246,22 +254,17 @@ class FastMultiHeadAttention(MultiHeadAttention):
         A plain attribute, not a parameter: the state dict keeps the paper's projections.
         """
         parts = (self.q_proj.weight, self.kv_proj.weight, self.q_proj.bias, self.kv_proj.bias)
-
-        def stacked() -> tuple[Tensor, Tensor | None]:
-            biases = parts[2:]
-            return torch.cat(parts[:2]), None if biases[0] is None else torch.cat(biases)
-
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             # Never a detached copy where autograd or a tracer is watching: stack the
             # parameters themselves, every call.
-            return stacked()
+            return stacked_qkv(self)
         key = tuple((p.data_ptr(), p._version) for p in parts if p is not None)
         cached = self.__dict__.get("_qkv")
         if cached is None or cached[0] != key:
             # Outside inference mode: linear() keys its packed copy on the weight's version
             # counter, which inference-mode tensors do not have.
             with torch.inference_mode(False), torch.no_grad():
-                cached = (key, *stacked())
+                cached = (key, *stacked_qkv(self))
             self.__dict__["_qkv"] = cached
             # A new tensor may reuse the old one's address and version: drop its packed copy.
             forget_packed(self)

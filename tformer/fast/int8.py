@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from tformer.device import cpuinfo
 from tformer.errors import ConfigError
-from tformer.fast.attention import FastMultiHeadAttention
+from tformer.fast.attention import FastMultiHeadAttention, stacked_qkv
 from tformer.fast.step import FastTransformer, LeanStep
 from tformer.model.families import DecoderOnlyTransformer, EncoderOnlyTransformer
 from tformer.model.transformer import Transformer, TransformerBase
@@ -162,9 +162,7 @@ def quantize_int8(model: TransformerBase) -> TransformerBase:
     projection = Int8Linear(model.output_weight(), model.logits_bias)
     for attention in list(model.modules()):
         if type(attention) is FastMultiHeadAttention:
-            q, kv = attention.q_proj, attention.kv_proj
-            biases = None if q.bias is None else torch.cat([q.bias, kv.bias])
-            fused = Int8Linear(torch.cat([q.weight, kv.weight]), biases)
+            fused = Int8Linear(*stacked_qkv(attention))
             attention.__class__ = Int8MultiHeadAttention
             attention.qkv = fused
     for parent in list(model.modules()):
