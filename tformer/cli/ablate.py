@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Group, RenderableType
@@ -28,22 +29,22 @@ from tformer.cli.data_options import (
     data_of,
     split_examples,
 )
+from tformer.cli.decoding_options import decoding_config, decoding_parameters
 from tformer.cli.options import (
     BATCH_SIZE,
     CHECKPOINT,
     CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
-    MAX_NEW_TOKENS,
     SOURCE_FIELD,
     TARGET_FIELD,
     check_batch_size,
     file_option,
     load_chosen,
+    with_parameters,
 )
 from tformer.cli.render import weight_color
 from tformer.config.families import family_record
-from tformer.decoding.settings import DecodingConfig
 from tformer.errors import CheckpointError, ConfigError
 from tformer.model.heads import PARTS, all_heads
 from tformer.paths import check_replaceable
@@ -52,6 +53,7 @@ SAVE_SUFFIXES = (*PLOT_SUFFIXES, ".json")
 
 
 @app.command("ablate")
+@with_parameters(decoding_parameters("max_new_tokens"), after="as_json")
 def ablate_command(
     checkpoint: Path = CHECKPOINT,
     checkpoint_choice: str = CHECKPOINT_CHOICE,
@@ -84,9 +86,9 @@ def ablate_command(
         show_default=False,
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON only."),
-    max_new_tokens: int = MAX_NEW_TOKENS,
     batch_size: int = BATCH_SIZE,
     device: str = DEVICE,
+    **values: Any,
 ) -> None:
     """Mask each attention head in turn and rank the heads by how much worse the model gets.
 
@@ -133,7 +135,7 @@ def ablate_command(
             examples,
             metric=metric,
             prune_step=prune_step if prune else None,
-            decoding=DecodingConfig(max_new_tokens=max_new_tokens),
+            decoding=decoding_config(values),
             batch_size=batch_size,
             on_head=lambda _: progress.advance(task),
         )

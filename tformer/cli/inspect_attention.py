@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -19,23 +20,21 @@ from tformer.analysis.head_stats import eos_column, head_statistics
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.data_options import checkpoint_family
+from tformer.cli.decoding_options import decoding_config, decoding_parameters
 from tformer.cli.options import (
     CHECKPOINT,
     CHECKPOINT_CHOICE,
     DEVICE,
     MASK_HEADS,
-    MAX_NEW_TOKENS,
-    SEED,
-    TEMPERATURE,
     apply_mask_heads,
     load_chosen,
     warn_long_inputs,
     warn_long_target,
+    with_parameters,
 )
 from tformer.cli.render import render_selection, stats_table
 from tformer.cli.render_files import check_save_path, save_maps
 from tformer.config import ModelConfig
-from tformer.decoding.settings import DecodingConfig
 from tformer.errors import CheckpointError, ConfigError
 
 
@@ -62,6 +61,9 @@ def parse_head(text: str) -> Head:
 
 
 @app.command("inspect-attention")
+@with_parameters(
+    decoding_parameters("temperature", "max_new_tokens", "seed"), after="save"
+)
 def inspect_attention_command(
     checkpoint: Path = CHECKPOINT,
     checkpoint_choice: str = CHECKPOINT_CHOICE,
@@ -96,11 +98,9 @@ def inspect_attention_command(
         help="Also write the selection to .png, .html (interactive, every map), .json or .npz.",
         show_default=False,
     ),
-    temperature: float = TEMPERATURE,
-    seed: int | None = SEED,
-    max_new_tokens: int = MAX_NEW_TOKENS,
     device: str = DEVICE,
     mask_heads: str | None = MASK_HEADS,
+    **decoding_flags: Any,
 ) -> None:
     """Show attention weights as heatmaps with token labels, or save them.
 
@@ -124,7 +124,7 @@ def inspect_attention_command(
         raise ConfigError(f"--kind {kind!r} must be one of {', '.join(KINDS)}")
     which_layer, which_head = parse_layer(layer), parse_head(head)
     check_save_path(save)
-    decoding = DecodingConfig(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
+    decoding = decoding_config(decoding_flags)
     family = checkpoint_family(checkpoint, "inspect-attention")
     kind = kind or default_kind(family)
     check_kind(kind, family)
