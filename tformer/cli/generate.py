@@ -42,16 +42,29 @@ from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
 from tformer.errors import ConfigError, DataError
 from tformer.fast.accelerate import accelerate
-from tformer.model import TransformerBase
 
 
-def _prepare(model: TransformerBase, quantize: str, mask_heads: str | None) -> None:
-    """--mask-heads; int8 layers with --quantize int8; tformer's float32 speed-ups otherwise."""
-    apply_mask_heads(model, mask_heads)
+def _load(checkpoint: Path, device: str, quantize: str, mask_heads: str | None) -> Checkpoint:
+    """The checkpoint, refused unless it generates, loaded with --mask-heads applied; int8
+    layers with --quantize int8, tformer's float32 speed-ups otherwise."""
+    checkpoint_family(checkpoint, "generate", "generates")
+    loaded = load_chosen(checkpoint, device)
+    apply_mask_heads(loaded.model, mask_heads)
     if quantize == "none":
-        accelerate(model)
+        accelerate(loaded.model)
     else:
-        apply_quantize(model, quantize)
+        apply_quantize(loaded.model, quantize)
+    return loaded
+
+
+def _warn_long(loaded: Checkpoint, inputs: list[str]) -> None:
+    """Say when inputs are longer than the model reads (a prompt keeps its last tokens)."""
+    warn_long_inputs(
+        loaded.tokenizers.source,
+        inputs,
+        loaded.model_config.max_len,
+        prompts=loaded.model.continues_prompts,
+    )
 
 
 @app.command("generate")
@@ -118,23 +131,14 @@ def generate_command(
     if interactive:
         if texts or input_file is not None:
             raise ConfigError("--interactive reads inputs at a prompt: drop TEXT / --input-file")
-        checkpoint_family(checkpoint, "generate", "generates")
-        loaded = load_chosen(checkpoint, device)
-        _prepare(loaded.model, quantize, mask_heads)
+        loaded = _load(checkpoint, device, quantize, mask_heads)
         _interactive(loaded, config, as_json=as_json, stream=stream)
         return
     inputs = read_inputs(texts, input_file)
     if explain_steps and len(inputs) != 1:
         raise ConfigError(f"--explain shows one input at a time; got {len(inputs)}")
-    checkpoint_family(checkpoint, "generate", "generates")
-    loaded = load_chosen(checkpoint, device)
-    _prepare(loaded.model, quantize, mask_heads)
-    warn_long_inputs(
-        loaded.tokenizers.source,
-        inputs,
-        loaded.model_config.max_len,
-        prompts=loaded.model.continues_prompts,
-    )
+    loaded = _load(checkpoint, device, quantize, mask_heads)
+    _warn_long(loaded, inputs)
     if compare:
         settings = default_settings(max_new_tokens=config.max_new_tokens, seed=config.seed or 0)
         print_comparison(loaded, inputs, settings, batch_size=batch_size, as_json=as_json)
@@ -293,12 +297,7 @@ def _interactive(
         except DataError as error:  # one bad line (bytes that are not UTF-8) ends nothing
             typer.echo(f"error: {error}", err=True)
             continue
-        warn_long_inputs(
-            loaded.tokenizers.source,
-            [text],
-            loaded.model_config.max_len,
-            prompts=loaded.model.continues_prompts,
-        )
+        _warn_long(loaded, [text])
         if _should_stream(stream, config, 1, as_json):
             _stream(loaded, text, config)
         else:
