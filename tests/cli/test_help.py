@@ -81,3 +81,16 @@ def test_every_help_page_is_literal_unbroken_and_complete(
     for param in cmd.params:
         if param.param_type_name == "option" and not param.hidden:
             assert (param.help or "").strip(), f"{param.opts} has no help"
+
+
+def test_decoding_flags_keep_their_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decoding flags, given to each command from one list, sit where the command puts
+    them in --help (after its inputs), in the config's field order."""
+    flags = re.findall(r"│ (--[\w-]+)", help_of(monkeypatch, "generate"))
+    start = flags.index("--input-file")
+    assert flags[start : start + 15] == [
+        "--input-file", "--temperature", "--top-k", "--top-p", "--min-p",
+        "--repetition-penalty", "--no-repeat-ngram-size", "--beam-size", "--length-penalty",
+        "--n-best", "--min-new-tokens", "--max-new-tokens", "--num-samples", "--seed",
+        "--batch-size",
+    ]  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Group, RenderableType
@@ -15,9 +16,10 @@ from rich.table import Table
 from rich.text import Text
 
 from tformer.analysis.ablate import METRICS, Ablation
-from tformer.analysis.measures import ablate, check_ablation_metric
+from tformer.analysis.measures import Examples, ablate, check_ablation_metric
 from tformer.analysis.run_plot import PLOT_SUFFIXES, check_plot_path
 from tformer.checkpoint.files import write_text_atomic
+from tformer.checkpoint.store import Checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.data_options import (
@@ -28,18 +30,19 @@ from tformer.cli.data_options import (
     data_of,
     split_examples,
 )
+from tformer.cli.decoding_options import decoding_config, decoding_parameters
 from tformer.cli.options import (
     BATCH_SIZE,
     CHECKPOINT,
     CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
-    MAX_NEW_TOKENS,
     SOURCE_FIELD,
     TARGET_FIELD,
     check_batch_size,
     file_option,
     load_chosen,
+    with_parameters,
 )
 from tformer.cli.render import weight_color
 from tformer.config.families import family_record
@@ -52,6 +55,7 @@ SAVE_SUFFIXES = (*PLOT_SUFFIXES, ".json")
 
 
 @app.command("ablate")
+@with_parameters(decoding_parameters("max_new_tokens"), after="as_json")
 def ablate_command(
     checkpoint: Path = CHECKPOINT,
     checkpoint_choice: str = CHECKPOINT_CHOICE,
@@ -84,9 +88,9 @@ def ablate_command(
         show_default=False,
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON only."),
-    max_new_tokens: int = MAX_NEW_TOKENS,
     batch_size: int = BATCH_SIZE,
     device: str = DEVICE,
+    **values: Any,
 ) -> None:
     """Mask each attention head in turn and rank the heads by how much worse the model gets.
 
@@ -111,13 +115,40 @@ def ablate_command(
         data, split, pairs=family.reads_source, source_field=source_field,
         target_field=target_field, text_field=text_field, limit=limit,
     )  # fmt: skip
-    measured = f"{len(examples):,} {'pairs' if family.reads_source else 'documents'}"
+    unit = "pairs" if family.reads_source else "documents"
     ckpt = load_chosen(checkpoint, device)
-    heads = all_heads(ckpt.model)
-    runs = len(heads) + 1
+    result = _ablate(
+        ckpt, examples, f"{len(examples):,} {unit} of {split}", metric=metric,
+        prune_step=prune_step if prune else None, decoding=decoding_config(values),
+        batch_size=batch_size,
+    )  # fmt: skip
+    record = {"checkpoint": str(ckpt.path), "data": data, "split": split, **result.to_dict()}
+    if save is not None:
+        _save(save, result, record)
+    if as_json:
+        console.print_json(json.dumps(record))
+        return
+    _show(result, top)
+    if save is not None:
+        err_console.print(f"wrote {escape(str(save))}", soft_wrap=True)
+
+
+def _ablate(
+    ckpt: Checkpoint,
+    examples: Examples,
+    measured: str,
+    *,
+    metric: str,
+    prune_step: float | None,
+    decoding: DecodingConfig,
+    batch_size: int,
+) -> Ablation:
+    """Mask each head in turn (then prune, given ``prune_step``), saying on stderr what is
+    ``measured`` and showing there a bar of the heads done so far."""
+    heads = len(all_heads(ckpt.model))
     err_console.print(
-        f"masking each of {len(heads)} heads in turn on {measured} of {split} "
-        f"({metric}{', then pruning' if prune else ''}) …"
+        f"masking each of {heads} heads in turn on {measured} "
+        f"({metric}{', then pruning' if prune_step is not None else ''}) …"
     )
     with Progress(
         TextColumn("{task.description}"),
@@ -127,28 +158,24 @@ def ablate_command(
         console=err_console,
         transient=True,
     ) as progress:
-        task = progress.add_task("heads", total=runs - 1)
-        result = ablate(
+        task = progress.add_task("heads", total=heads)
+        return ablate(
             ckpt,
             examples,
             metric=metric,
-            prune_step=prune_step if prune else None,
-            decoding=DecodingConfig(max_new_tokens=max_new_tokens),
+            prune_step=prune_step,
+            decoding=decoding,
             batch_size=batch_size,
             on_head=lambda _: progress.advance(task),
         )
-    record = {"checkpoint": str(ckpt.path), "data": data, "split": split, **result.to_dict()}
-    if save is not None:
-        _save(save, result, record)
-    if as_json:
-        console.print_json(json.dumps(record))
-        return
+
+
+def _show(result: Ablation, top: int) -> None:
+    """The ranking, the heatmap of every head and, with --prune-curve, the pruning table."""
     console.print(ranking_table(result, top))
     console.print(importance_heatmap(result))
     if result.prune_curve:
         console.print(prune_table(result))
-    if save is not None:
-        err_console.print(f"wrote {escape(str(save))}", soft_wrap=True)
 
 
 def _check_options(

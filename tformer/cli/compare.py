@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -14,13 +15,13 @@ from tformer.checkpoint.store import Checkpoint
 from tformer.cli.app import app
 from tformer.cli.console import console
 from tformer.cli.data_options import checkpoint_family
+from tformer.cli.decoding_options import decoding_parameters
 from tformer.cli.options import (
     BATCH_SIZE,
     CHECKPOINT,
     CHECKPOINT_CHOICE,
     DEVICE,
     INPUT_FILE,
-    MAX_NEW_TOKENS,
     QUANTIZE,
     TEXTS,
     apply_quantize,
@@ -29,6 +30,7 @@ from tformer.cli.options import (
     load_chosen,
     read_inputs,
     warn_long_inputs,
+    with_parameters,
 )
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
@@ -139,6 +141,7 @@ def print_comparison(
 
 
 @app.command("compare")
+@with_parameters(decoding_parameters("max_new_tokens"), after="seed")
 def compare_command(
     checkpoint: Path = CHECKPOINT,
     checkpoint_choice: str = CHECKPOINT_CHOICE,
@@ -152,13 +155,13 @@ def compare_command(
         0.9, "--top-p", help="Nucleus sampling row (at T = 1); 1 leaves it out."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of every sampling row."),
-    max_new_tokens: int = MAX_NEW_TOKENS,
     batch_size: int = BATCH_SIZE,
     as_json: bool = typer.Option(
         False, "--json", help="One JSON record per input and setting instead of tables."
     ),
     device: str = DEVICE,
     quantize: str = QUANTIZE,
+    **values: Any,
 ) -> None:
     """Decode the same inputs under several settings; outputs, log p and lengths side by side.
 
@@ -181,7 +184,7 @@ def compare_command(
         beam_size=beam_size,
         temperatures=parse_temperatures(temperatures),
         top_p=top_p,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=values["max_new_tokens"],
         seed=seed,
     )
     inputs = read_inputs(texts, input_file)

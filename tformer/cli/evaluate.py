@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import typer
 from rich.markup import escape
@@ -31,32 +31,22 @@ from tformer.cli.data_options import (
     data_of,
     split_examples,
 )
+from tformer.cli.decoding_options import DECODING_FLAGS, decoding_config, decoding_parameters
 from tformer.cli.options import (
-    BEAM_SIZE,
     CHECKPOINT,
     CHECKPOINT_CHOICE,
     DATA,
     DEVICE,
-    LENGTH_PENALTY,
     MASK_HEADS,
-    MAX_NEW_TOKENS,
-    MIN_NEW_TOKENS,
-    MIN_P,
-    NO_REPEAT_NGRAM_SIZE,
     QUANTIZE,
-    REPETITION_PENALTY,
-    SEED,
     SOURCE_FIELD,
     TARGET_FIELD,
-    TEMPERATURE,
-    TOP_K,
-    TOP_P,
     apply_mask_heads,
     apply_quantize,
     check_batch_size,
-    decoding_config,
     load_chosen,
     warn_long_inputs,
+    with_parameters,
 )
 from tformer.data.sources import TextPair
 from tformer.errors import CheckpointError
@@ -64,8 +54,8 @@ from tformer.metrics import perplexity_text
 
 
 @app.command("evaluate")
+@with_parameters(decoding_parameters(*DECODING_FLAGS), after="out")
 def evaluate_command(
-    ctx: typer.Context,
     checkpoint: Path = CHECKPOINT,
     checkpoint_choice: str = CHECKPOINT_CHOICE,
     data: str | None = DATA,
@@ -81,17 +71,6 @@ def evaluate_command(
         help="Folder for hypotheses.txt, result.json, result.md "
         "(default: <checkpoint>/eval-<split>).",
     ),
-    temperature: float = TEMPERATURE,
-    top_k: int = TOP_K,
-    top_p: float = TOP_P,
-    min_p: float = MIN_P,
-    repetition_penalty: float = REPETITION_PENALTY,
-    no_repeat_ngram_size: int = NO_REPEAT_NGRAM_SIZE,
-    beam_size: int = BEAM_SIZE,
-    length_penalty: float = LENGTH_PENALTY,
-    min_new_tokens: int = MIN_NEW_TOKENS,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-    seed: int | None = SEED,
     batch_size: int = typer.Option(
         64, "--batch-size", help="Inputs decoded together (lower it when memory runs out)."
     ),
@@ -99,6 +78,7 @@ def evaluate_command(
     quantize: str = QUANTIZE,
     mask_heads: str | None = MASK_HEADS,
     text_field: str = TEXT_FIELD,
+    **values: Any,
 ) -> None:
     """Translate a split and report sacreBLEU and chrF (with signatures), loss and perplexity.
 
@@ -120,7 +100,7 @@ def evaluate_command(
         target_field=target_field, text_field=text_field, limit=limit,
     )  # fmt: skip
     # The same decoding flags as `tformer generate`; one output per input is scored.
-    decoding = decoding_config(ctx.params) if family.reads_source else None
+    decoding = decoding_config(values) if family.reads_source else None
     ckpt = load_chosen(checkpoint, device)
     masked = apply_mask_heads(ckpt.model, mask_heads)
     folder = out or ckpt.path / f"eval-{split}"

@@ -17,36 +17,24 @@ from tformer.cli.app import app
 from tformer.cli.compare import default_settings, print_comparison
 from tformer.cli.console import console
 from tformer.cli.data_options import checkpoint_family
+from tformer.cli.decoding_options import DECODING_FLAGS, decoding_config, decoding_parameters
 from tformer.cli.explain import explanation_table
 from tformer.cli.options import (
     BATCH_SIZE,
-    BEAM_SIZE,
     CHECKPOINT,
     CHECKPOINT_CHOICE,
     DEVICE,
     INPUT_FILE,
-    LENGTH_PENALTY,
     MASK_HEADS,
-    MAX_NEW_TOKENS,
-    MIN_NEW_TOKENS,
-    MIN_P,
-    N_BEST,
-    NO_REPEAT_NGRAM_SIZE,
     QUANTIZE,
-    REPETITION_PENALTY,
-    SEED,
-    TEMPERATURE,
     TEXTS,
-    TOP_K,
-    TOP_P,
     apply_mask_heads,
     apply_quantize,
     check_batch_size,
-    decoding_config,
-    default,
     load_chosen,
     read_inputs,
     warn_long_inputs,
+    with_parameters,
 )
 from tformer.config import check_text
 from tformer.decoding.api import stream_tokens
@@ -54,42 +42,40 @@ from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
 from tformer.errors import ConfigError, DataError
 from tformer.fast.accelerate import accelerate
-from tformer.model import TransformerBase
-
-NUM_SAMPLES = typer.Option(
-    default(DecodingConfig, "num_samples"), "--num-samples", "-n", help="Samples per input."
-)
 
 
-def _prepare(model: TransformerBase, quantize: str, mask_heads: str | None) -> None:
-    """--mask-heads; int8 layers with --quantize int8; tformer's float32 speed-ups otherwise."""
-    apply_mask_heads(model, mask_heads)
+def _load(checkpoint: Path, device: str, quantize: str, mask_heads: str | None) -> Checkpoint:
+    """The checkpoint, refused unless it generates, loaded with --mask-heads applied; int8
+    layers with --quantize int8, tformer's float32 speed-ups otherwise."""
+    checkpoint_family(checkpoint, "generate", "generates")
+    loaded = load_chosen(checkpoint, device)
+    apply_mask_heads(loaded.model, mask_heads)
     if quantize == "none":
-        accelerate(model)
+        accelerate(loaded.model)
     else:
-        apply_quantize(model, quantize)
+        apply_quantize(loaded.model, quantize)
+    return loaded
+
+
+def _warn_long(loaded: Checkpoint, inputs: list[str]) -> None:
+    """Say when inputs are longer than the model reads (a prompt keeps its last tokens)."""
+    warn_long_inputs(
+        loaded.tokenizers.source,
+        inputs,
+        loaded.model_config.max_len,
+        prompts=loaded.model.continues_prompts,
+    )
 
 
 @app.command("generate")
+@with_parameters(
+    decoding_parameters(*DECODING_FLAGS, "n_best", "num_samples"), after="input_file"
+)
 def generate_command(
-    ctx: typer.Context,
     checkpoint: Path = CHECKPOINT,
     checkpoint_choice: str = CHECKPOINT_CHOICE,
     texts: list[str] | None = TEXTS,
     input_file: Path | None = INPUT_FILE,
-    temperature: float = TEMPERATURE,
-    top_k: int = TOP_K,
-    top_p: float = TOP_P,
-    min_p: float = MIN_P,
-    repetition_penalty: float = REPETITION_PENALTY,
-    no_repeat_ngram_size: int = NO_REPEAT_NGRAM_SIZE,
-    beam_size: int = BEAM_SIZE,
-    length_penalty: float = LENGTH_PENALTY,
-    n_best: int = N_BEST,
-    min_new_tokens: int = MIN_NEW_TOKENS,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-    num_samples: int = NUM_SAMPLES,
-    seed: int | None = SEED,
     batch_size: int = BATCH_SIZE,
     as_json: bool = typer.Option(
         False,
@@ -120,6 +106,7 @@ def generate_command(
     device: str = DEVICE,
     quantize: str = QUANTIZE,
     mask_heads: str | None = MASK_HEADS,
+    **values: Any,
 ) -> None:
     """Generate outputs; one line per output, in input order (an input's outputs together).
 
@@ -139,30 +126,21 @@ def generate_command(
 
       tformer generate checkpoints/dates --interactive
     """
-    config = decoding_config(ctx.params)
+    config = decoding_config(values)
     _check_modes(config, batch_size, as_json, stream, interactive, explain_steps, compare)
     if interactive:
         if texts or input_file is not None:
             raise ConfigError("--interactive reads inputs at a prompt: drop TEXT / --input-file")
-        checkpoint_family(checkpoint, "generate", "generates")
-        loaded = load_chosen(checkpoint, device)
-        _prepare(loaded.model, quantize, mask_heads)
+        loaded = _load(checkpoint, device, quantize, mask_heads)
         _interactive(loaded, config, as_json=as_json, stream=stream)
         return
     inputs = read_inputs(texts, input_file)
     if explain_steps and len(inputs) != 1:
         raise ConfigError(f"--explain shows one input at a time; got {len(inputs)}")
-    checkpoint_family(checkpoint, "generate", "generates")
-    loaded = load_chosen(checkpoint, device)
-    _prepare(loaded.model, quantize, mask_heads)
-    warn_long_inputs(
-        loaded.tokenizers.source,
-        inputs,
-        loaded.model_config.max_len,
-        prompts=loaded.model.continues_prompts,
-    )
+    loaded = _load(checkpoint, device, quantize, mask_heads)
+    _warn_long(loaded, inputs)
     if compare:
-        settings = default_settings(max_new_tokens=max_new_tokens, seed=seed or 0)
+        settings = default_settings(max_new_tokens=config.max_new_tokens, seed=config.seed or 0)
         print_comparison(loaded, inputs, settings, batch_size=batch_size, as_json=as_json)
     elif explain_steps:
         _explain(loaded, inputs[0], config)
@@ -319,12 +297,7 @@ def _interactive(
         except DataError as error:  # one bad line (bytes that are not UTF-8) ends nothing
             typer.echo(f"error: {error}", err=True)
             continue
-        warn_long_inputs(
-            loaded.tokenizers.source,
-            [text],
-            loaded.model_config.max_len,
-            prompts=loaded.model.continues_prompts,
-        )
+        _warn_long(loaded, [text])
         if _should_stream(stream, config, 1, as_json):
             _stream(loaded, text, config)
         else:

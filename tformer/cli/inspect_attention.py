@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
+from rich.table import Table
 
 from tformer.analysis.attention import (
     KINDS,
+    AttentionResult,
+    AttentionSelection,
     Head,
     Layer,
     check_kind,
@@ -19,24 +23,23 @@ from tformer.analysis.head_stats import eos_column, head_statistics
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.data_options import checkpoint_family
+from tformer.cli.decoding_options import decoding_config, decoding_parameters
 from tformer.cli.options import (
     CHECKPOINT,
     CHECKPOINT_CHOICE,
     DEVICE,
     MASK_HEADS,
-    MAX_NEW_TOKENS,
-    SEED,
-    TEMPERATURE,
     apply_mask_heads,
     load_chosen,
     warn_long_inputs,
     warn_long_target,
+    with_parameters,
 )
 from tformer.cli.render import render_selection, stats_table
 from tformer.cli.render_files import check_save_path, save_maps
 from tformer.config import ModelConfig
-from tformer.decoding.settings import DecodingConfig
 from tformer.errors import CheckpointError, ConfigError
+from tformer.model import TransformerBase
 
 
 def parse_layer(text: str) -> Layer:
@@ -62,6 +65,9 @@ def parse_head(text: str) -> Head:
 
 
 @app.command("inspect-attention")
+@with_parameters(
+    decoding_parameters("temperature", "max_new_tokens", "seed"), after="save"
+)
 def inspect_attention_command(
     checkpoint: Path = CHECKPOINT,
     checkpoint_choice: str = CHECKPOINT_CHOICE,
@@ -96,11 +102,9 @@ def inspect_attention_command(
         help="Also write the selection to .png, .html (interactive, every map), .json or .npz.",
         show_default=False,
     ),
-    temperature: float = TEMPERATURE,
-    seed: int | None = SEED,
-    max_new_tokens: int = MAX_NEW_TOKENS,
     device: str = DEVICE,
     mask_heads: str | None = MASK_HEADS,
+    **decoding_flags: Any,
 ) -> None:
     """Show attention weights as heatmaps with token labels, or save them.
 
@@ -120,11 +124,8 @@ def inspect_attention_command(
 
       tformer inspect-attention checkpoints/gpt2 "The cat" --max-new-tokens 8
     """
-    if kind is not None and kind not in KINDS:
-        raise ConfigError(f"--kind {kind!r} must be one of {', '.join(KINDS)}")
-    which_layer, which_head = parse_layer(layer), parse_head(head)
-    check_save_path(save)
-    decoding = DecodingConfig(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
+    which_layer, which_head = _check_options(kind, layer, head, save)
+    decoding = decoding_config(decoding_flags)
     family = checkpoint_family(checkpoint, "inspect-attention")
     kind = kind or default_kind(family)
     check_kind(kind, family)
@@ -135,36 +136,64 @@ def inspect_attention_command(
         warn_long_target(loaded.tokenizers.target, target, loaded.model_config.max_len)
     result = inspect_attention(loaded, text, target, decoding)
     selection = result.selection(kind, which_layer, which_head, checkpoint=str(loaded.path))
-    origin = "model output" if result.generated else "given target"
-    if not family.generates:
-        console.print(f"input: {escape(result.source_text)}", soft_wrap=True)
-    else:
-        first = "prompt" if family.continues_prompts else "source"
-        second = "continuation" if family.continues_prompts else "target"
-        console.print(
-            f"{first}: {escape(result.source_text)}\n{second} ({origin}): "
-            f"{escape(result.target_text)}",
-            soft_wrap=True,
-        )
+    _show_texts(result, family)
     grouping = head_groups(loaded.model_config)
     if grouping is not None:
         console.print(grouping, soft_wrap=True, highlight=False)
     console.print(render_selection(selection, width=console.width, values=values))
     if stats:
-        maps = result.maps(kind)
-        head_stats = head_statistics(
-            maps, causal=kind == "decoder", eos=eos_column(selection.columns)
-        )
-        console.print(stats_table(head_stats, kind))
+        console.print(_stats(result, selection, kind))
     if save is not None:
-        try:
-            save_maps(save, result, selection, values=values)
-        except OSError as error:
-            raise CheckpointError(
-                f"--save {save}: cannot be written ({error.strerror or error}); "
-                "give a writable path"
-            ) from error
-        err_console.print(f"wrote {escape(str(save))}", soft_wrap=True)
+        _save(save, result, selection, values=values)
+
+
+def _check_options(
+    kind: str | None, layer: str, head: str, save: Path | None
+) -> tuple[Layer, Head]:
+    """Refuse a bad --kind, --layer, --head or --save before the checkpoint is read; the
+    layer and head chosen."""
+    if kind is not None and kind not in KINDS:
+        raise ConfigError(f"--kind {kind!r} must be one of {', '.join(KINDS)}")
+    which = parse_layer(layer), parse_head(head)
+    check_save_path(save)
+    return which
+
+
+def _stats(result: AttentionResult, selection: AttentionSelection, kind: str) -> Table:
+    """--stats: every head of ``kind``'s maps, with its entropy, positional shares and
+    pattern."""
+    maps = result.maps(kind)
+    head_stats = head_statistics(maps, causal=kind == "decoder", eos=eos_column(selection.columns))
+    return stats_table(head_stats, kind)
+
+
+def _show_texts(result: AttentionResult, family: type[TransformerBase]) -> None:
+    """The texts the maps are of: the input, or the source (prompt) and the target
+    (continuation), saying whether the model wrote it."""
+    if not family.generates:
+        console.print(f"input: {escape(result.source_text)}", soft_wrap=True)
+        return
+    origin = "model output" if result.generated else "given target"
+    first = "prompt" if family.continues_prompts else "source"
+    second = "continuation" if family.continues_prompts else "target"
+    console.print(
+        f"{first}: {escape(result.source_text)}\n{second} ({origin}): "
+        f"{escape(result.target_text)}",
+        soft_wrap=True,
+    )
+
+
+def _save(
+    path: Path, result: AttentionResult, selection: AttentionSelection, *, values: bool
+) -> None:
+    """--save: the selection written to ``path``, or one line saying it cannot be."""
+    try:
+        save_maps(path, result, selection, values=values)
+    except OSError as error:
+        raise CheckpointError(
+            f"--save {path}: cannot be written ({error.strerror or error}); give a writable path"
+        ) from error
+    err_console.print(f"wrote {escape(str(path))}", soft_wrap=True)
 
 
 def head_groups(config: ModelConfig) -> str | None:

@@ -21,7 +21,7 @@ from tformer.cli.console import err_console
 from tformer.config import TrainConfig, flag
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE, TOKENIZER_KINDS
 from tformer.decoding.api import long_inputs_warning, long_target_warning
-from tformer.decoding.settings import DecodingConfig, check_rows
+from tformer.decoding.settings import check_rows
 from tformer.device import resolve_device
 from tformer.errors import CheckpointError, ConfigError, DataError
 
@@ -146,28 +146,6 @@ TOKENIZER_SAMPLE = typer.Option(
     help="Train an automatic tokenizer on at most this many training pairs, drawn at random "
     "(all of a smaller corpus).",
 )
-TEMPERATURE = typer.Option(
-    default(DecodingConfig, "temperature"),
-    "--temperature",
-    "-t",
-    help="Sample from softmax(z / T); 0 means greedy (always the most likely token).",
-)
-TOP_K = typer.Option(
-    default(DecodingConfig, "top_k"),
-    "--top-k",
-    help="Sample among the k most likely tokens only; 0 = off.",
-)
-TOP_P = typer.Option(
-    default(DecodingConfig, "top_p"),
-    "--top-p",
-    help="Nucleus sampling: the smallest set of tokens with this much probability; 1 = off.",
-)
-MAX_NEW_TOKENS = typer.Option(
-    default(DecodingConfig, "max_new_tokens"),
-    "--max-new-tokens",
-    help="The most tokens generated for each output (fewer when <eos> comes first).",
-)
-SEED = typer.Option(None, "--seed", help="Random seed: the same seed gives the same output.")
 
 
 TEXTS = typer.Argument(
@@ -241,50 +219,6 @@ def _warn(message: str | None) -> None:
         err_console.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
 
-MIN_P = typer.Option(
-    default(DecodingConfig, "min_p"),
-    "--min-p",
-    help="Sample only tokens at least this fraction as likely as the most likely one; 0 = off.",
-)
-REPETITION_PENALTY = typer.Option(
-    default(DecodingConfig, "repetition_penalty"),
-    "--repetition-penalty",
-    help="Divide a seen token's positive logit by this (multiply a negative one); 1 = off.",
-)
-NO_REPEAT_NGRAM_SIZE = typer.Option(
-    default(DecodingConfig, "no_repeat_ngram_size"),
-    "--no-repeat-ngram-size",
-    help="Never repeat an n-gram of the output of this size; 0 = off.",
-)
-BEAM_SIZE = typer.Option(
-    default(DecodingConfig, "beam_size"),
-    "--beam-size",
-    "-b",
-    help="Beam search with this many beams; 1 = greedy / sampling.",
-)
-LENGTH_PENALTY = typer.Option(
-    default(DecodingConfig, "length_penalty"),
-    "--length-penalty",
-    help="Beam score = sum log p / length ** this (length counts <eos>); 0 favours short "
-    "outputs, 1 is the mean log-probability per token, more favours long ones.",
-)
-N_BEST = typer.Option(
-    default(DecodingConfig, "n_best"), "--n-best", help="Beam search outputs per input."
-)
-MIN_NEW_TOKENS = typer.Option(
-    default(DecodingConfig, "min_new_tokens"),
-    "--min-new-tokens",
-    help="Forbid <eos> until this many tokens are generated.",
-)
-
-
-def decoding_config(params: dict[str, Any]) -> DecodingConfig:
-    """The ``DecodingConfig`` of a command's decoding flags (its parameters named like the
-    config's fields), so every command that decodes takes the same flags the same way."""
-    names = {f.name for f in dataclasses.fields(DecodingConfig)}
-    return DecodingConfig(**{k: v for k, v in params.items() if k in names})
-
-
 def config_parameter(cls: type, name: str, *aliases: str, annotation: Any = None) -> Parameter:
     """A command parameter for a config field: its flag, default and help come from the field.
 
@@ -318,13 +252,18 @@ def _cli_type(hint: Any) -> Any:
     return hint
 
 
-def with_parameters(extra: list[Parameter]) -> Callable[[F], F]:
-    """Add ``extra`` keyword parameters to a command that takes them as ``**values``."""
+def with_parameters(extra: list[Parameter], *, after: str | None = None) -> Callable[[F], F]:
+    """Add ``extra`` keyword parameters to a command that takes them as ``**values``: at the
+    end, or right after its parameter ``after`` (``--help`` lists options in this order)."""
 
     def decorate(command: F) -> F:
         signature = inspect.signature(command, eval_str=True)
         own = [p for p in signature.parameters.values() if p.kind is not Parameter.VAR_KEYWORD]
-        command.__signature__ = signature.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
+        at = len(own) if after is None else [p.name for p in own].index(after) + 1
+        # Typer passes every parameter by keyword, so those after ``extra`` may be keyword-only.
+        rest = [p.replace(kind=Parameter.KEYWORD_ONLY) for p in own[at:]]
+        parameters = [*own[:at], *extra, *rest]
+        command.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
         return command
 
     return decorate

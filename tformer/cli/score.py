@@ -46,6 +46,7 @@ from tformer.cli.options import (
 from tformer.cli.render import SPECIAL_STYLE, heatmap
 from tformer.config import UNK, UNK_ID
 from tformer.data.display import is_special
+from tformer.data.sources import TextPair
 from tformer.errors import CheckpointError, ConfigError
 from tformer.metrics import perplexity_text
 
@@ -118,9 +119,7 @@ def score_command(
         else None
     )
     ckpt = load_chosen(checkpoint, device)
-    model = ckpt.model
-    apply_mask_heads(model, mask_heads)
-    smoothing = ckpt.train_config.label_smoothing
+    apply_mask_heads(ckpt.model, mask_heads)
     if pairs is None:
         assert source is not None and reference is not None
         _warn_unknown_source(ckpt, source)
@@ -128,15 +127,31 @@ def score_command(
         _write_tsv(out, [scored])
         _show_pair(ckpt, scored, as_json=as_json, masks=masks)
         return
-    err_console.print(f"scoring {len(pairs):,} pairs of {escape(name)} …")
-    scores = score_pairs(model, ckpt.tokenizers, pairs, label_smoothing=smoothing)
+    _score_split(ckpt, pairs, data, name, out=out, as_json=as_json, worst_n=worst_n)
+
+
+def _score_split(
+    ckpt: Checkpoint,
+    pairs: list[TextPair],
+    data: str | None,
+    split: str,
+    *,
+    out: Path | None,
+    as_json: bool,
+    worst_n: int,
+) -> None:
+    """Score every pair of ``split``: a summary and the ``worst_n`` pairs of highest mean
+    loss (or JSON), every position in the --out TSV."""
+    err_console.print(f"scoring {len(pairs):,} pairs of {escape(split)} …")
+    smoothing = ckpt.train_config.label_smoothing
+    scores = score_pairs(ckpt.model, ckpt.tokenizers, pairs, label_smoothing=smoothing)
     _warn_split(scores, len(pairs))
     _write_tsv(out, scores)
     summary = summarize(scores, dropped=len(pairs) - len(scores))
     if as_json:
-        _echo_json(_split_json(ckpt, data, name, summary, scores, worst_n))
+        _echo_json(_split_json(ckpt, data, split, summary, scores, worst_n))
         return
-    where = escape(f"{data or 'bundled dates'} [{name}]")
+    where = escape(f"{data or 'bundled dates'} [{split}]")
     console.print(summary_table(summary, where))
     console.print(worst_table(worst(scores, worst_n)))
 

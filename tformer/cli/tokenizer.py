@@ -75,37 +75,12 @@ def train_tokenizer_command(
         _convert(sentencepiece, out, overwrite, separate, arch)
         return
     check_tokenizer_options(vocab_size, min_frequency)
-    suffixes = [".source", ".target"] if separate else [""]
-    paths = {s: out.with_name(out.stem + s + out.suffix) if s else out for s in suffixes}
-    for path in paths.values():
-        check_output_file(path, "--out", overwrite=overwrite)
-    if is_prepared(data):
-        raise DataError(
-            f"--data {data}: a prepared folder keeps token ids, not the training text; train "
-            "the tokenizer on the text it was prepared from"
-        )
-    one_of("--arch", arch, Arch)
-    sides: dict[str, Iterable[str]]
-    family = family_record(arch)
-    if family.reads == "documents":
-        if separate:
-            raise ConfigError(f"--separate-vocab needs two sides; a --arch {arch} model has one")
-        docs = load_texts(data, text_field)["train"]
-        sides, count = {"": docs}, len(docs)
-        where = {"": f"--data {data or 'bundled text'}, the train split"}
-    else:
-        pairs = load_text_pairs(data, source_field=source_field, target_field=target_field)
-        train = pairs["train"]
-        # Texts alternate source, target: text 2k+1 is pair k+1's source (k+1's target with
-        # --separate-vocab's second tokenizer).
-        sides, count = {"": (t for pair in train for t in pair)}, 2 * len(train)
-        where = {"": "the train split (texts alternate source, target)"}
-        if separate:
-            sides = {".source": (s for s, _ in train), ".target": (t for _, t in train)}
-            where = {".source": "the train split's sources", ".target": "the train split's targets"}
-            count = len(train)
-        where = {k: f"--data {data or 'bundled dates'}, {v}" for k, v in where.items()}
-    specials = family.tokenizer_specials
+    paths = _output_paths(out, separate, overwrite)
+    sides, count, where = _training_texts(
+        data, arch, separate, source_field=source_field, target_field=target_field,
+        text_field=text_field,
+    )  # fmt: skip
+    specials = family_record(arch).tokenizer_specials
     out.parent.mkdir(parents=True, exist_ok=True)
     for suffix, texts in sides.items():
         tok = train_tokenizer(
@@ -123,6 +98,51 @@ def train_tokenizer_command(
             f"wrote {escape(str(path))}: {tok.kind}, {tok.vocab_size:,} tokens "
             f"(trained on {count:,} texts)"
         )
+
+
+def _output_paths(out: Path, separate: bool, overwrite: bool) -> dict[str, Path]:
+    """The file of each tokenizer written, keyed by the suffix --separate-vocab gives its name;
+    refused where one exists and --overwrite is not given."""
+    suffixes = [".source", ".target"] if separate else [""]
+    paths = {s: out.with_name(out.stem + s + out.suffix) if s else out for s in suffixes}
+    for path in paths.values():
+        check_output_file(path, "--out", overwrite=overwrite)
+    return paths
+
+
+def _training_texts(
+    data: str | None,
+    arch: str,
+    separate: bool,
+    *,
+    source_field: str,
+    target_field: str,
+    text_field: str,
+) -> tuple[dict[str, Iterable[str]], int, dict[str, str]]:
+    """The train split's texts for each tokenizer (keyed as :func:`_output_paths`), how many
+    each reads, and where they come from (named when the tokenizer cannot be trained)."""
+    if is_prepared(data):
+        raise DataError(
+            f"--data {data}: a prepared folder keeps token ids, not the training text; train "
+            "the tokenizer on the text it was prepared from"
+        )
+    one_of("--arch", arch, Arch)
+    if family_record(arch).reads == "documents":
+        if separate:
+            raise ConfigError(f"--separate-vocab needs two sides; a --arch {arch} model has one")
+        docs = load_texts(data, text_field)["train"]
+        return {"": docs}, len(docs), {"": f"--data {data or 'bundled text'}, the train split"}
+    train = load_text_pairs(data, source_field=source_field, target_field=target_field)["train"]
+    # Texts alternate source, target: text 2k+1 is pair k+1's source (k+1's target with
+    # --separate-vocab's second tokenizer).
+    sides: dict[str, Iterable[str]] = {"": (t for pair in train for t in pair)}
+    count = 2 * len(train)
+    where = {"": "the train split (texts alternate source, target)"}
+    if separate:
+        sides = {".source": (s for s, _ in train), ".target": (t for _, t in train)}
+        where = {".source": "the train split's sources", ".target": "the train split's targets"}
+        count = len(train)
+    return sides, count, {k: f"--data {data or 'bundled dates'}, {v}" for k, v in where.items()}
 
 
 def _convert(model: Path, out: Path, overwrite: bool, separate: bool, arch: str) -> None:
