@@ -23,6 +23,10 @@ from tformer.training.dryrun import DryRunReport
 from tformer.training.reporting import Reporter, TrainResult
 
 _UNITS = 1000  # progress is a fraction of whichever budget (steps or time) runs out first
+# The two losses a progress line shows: the training loss is the mean since the last line
+# (over --log-every steps, label-smoothed), the validation loss that of the whole split as is.
+TRAIN_LOSS = "loss (smoothed)"
+VAL_LOSS = "val loss"
 
 
 class RichReporter(Reporter):
@@ -80,7 +84,7 @@ class RichReporter(Reporter):
                 TextColumn("[bold blue]step {task.fields[step]}"),
                 BarColumn(),
                 TextColumn(
-                    "loss {task.fields[loss]}  val {task.fields[val]}  "
+                    f"{TRAIN_LOSS} {{task.fields[loss]}}  {VAL_LOSS} {{task.fields[val]}}  "
                     "lr {task.fields[lr]}  {task.fields[tps]} tok/s"
                 ),
                 # The run's own clock: it goes on from the saved time after --resume.
@@ -109,7 +113,7 @@ class RichReporter(Reporter):
             if record.get("best"):
                 self.val += " *"
             if self.progress is None:
-                err_console.print(f"step {record['step']:>6}  val loss {self.val}")
+                err_console.print(f"step {record['step']:>6}  {VAL_LOSS} {self.val}")
             elif self.task is not None:
                 self.progress.update(self.task, val=self.val)
             return
@@ -129,7 +133,7 @@ class RichReporter(Reporter):
             )
         else:
             err_console.print(
-                f"step {fields['step']:>6}  loss {fields['loss']}  lr {fields['lr']}  "
+                f"step {fields['step']:>6}  {TRAIN_LOSS} {fields['loss']}  lr {fields['lr']}  "
                 f"{fields['tps']} tok/s  {fields['elapsed']}  eta {fields['eta']}"
             )
 

@@ -38,18 +38,21 @@ from tformer.training.ema import WeightAverage, averaged
 from tformer.training.faults import NumericsGuard, is_out_of_memory, last_good
 from tformer.training.loggers import MetricLogger, Records
 from tformer.training.loss import sequence_loss
-from tformer.training.optim import lr_at
+from tformer.training.optim import WARMUP_SHARE, capped_warmup, lr_at
 from tformer.training.precision import Precision
 from tformer.training.reporting import LossWindow, Reporter, TrainResult
 from tformer.training.saving import RunSaver
 from tformer.training.signals import StopOnSignal, exit_code
 from tformer.training.state import Position, batch_stream
 from tformer.training.threads import threads_state
-from tformer.training.validation import final_scores
+from tformer.training.validation import FinalScores, final_scores
 
 Micro = tuple[int, int, np.ndarray]  # (epoch, batch index, example indices)
-# The share of --time-budget the final validation may take after training (--final-eval auto).
+# The share of --time-budget kept for translating the validation split at the end
+# (--final-eval auto); the validation loss is kept time for as well (``final_reserve``).
 FINAL_EVAL_SHARE = 0.05
+# The most of --time-budget the final validation may keep; training has the rest.
+MAX_RESERVE_SHARE = 0.5
 
 
 def wrap_for_training(
@@ -117,7 +120,14 @@ class TrainingLoop:
         self.last_train: float | None = None
         self.time_used = 0.0  # seconds of the time budget used, agreed by every rank
         self.saved_step: int | None = None
-        self.warmup_warned = False
+        self.warmup_noted = False
+        # Seconds kept at the end of --time-budget for the final validation (agreed by
+        # every rank); training stops that long before the budget ends.
+        self.reserve = 0.0
+        self.budget_end: float | None = None  # when --time-budget ends, on perf_counter()
+        self.final: FinalScores | None = None  # the last evaluation's greedy outputs, scored
+        split = splits.get("validation")
+        self.val_tokens = sum(len(t) for _, t in split.pairs) if split is not None else 0
 
     def restore(self, state: dict[str, Any], extra: dict[str, torch.Tensor]) -> None:
         """Take back the bookkeeping saved in a checkpoint's trainer state."""
@@ -156,11 +166,13 @@ class TrainingLoop:
         cfg, world = self.cfg, self.world
         stream = batch_stream(plan, pos)
         started = time.perf_counter() - pos.elapsed
+        if cfg.time_budget is not None:
+            self.budget_end = started + cfg.time_budget
         self.time_used = pos.elapsed
         window_start, window_tokens_seen = time.perf_counter(), 0
         stop = self._should_stop(pos, total_steps)
         if total_steps is not None:
-            self._warn_long_warmup(total_steps, "")
+            self._note_warmup(total_steps, "")
         while not stop:
             # One optimizer step takes ranks x accumulate batches of the one global order;
             # rank r computes every world-th of them, so the step equals a single process
@@ -177,8 +189,12 @@ class TrainingLoop:
             self.window.add(loss_sum, n_tokens)
             window_tokens_seen += n_tokens
             pos.elapsed = time.perf_counter() - started
+            reserve = self.final_reserve(pos)
             stop, signalled = self._agree(
-                self._should_stop(pos, total_steps), signals, elapsed=pos.elapsed
+                self._should_stop(pos, total_steps, reserve),
+                signals,
+                elapsed=pos.elapsed,
+                reserve=reserve,
             )
             on_cadence = pos.step % cfg.log_every == 0
             if on_cadence or stop:
@@ -188,12 +204,12 @@ class TrainingLoop:
                 )
                 window_start, window_tokens_seen = now, 0
                 if cfg.time_budget is not None and pos.elapsed > 0:
-                    reach = int(pos.step * cfg.time_budget / pos.elapsed)
-                    self._warn_long_warmup(reach, " (about, at this speed, in --time-budget)")
+                    reach = int(pos.step * self._training_budget() / pos.elapsed)
+                    self._note_warmup(reach, ", about, at this speed, in --time-budget")
                 if on_cadence:  # a final off-cadence line leaves the window to a resumed run
                     self.window.reset()
             if pos.step % cfg.eval_every == 0 or stop:
-                self._evaluate(pos)
+                self._evaluate(pos, final=stop)
                 if self._agree(self.keeper.stopped_early, None)[0] and not stop:
                     self.keeper.stopped_early = stop = True
             if pos.step % cfg.save_every == 0 or stop:
@@ -201,21 +217,64 @@ class TrainingLoop:
             if signalled is not None and not stop:
                 self._stop_on_signal(pos, signalled)
 
-    def _warn_long_warmup(self, steps: int, how: str) -> None:
-        """One warning line when the run ends before its learning-rate warm-up does: the
-        schedule would never reach its peak (almost always a mistake)."""
-        warmup = self.cfg.warmup_steps
-        if self.warmup_warned or steps >= warmup or not self.world.is_main:
+    def _note_warmup(self, steps: int, how: str) -> None:
+        """One line about the warm-up once the run's length is known (``steps``): the warm-up
+        --warmup-share cut to fit it, or a warning when the run ends before its warm-up does
+        (the schedule would never reach its peak: almost always a mistake)."""
+        cfg = self.cfg
+        if self.warmup_noted or not self.world.is_main or steps <= 0:
             return
-        self.warmup_warned = True
-        self.report.message(
-            f"warning: --warmup-steps {warmup:,} is longer than the run ({steps:,} steps"
-            f"{how}): the learning rate never reaches its peak; give --warmup-steps "
-            f"{max(1, steps // 10):,} (a tenth of the run) or a longer run"
-        )
+        self.warmup_noted = True
+        warmup = capped_warmup(cfg, steps)
+        if warmup < cfg.warmup_steps:
+            self.report.message(
+                f"warm-up {warmup:,} steps: --warmup-steps {cfg.warmup_steps:,} cut to "
+                f"--warmup-share {cfg.warmup_share} of the run ({steps:,} steps{how})"
+            )
+        elif steps < warmup:
+            self.report.message(
+                f"warning: --warmup-steps {warmup:,} is longer than the run ({steps:,} steps"
+                f"{how}): the learning rate never reaches its peak; give --warmup-steps "
+                f"{max(1, round(WARMUP_SHARE * steps)):,} (a tenth of the run), "
+                f"--warmup-share {WARMUP_SHARE} or a longer run"
+            )
+
+    def final_reserve(self, pos: Position) -> float:
+        """Seconds of --time-budget kept for the final validation, so that the run ends within
+        its budget (but for the final save): as long as the last validation loss took (before
+        any: as long as training on as many tokens took, which a forward pass alone beats),
+        and FINAL_EVAL_SHARE of the budget where the validation pairs are translated at the
+        end within it. At most MAX_RESERVE_SHARE of the budget; 0 without a budget."""
+        budget = self.cfg.time_budget
+        if budget is None or not self.val_tokens or not self.world.is_main:
+            return 0.0
+        decode = FINAL_EVAL_SHARE * budget if self._translates_in_budget() else 0.0
+        loss = self.keeper.loss_seconds
+        if loss is None:  # an estimate: it only grows, so the time left to train only shrinks
+            estimate = self.val_tokens * pos.elapsed / max(pos.tokens, 1) + decode
+            return min(max(self.reserve, estimate), MAX_RESERVE_SHARE * budget)
+        return min(loss + decode, MAX_RESERVE_SHARE * budget)
+
+    def _translates_in_budget(self) -> bool:
+        """Whether the last evaluation translates validation pairs within --time-budget: the
+        split (--final-eval auto) or the first --val-bleu pairs (--final-eval none)."""
+        cfg = self.cfg
+        if not self.model.reads_source:
+            return False
+        return cfg.final_eval == "auto" or (cfg.final_eval == "none" and cfg.val_bleu > 0)
+
+    def _training_budget(self) -> float:
+        """The seconds of --time-budget training may use (the rest is kept: final_reserve)."""
+        assert self.cfg.time_budget is not None
+        return max(self.cfg.time_budget - self.reserve, 1e-9)
 
     def _agree(
-        self, stop: bool, signals: StopOnSignal | None, *, elapsed: float | None = None
+        self,
+        stop: bool,
+        signals: StopOnSignal | None,
+        *,
+        elapsed: float | None = None,
+        reserve: float | None = None,
     ) -> tuple[bool, int | None]:
         """Whether to stop (and on which signal), the same on every rank.
 
@@ -223,16 +282,21 @@ class TrainingLoop:
         apart; one small all-reduce (max) per step makes them all stop after the same step.
         The same all-reduce agrees on the time used (``self.time_used``), from which a
         schedule that decays within the time budget sets the next step's learning rate: every
-        rank must take the same one.
+        rank must take the same one, so the time kept for the final validation (``reserve``,
+        measured on rank 0) is agreed too.
         """
         signum = signals.received if signals is not None else None
         if elapsed is None:
             elapsed = self.time_used
+        if reserve is None:
+            reserve = self.reserve
         if not self.world.distributed:
-            self.time_used = elapsed
+            self.time_used, self.reserve = elapsed, reserve
             return stop, signum
-        flags = dist_.all_reduce_max([float(stop), float(signum or 0), elapsed], self.device)
-        self.time_used = flags[2]
+        flags = dist_.all_reduce_max(
+            [float(stop), float(signum or 0), elapsed, reserve], self.device
+        )
+        self.time_used, self.reserve = flags[2], flags[3]
         return bool(flags[0]), (int(flags[1]) or None)
 
     def _stop_on_signal(self, pos: Position, signum: int) -> None:
@@ -258,7 +322,7 @@ class TrainingLoop:
         mine = micro[world.rank :: world.world_size]
         batches = [plan.collate(indices, epoch) for epoch, _, indices in mine]
         budget = self.cfg.time_budget
-        fraction = min(self.time_used / budget, 1.0) if budget else None
+        fraction = min(self.time_used / self._training_budget(), 1.0) if budget else None
         lr = lr_at(step, self.model_config, self.cfg, total_steps, fraction)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -322,10 +386,13 @@ class TrainingLoop:
         if self.ema is not None:
             self.ema.update()
 
-    def _should_stop(self, pos: Position, total_steps: int | None) -> bool:
+    def _should_stop(self, pos: Position, total_steps: int | None, reserve: float = 0.0) -> bool:
+        """Whether the run is at its end: its steps, or its time budget but for ``reserve``
+        seconds kept for the final validation."""
         if total_steps is not None and pos.step >= total_steps:
             return True
-        return self.cfg.time_budget is not None and pos.elapsed >= self.cfg.time_budget
+        budget = self.cfg.time_budget
+        return budget is not None and pos.elapsed + reserve >= budget
 
     def _log(
         self, pos: Position, plan: BatchPlan, total_steps: int | None, tokens_per_s: float
@@ -345,19 +412,54 @@ class TrainingLoop:
             "total_steps": total_steps,
             "time_budget": self.cfg.time_budget,
         }
+        if self.cfg.time_budget is not None:  # the rest is kept for the final validation
+            record["training_budget"] = round(self._training_budget(), 3)
         if self.precision.mixed:
             record["skipped_steps"] = self.guard.skipped
         self.records.write(record)
 
-    def _evaluate(self, pos: Position) -> None:
+    def _evaluate(self, pos: Position, *, final: bool = False) -> None:
+        """Validate; the ``final`` evaluation translates the validation pairs once, for its
+        BLEU and for the run's final scores (``self.final``)."""
         split = self.splits.get("validation")
         if split is None or not split.pairs or not self.world.is_main:
             return
         self.guard.check()
+        translate = self._translate if final and self.model.reads_source else None
         with averaged(self.ema):
-            self.keeper.evaluate(self.model, split, pos.step, self.device, self.precision)
+            self.keeper.evaluate(
+                self.model, split, pos.step, self.device, self.precision, translate
+            )
+            if translate is not None and self.cfg.final_eval != "none":
+                translate()  # no --val-bleu: the final scores alone
             self.records.attention(self.model, split, pos.step)
         self.keeper.check_patience()
+
+    def _translate(self) -> list[str]:
+        """The greedy outputs of the validation split, decoded (and scored) once: all its pairs
+        (--final-eval auto / full) or the first --val-bleu (--final-eval none); with auto
+        or none under --time-budget, as many as the budget's end allows."""
+        if self.final is None:
+            cfg, split = self.cfg, self.splits["validation"]
+            limit = cfg.val_bleu if cfg.final_eval == "none" else None
+            if cfg.final_eval != "none":
+                self.report.message(f"translating the validation split ({len(split.pairs)} pairs)")
+            self.final = final_scores(
+                self.model, split, self.tokenizers, deadline=self._deadline(), limit=limit
+            )
+        return self.final.outputs
+
+    def _deadline(self) -> float | None:
+        """When translating the validation pairs must stop (--final-eval auto or none under
+        --time-budget): the budget's end, or FINAL_EVAL_SHARE of the budget from now when that
+        has passed (a run already at its end)."""
+        budget = self.cfg.time_budget
+        if budget is None or self.cfg.final_eval == "full":
+            return None
+        now = time.perf_counter()
+        if self.budget_end is not None and self.budget_end > now:
+            return self.budget_end
+        return now + FINAL_EVAL_SHARE * budget
 
     def _save(self, pos: Position) -> Path | None:
         self.guard.check()
@@ -407,20 +509,20 @@ class TrainingLoop:
 
     def _measure_exact_match(self, result: TrainResult, step: int) -> None:
         """``--final-eval``: BLEU / chrF (and exact match for short targets) of greedy outputs
-        on the validation split; the test split is for ``tformer evaluate``. Under a time
-        budget (auto) decoding stops 5% of the budget after training."""
+        on the validation split; the test split is for ``tformer evaluate``. The last
+        evaluation decoded them (a run stopped early or already at its end decodes them
+        here); under a time budget (auto) decoding stops at the budget's end."""
         split = self.splits.get("validation")
         if split is None or not split.pairs or not self.model.reads_source:
             return  # a language model has no output to compare: its loss says it
         if self.cfg.final_eval == "none":
             return
-        budget = self.cfg.time_budget
-        deadline = None
-        if budget is not None and self.cfg.final_eval == "auto":
-            deadline = time.perf_counter() + FINAL_EVAL_SHARE * budget
-        self.report.message(f"translating the validation split ({len(split.pairs)} pairs)")
-        with averaged(self.ema):
-            scores = final_scores(self.model, split, self.tokenizers, deadline=deadline)
+        if self.final is None or self.final.of != len(split.pairs):
+            self.final = None
+            with averaged(self.ema):
+                self._translate()
+        assert self.final is not None
+        scores = self.final
         result.exact_match, result.samples = scores.exact_match, scores.samples
         result.final = {"bleu": scores.bleu, "chrf": scores.chrf}
         result.final_pairs = (scores.pairs, scores.of)

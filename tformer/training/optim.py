@@ -70,6 +70,34 @@ def decayed_lr(
     return floor + (peak - floor) * (1.0 - progress)
 
 
+# The share of a run its warm-up may take under --warmup-share (an imported model's default,
+# and what the warning about a warm-up longer than the run suggests): a tenth.
+WARMUP_SHARE = 0.1
+
+
+def capped_warmup(train: TrainConfig, run_steps: float) -> int:
+    """The warm-up of a run of ``run_steps`` steps: --warmup-steps, cut with --warmup-share
+    to that share of the run (at least one step). The one rule; ``warmup_at`` applies it."""
+    share = train.warmup_share
+    if share is None or train.warmup_steps == 0:
+        return train.warmup_steps
+    return min(train.warmup_steps, max(1, int(share * run_steps)))
+
+
+def warmup_at(
+    step: int, train: TrainConfig, total_steps: int | None, time_fraction: float | None
+) -> int:
+    """The warm-up, in steps, that step ``step`` follows: ``capped_warmup`` of the run's
+    length, which is ``total_steps`` (--max-steps / --epochs) or, under --time-budget, the
+    steps the budget allows at the speed so far (``step - 1`` done in ``time_fraction`` of
+    it), whichever is fewer. A pure function of the step and the time used, as the rest of
+    the schedule, so a resumed run takes the same warm-up."""
+    lengths = [] if total_steps is None else [float(total_steps)]
+    if time_fraction and step > 1:
+        lengths.append((step - 1) / time_fraction)
+    return capped_warmup(train, min(lengths)) if lengths else train.warmup_steps
+
+
 def lr_at(
     step: int,
     model: ModelConfig,
@@ -83,22 +111,22 @@ def lr_at(
     (from --max-steps / --epochs) or, under --time-budget, by the end of the budget
     (``time_fraction`` of it used so far), whichever comes first. A time budget is where
     decaying pays most: a run that stops at full learning rate leaves quality unclaimed.
+    Every schedule warms up over ``warmup_at`` steps.
     """
     peak = peak_lr(model, train)
+    warmup = warmup_at(step, train, total_steps, time_fraction)
     if train.schedule == "inverse-sqrt":
-        return inverse_sqrt_lr(step, peak, train.warmup_steps)
+        return inverse_sqrt_lr(step, peak, warmup)
     if train.schedule in ("cosine", "linear"):
         progress = []
         if total_steps is not None:
-            progress.append(step_progress(step, train.warmup_steps, total_steps))
+            progress.append(step_progress(step, warmup, total_steps))
         if time_fraction is not None:
-            progress.append(time_progress(step, train.warmup_steps, time_fraction))
+            progress.append(time_progress(step, warmup, time_fraction))
         if not progress:
             raise ValueError(f"the {train.schedule} schedule needs a step or time limit")
-        return decayed_lr(
-            step, peak, train.warmup_steps, max(progress), train.min_lr, train.schedule
-        )
-    warm = min(step / train.warmup_steps, 1.0) if train.warmup_steps > 0 else 1.0
+        return decayed_lr(step, peak, warmup, max(progress), train.min_lr, train.schedule)
+    warm = min(step / warmup, 1.0) if warmup > 0 else 1.0
     return peak * warm
 
 
