@@ -79,7 +79,8 @@ class TrainConfig:
     warmup_share: float | None = _field(
         None,
         "Cap the warm-up at this share of the run: of its steps, or under --time-budget of "
-        "the steps the budget allows at the speed so far (0.1 for an imported model).",
+        "the steps the budget holds at the pace of its first steps; fixed once and kept on "
+        "--resume (0.1 for an imported model).",
     )
     schedule: Schedule = _field(
         "inverse-sqrt",

@@ -150,7 +150,7 @@ def dump_config(model: ModelConfig | None, train: TrainConfig, tokenizer: Tokeni
 # Fine-tuning an imported (published, already trained) model: a small learning rate after a
 # short warm-up, as Hugging Face's translation fine-tuning examples use (2e-5 to 5e-5), and
 # the best checkpoint by validation BLEU with early stopping. The warm-up is at most a tenth
-# of the run (``warmup_share``; tformer.training.optim.warmup_at says how), so a short run
+# of the run (``warmup_share``; tformer.training.optim.capped_warmup says how), so a short run
 # reaches its learning rate. Any flag, recipe or --config value given wins over these; a
 # --warmup-steps given drops the cap too (the steps asked for are the steps taken).
 IMPORTED_DEFAULTS: dict[str, Any] = {

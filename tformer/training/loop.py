@@ -38,21 +38,29 @@ from tformer.training.ema import WeightAverage, averaged
 from tformer.training.faults import NumericsGuard, is_out_of_memory, last_good
 from tformer.training.loggers import MetricLogger, Records
 from tformer.training.loss import sequence_loss
-from tformer.training.optim import WARMUP_SHARE, capped_warmup, lr_at
+from tformer.training.optim import WARMUP_SHARE, budget_steps, capped_warmup, lr_at
 from tformer.training.precision import Precision
 from tformer.training.reporting import LossWindow, Reporter, TrainResult
 from tformer.training.saving import RunSaver
 from tformer.training.signals import StopOnSignal, exit_code
-from tformer.training.state import Position, batch_stream
+from tformer.training.state import Position, batch_stream, kept_rng
 from tformer.training.threads import threads_state
 from tformer.training.validation import FinalScores, final_scores
 
 Micro = tuple[int, int, np.ndarray]  # (epoch, batch index, example indices)
-# The share of --time-budget kept for translating the validation split at the end
-# (--final-eval auto); the validation loss is kept time for as well (``final_reserve``).
+# The share of --time-budget the final validation may take after training: the validation
+# loss, then translating the split (--final-eval auto) until the run's time is up.
 FINAL_EVAL_SHARE = 0.05
-# The most of --time-budget the final validation may keep; training has the rest.
+# Of that share, what the validation loss may take when translating follows it; training
+# keeps back whatever more the loss is expected to take (``final_reserve``).
+LOSS_SHARE = 0.5
+# The most of --time-budget training keeps back for the final validation.
 MAX_RESERVE_SHARE = 0.5
+# A forward pass costs about a third of a training step (the backward pass is twice it).
+FORWARD_COST = 1 / 3
+# Steps timed after a process's first (set-up included) before a time budget's length in
+# steps is estimated for --warmup-share.
+PACE_STEPS = 3
 
 
 def wrap_for_training(
@@ -121,7 +129,14 @@ class TrainingLoop:
         self.time_used = 0.0  # seconds of the time budget used, agreed by every rank
         self.saved_step: int | None = None
         self.warmup_noted = False
-        # Seconds kept at the end of --time-budget for the final validation (agreed by
+        # The run's warm-up in steps once fixed (--warmup-share cuts it to the run's length):
+        # fixed once and saved, so a resumed or longer run keeps it.
+        self.warmup: int | None = None if cfg.warmup_share is not None else cfg.warmup_steps
+        # (step, tokens, time used) after this process's first step: the pace is timed from
+        # there, without that step's one-off set-up.
+        self.paced_from: tuple[int, int, float] | None = None
+        self.waited = 0.0  # seconds this process waited for its turn to step (fast.sharing)
+        # Seconds of --time-budget training keeps back for the final validation (agreed by
         # every rank); training stops that long before the budget ends.
         self.reserve = 0.0
         self.budget_end: float | None = None  # when --time-budget ends, on perf_counter()
@@ -139,6 +154,9 @@ class TrainingLoop:
             self.scaler.load_state_dict(state["scaler"])
         self.keeper.restore(state)
         self.saver.restore(extra)
+        fixed = state.get("warmup")
+        if isinstance(fixed, dict) and fixed.get("of") == self._warmup_basis():
+            self.warmup = int(fixed["steps"])
 
     def run(self, plan: BatchPlan, pos: Position, total_steps: int | None) -> TrainResult:
         if self._should_stop(pos, total_steps):
@@ -171,8 +189,10 @@ class TrainingLoop:
         self.time_used = pos.elapsed
         window_start, window_tokens_seen = time.perf_counter(), 0
         stop = self._should_stop(pos, total_steps)
+        if self.warmup is None and total_steps is not None and cfg.time_budget is None:
+            self._fix_warmup(total_steps, "")
         if total_steps is not None:
-            self._note_warmup(total_steps, "")
+            self._warn_long_warmup(total_steps, "")
         while not stop:
             # One optimizer step takes ranks x accumulate batches of the one global order;
             # rank r computes every world-th of them, so the step equals a single process
@@ -180,7 +200,9 @@ class TrainingLoop:
             micro = [next(stream) for _ in range(cfg.accumulate * world.world_size)]
             sharing.rebalance()  # marks the run busy; its own threads stay (training.threads)
             # Ranks of one run step together; separate runs take turns (fast.sharing).
+            queued = time.perf_counter()
             with sharing.turn() if world.world_size == 1 else contextlib.nullcontext():
+                self.waited += time.perf_counter() - queued
                 loss_sum, n_tokens = self._step(plan, micro, pos.step + 1, total_steps)
             pos.step += 1
             last_epoch, last_index, _ = micro[-1]
@@ -196,6 +218,10 @@ class TrainingLoop:
                 elapsed=pos.elapsed,
                 reserve=reserve,
             )
+            if self.paced_from is None:
+                self.paced_from, self.waited = (pos.step, pos.tokens, self.time_used), 0.0
+            elif self.warmup is None and pos.step - self.paced_from[0] >= PACE_STEPS:
+                self._fix_warmup_in_budget(pos, total_steps)
             on_cadence = pos.step % cfg.log_every == 0
             if on_cadence or stop:
                 now = time.perf_counter()
@@ -205,7 +231,7 @@ class TrainingLoop:
                 window_start, window_tokens_seen = now, 0
                 if cfg.time_budget is not None and pos.elapsed > 0:
                     reach = int(pos.step * self._training_budget() / pos.elapsed)
-                    self._note_warmup(reach, ", about, at this speed, in --time-budget")
+                    self._warn_long_warmup(reach, ", about, at this speed, in --time-budget")
                 if on_cadence:  # a final off-cadence line leaves the window to a resumed run
                     self.window.reset()
             if pos.step % cfg.eval_every == 0 or stop:
@@ -217,43 +243,76 @@ class TrainingLoop:
             if signalled is not None and not stop:
                 self._stop_on_signal(pos, signalled)
 
-    def _note_warmup(self, steps: int, how: str) -> None:
-        """One line about the warm-up once the run's length is known (``steps``): the warm-up
-        --warmup-share cut to fit it, or a warning when the run ends before its warm-up does
-        (the schedule would never reach its peak: almost always a mistake)."""
+    def _warmup_basis(self) -> list[Any]:
+        """The settings a fixed warm-up was cut from: a resume given others cuts anew."""
+        return [self.cfg.warmup_steps, self.cfg.warmup_share]
+
+    def _fix_warmup(self, steps: float, how: str) -> None:
+        """Fix the run's warm-up for a run of about ``steps`` steps (--warmup-share), with one
+        line when the share cut it."""
         cfg = self.cfg
-        if self.warmup_noted or not self.world.is_main or steps <= 0:
-            return
-        self.warmup_noted = True
-        warmup = capped_warmup(cfg, steps)
-        if warmup < cfg.warmup_steps:
+        self.warmup = capped_warmup(cfg, steps)
+        if self.warmup < cfg.warmup_steps and self.world.is_main:
             self.report.message(
-                f"warm-up {warmup:,} steps: --warmup-steps {cfg.warmup_steps:,} cut to "
-                f"--warmup-share {cfg.warmup_share} of the run ({steps:,} steps{how})"
-            )
-        elif steps < warmup:
-            self.report.message(
-                f"warning: --warmup-steps {warmup:,} is longer than the run ({steps:,} steps"
-                f"{how}): the learning rate never reaches its peak; give --warmup-steps "
-                f"{max(1, round(WARMUP_SHARE * steps)):,} (a tenth of the run), "
-                f"--warmup-share {WARMUP_SHARE} or a longer run"
+                f"warm-up {self.warmup:,} steps: --warmup-steps {cfg.warmup_steps:,} cut to "
+                f"--warmup-share {cfg.warmup_share} of the run ({int(steps):,} steps{how})"
             )
 
+    def _fix_warmup_in_budget(self, pos: Position, total_steps: int | None) -> None:
+        """Fix the warm-up of a --time-budget run from the steps the budget holds at the pace
+        of the steps since this process's first (agreed time, so every rank fixes the same);
+        until then the first steps follow --warmup-steps as given."""
+        assert self.paced_from is not None and self.cfg.time_budget is not None
+        step0, _, used0 = self.paced_from
+        if self.time_used <= used0:
+            return
+        pace = (pos.step - step0) / (self.time_used - used0)
+        steps = budget_steps(pos.step, self.time_used, self._training_budget(), pace)
+        if total_steps is not None:
+            steps = min(steps, total_steps)
+        self._fix_warmup(steps, ", about, at this speed, in --time-budget")
+
+    def _warn_long_warmup(self, steps: int, how: str) -> None:
+        """One warning line when the run ends before its learning-rate warm-up does: the
+        schedule would never reach its peak (almost always a mistake)."""
+        if self.cfg.warmup_share is not None:  # the share cuts the warm-up to fit the run
+            return
+        warmup = self.cfg.warmup_steps
+        if self.warmup_noted or steps <= 0 or steps >= warmup or not self.world.is_main:
+            return
+        self.warmup_noted = True
+        self.report.message(
+            f"warning: --warmup-steps {warmup:,} is longer than the run ({steps:,} steps"
+            f"{how}): the learning rate never reaches its peak; give --warmup-steps "
+            f"{max(1, round(WARMUP_SHARE * steps)):,} (a tenth of the run), "
+            f"--warmup-share {WARMUP_SHARE} or a longer run"
+        )
+
     def final_reserve(self, pos: Position) -> float:
-        """Seconds of --time-budget kept for the final validation, so that the run ends within
-        its budget (but for the final save): as long as the last validation loss took (before
-        any: as long as training on as many tokens took, which a forward pass alone beats),
-        and FINAL_EVAL_SHARE of the budget where the validation pairs are translated at the
-        end within it. At most MAX_RESERVE_SHARE of the budget; 0 without a budget."""
+        """Seconds of --time-budget training keeps back for the final validation, so that the
+        run ends within FINAL_EVAL_SHARE of its budget (but for the final save): what the
+        validation loss is expected to take beyond its part of that share (LOSS_SHARE of it
+        when translating follows, which is cut to the time left). Expected: as long as the
+        last validation loss took; before any, a forward pass over the split at the training
+        pace since this process's first step, turns waited for left out (validation takes
+        none). Nothing when that is less than a step (a budget ends on a step anyway); at
+        most MAX_RESERVE_SHARE of the budget."""
         budget = self.cfg.time_budget
         if budget is None or not self.val_tokens or not self.world.is_main:
             return 0.0
-        decode = FINAL_EVAL_SHARE * budget if self._translates_in_budget() else 0.0
+        if self.paced_from is None or pos.step <= self.paced_from[0]:
+            return 0.0  # nothing timed yet
+        step0, tokens0, used0 = self.paced_from
+        step_seconds = (pos.elapsed - used0) / (pos.step - step0)
         loss = self.keeper.loss_seconds
-        if loss is None:  # an estimate: it only grows, so the time left to train only shrinks
-            estimate = self.val_tokens * pos.elapsed / max(pos.tokens, 1) + decode
-            return min(max(self.reserve, estimate), MAX_RESERVE_SHARE * budget)
-        return min(loss + decode, MAX_RESERVE_SHARE * budget)
+        if loss is None:
+            per_token = max(pos.elapsed - used0 - self.waited, 0.0) / (pos.tokens - tokens0)
+            loss = self.val_tokens * per_token * FORWARD_COST
+        share = FINAL_EVAL_SHARE * (LOSS_SHARE if self._translates_in_budget() else 1.0)
+        beyond = loss - share * budget
+        if beyond < step_seconds:
+            return 0.0
+        return min(beyond, MAX_RESERVE_SHARE * budget)
 
     def _translates_in_budget(self) -> bool:
         """Whether the last evaluation translates validation pairs within --time-budget: the
@@ -323,7 +382,7 @@ class TrainingLoop:
         batches = [plan.collate(indices, epoch) for epoch, _, indices in mine]
         budget = self.cfg.time_budget
         fraction = min(self.time_used / self._training_budget(), 1.0) if budget else None
-        lr = lr_at(step, self.model_config, self.cfg, total_steps, fraction)
+        lr = lr_at(step, self.model_config, self.cfg, total_steps, fraction, self.warmup)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=self.device)
@@ -426,7 +485,9 @@ class TrainingLoop:
             return
         self.guard.check()
         translate = self._translate if final and self.model.reads_source else None
-        with averaged(self.ema):
+        # Kept: the last evaluation falls where the run stops, and a longer or resumed run
+        # must draw the same dropout after it as one that never stopped there.
+        with averaged(self.ema), kept_rng():
             self.keeper.evaluate(
                 self.model, split, pos.step, self.device, self.precision, translate
             )
@@ -451,15 +512,14 @@ class TrainingLoop:
 
     def _deadline(self) -> float | None:
         """When translating the validation pairs must stop (--final-eval auto or none under
-        --time-budget): the budget's end, or FINAL_EVAL_SHARE of the budget from now when that
-        has passed (a run already at its end)."""
+        --time-budget): FINAL_EVAL_SHARE of the budget after its end, or after now for a run
+        that trained no step here (already at its end)."""
         budget = self.cfg.time_budget
         if budget is None or self.cfg.final_eval == "full":
             return None
-        now = time.perf_counter()
-        if self.budget_end is not None and self.budget_end > now:
-            return self.budget_end
-        return now + FINAL_EVAL_SHARE * budget
+        if self.budget_end is None or self.paced_from is None:
+            return time.perf_counter() + FINAL_EVAL_SHARE * budget
+        return self.budget_end + FINAL_EVAL_SHARE * budget
 
     def _save(self, pos: Position) -> Path | None:
         self.guard.check()
@@ -481,6 +541,8 @@ class TrainingLoop:
             state["data"] = self.data
         if self.init_from is not None:
             state["init_from"] = self.init_from
+        if self.cfg.warmup_share is not None and self.warmup is not None:
+            state["warmup"] = {"steps": self.warmup, "of": self._warmup_basis()}
         folder = self.saver.save(pos, state)
         self.saved_step = pos.step
         return folder
@@ -519,7 +581,7 @@ class TrainingLoop:
             return
         if self.final is None or self.final.of != len(split.pairs):
             self.final = None
-            with averaged(self.ema):
+            with averaged(self.ema), kept_rng():
                 self._translate()
         assert self.final is not None
         scores = self.final

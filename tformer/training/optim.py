@@ -77,25 +77,18 @@ WARMUP_SHARE = 0.1
 
 def capped_warmup(train: TrainConfig, run_steps: float) -> int:
     """The warm-up of a run of ``run_steps`` steps: --warmup-steps, cut with --warmup-share
-    to that share of the run (at least one step). The one rule; ``warmup_at`` applies it."""
+    to that share of the run (at least one step). The one rule; the training loop fixes the
+    result once per run (for a time budget, from the speed of its first steps)."""
     share = train.warmup_share
     if share is None or train.warmup_steps == 0:
         return train.warmup_steps
     return min(train.warmup_steps, max(1, int(share * run_steps)))
 
 
-def warmup_at(
-    step: int, train: TrainConfig, total_steps: int | None, time_fraction: float | None
-) -> int:
-    """The warm-up, in steps, that step ``step`` follows: ``capped_warmup`` of the run's
-    length, which is ``total_steps`` (--max-steps / --epochs) or, under --time-budget, the
-    steps the budget allows at the speed so far (``step - 1`` done in ``time_fraction`` of
-    it), whichever is fewer. A pure function of the step and the time used, as the rest of
-    the schedule, so a resumed run takes the same warm-up."""
-    lengths = [] if total_steps is None else [float(total_steps)]
-    if time_fraction and step > 1:
-        lengths.append((step - 1) / time_fraction)
-    return capped_warmup(train, min(lengths)) if lengths else train.warmup_steps
+def budget_steps(step: int, elapsed: float, budget: float, pace: float) -> float:
+    """About how many steps a run of ``budget`` seconds takes: ``step`` done in ``elapsed``
+    seconds, and ``pace`` steps a second for the rest."""
+    return step + max(budget - elapsed, 0.0) * pace
 
 
 def lr_at(
@@ -104,6 +97,7 @@ def lr_at(
     train: TrainConfig,
     total_steps: int | None = None,
     time_fraction: float | None = None,
+    warmup: int | None = None,
 ) -> float:
     """The learning rate of optimiser step ``step`` (counted from 1).
 
@@ -111,10 +105,12 @@ def lr_at(
     (from --max-steps / --epochs) or, under --time-budget, by the end of the budget
     (``time_fraction`` of it used so far), whichever comes first. A time budget is where
     decaying pays most: a run that stops at full learning rate leaves quality unclaimed.
-    Every schedule warms up over ``warmup_at`` steps.
+    Every schedule warms up over ``warmup`` steps: the run's, once the training loop fixed it,
+    else --warmup-steps (cut by --warmup-share to ``total_steps`` when that is known).
     """
     peak = peak_lr(model, train)
-    warmup = warmup_at(step, train, total_steps, time_fraction)
+    if warmup is None:
+        warmup = train.warmup_steps if total_steps is None else capped_warmup(train, total_steps)
     if train.schedule == "inverse-sqrt":
         return inverse_sqrt_lr(step, peak, warmup)
     if train.schedule in ("cosine", "linear"):

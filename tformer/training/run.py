@@ -337,6 +337,7 @@ def _summary(
         "device": str(device),
         "precision": setup.precision.name,
         "compile": cfg.compile,
+        "label_smoothing": cfg.label_smoothing,  # the progress lines name the loss it smooths
         "world_size": world.world_size,
         "global_batch": {
             "ranks": world.world_size,

@@ -100,7 +100,7 @@ def exact_match(
 # (dates, codes, digit strings). A sentence is judged by BLEU / chrF, where it rarely matches.
 EXACT_MATCH_WORDS = 4
 FINAL_CHUNK = 64  # the most pairs decoded between two looks at the clock
-FIRST_CHUNK = 4  # under a deadline, the pairs decoded first, to time a pair
+FIRST_CHUNK = 1  # under a deadline, the pair decoded first, to time a pair
 
 
 @dataclass
@@ -133,9 +133,9 @@ def final_scores(
 ) -> FinalScores:
     """Greedy outputs of the split's (first ``limit``) pairs, scored against the references.
 
-    With a ``deadline`` (a ``time.perf_counter()`` value) decoding stops before it: a few
-    pairs first, to time a pair, then chunks sized to what the time left holds at that pace
-    (at least one pair is always decoded)."""
+    With a ``deadline`` (a ``time.perf_counter()`` value) decoding stops before it: one pair
+    first, to time a pair, then chunks sized to what the time left holds at that pace (at
+    least one pair is always decoded)."""
     outputs: list[str] = []
     pairs = split.pairs[:limit] if limit else split.pairs
     longest = max((len(t) for _, t in pairs), default=0)
