@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from tformer import checkpoint as ckpt
 from tformer.cli.commands import app
+from tformer.cli.progress import loss_labels
 
 runner = CliRunner()
 SMALL = ["--preset", "tiny", "--vocab-size", "64", "--max-tokens", "256", "--log-every", "1",
@@ -63,6 +64,23 @@ def test_progress_lines_show_an_eta_and_resume_keeps_the_clock(
     assert "validation BLEU" not in result.stdout and "exact match" not in result.stdout
     after = [r for r in ckpt.read_metrics(run) if "loss" in r][-1]
     assert after["step"] == 3 and after["elapsed"] > before  # the budget is cumulative
+
+
+def test_progress_lines_say_which_loss_is_label_smoothed(
+    short_run: tuple[Path, str, str],
+) -> None:
+    """The training loss is label-smoothed (--label-smoothing 0.1 by default), the
+    validation loss is not: each line names its loss as such."""
+    _, _, err = short_run
+    train = [line for line in err.splitlines() if re.match(r"step +\d+ +loss", line)]
+    assert train and all("loss (label-smoothed 0.1) " in line for line in train), train
+    val = [line for line in err.splitlines() if re.match(r"step +\d+ +val loss", line)]
+    assert val and all("val loss (unsmoothed) " in line for line in val), val
+
+
+def test_without_label_smoothing_the_losses_are_plain() -> None:
+    assert loss_labels(0.0) == ("loss", "val loss")
+    assert loss_labels(0.2) == ("loss (label-smoothed 0.2)", "val loss (unsmoothed)")
 
 
 def test_commands_name_the_checkpoint_they_use(short_run: tuple[Path, str, str]) -> None:

@@ -25,6 +25,14 @@ from tformer.training.reporting import Reporter, TrainResult
 _UNITS = 1000  # progress is a fraction of whichever budget (steps or time) runs out first
 
 
+def loss_labels(label_smoothing: float) -> tuple[str, str]:
+    """How the progress lines name their two losses: the training loss (the mean since the
+    last line) is label-smoothed with --label-smoothing, the validation loss never is."""
+    if label_smoothing <= 0:
+        return "loss", "val loss"
+    return f"loss (label-smoothed {label_smoothing:g})", "val loss (unsmoothed)"
+
+
 class RichReporter(Reporter):
     """A live progress bar on a terminal; plain log lines when stderr is a file or pipe."""
 
@@ -36,6 +44,7 @@ class RichReporter(Reporter):
         self.time_budget: float | None = None
         self.val = "-"
         self.bar: TokenisingBar | None = None
+        self.train_loss, self.val_loss = loss_labels(0.0)
 
     def tokenising(self, split: str, done: int, total: int) -> None:
         if self.bar is None:  # one line a split off a terminal, for a large corpus only
@@ -47,6 +56,7 @@ class RichReporter(Reporter):
             self.bar.close()
         self.total_steps = summary["total_steps"]
         self.time_budget = summary["time_budget"]
+        self.train_loss, self.val_loss = loss_labels(summary.get("label_smoothing", 0.0))
         model = summary["model"]
         splits = ", ".join(f"{k} {v:,}" for k, v in summary["splits"].items())
         dropped = sum(summary["dropped"].values())
@@ -80,7 +90,8 @@ class RichReporter(Reporter):
                 TextColumn("[bold blue]step {task.fields[step]}"),
                 BarColumn(),
                 TextColumn(
-                    "loss {task.fields[loss]}  val {task.fields[val]}  "
+                    f"{self.train_loss} {{task.fields[loss]}}  "
+                    f"{self.val_loss} {{task.fields[val]}}  "
                     "lr {task.fields[lr]}  {task.fields[tps]} tok/s"
                 ),
                 # The run's own clock: it goes on from the saved time after --resume.
@@ -109,7 +120,10 @@ class RichReporter(Reporter):
             if record.get("best"):
                 self.val += " *"
             if self.progress is None:
-                err_console.print(f"step {record['step']:>6}  val loss {self.val}")
+                # One record a line, however narrow the console: logs are read line by line.
+                err_console.print(
+                    f"step {record['step']:>6}  {self.val_loss} {self.val}", soft_wrap=True
+                )
             elif self.task is not None:
                 self.progress.update(self.task, val=self.val)
             return
@@ -129,8 +143,9 @@ class RichReporter(Reporter):
             )
         else:
             err_console.print(
-                f"step {fields['step']:>6}  loss {fields['loss']}  lr {fields['lr']}  "
-                f"{fields['tps']} tok/s  {fields['elapsed']}  eta {fields['eta']}"
+                f"step {fields['step']:>6}  {self.train_loss} {fields['loss']}  lr {fields['lr']}  "
+                f"{fields['tps']} tok/s  {fields['elapsed']}  eta {fields['eta']}",
+                soft_wrap=True,  # one record a line, as the validation lines
             )
 
     def _eta(self, record: dict[str, Any]) -> str:

@@ -80,6 +80,7 @@ TRAIN_OPTIONS = (
     "accumulate",
     "lr",
     "warmup_steps",
+    "warmup_share",
     "schedule",
     "min_lr",
     "label_smoothing",
@@ -137,7 +138,7 @@ PANELS: dict[str, tuple[str, ...]] = {
         "attention_scale", "linear_bias", "output_scale",
     ),
     "Optimisation & schedule": (
-        "lr", "warmup_steps", "schedule", "min_lr", "label_smoothing", "clip_norm",
+        "lr", "warmup_steps", "warmup_share", "schedule", "min_lr", "label_smoothing", "clip_norm",
         "weight_decay", "ema_decay", "seed",
     ),
     "Batching": ("max_tokens", "accumulate"),

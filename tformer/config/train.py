@@ -76,6 +76,12 @@ class TrainConfig:
         None, "Peak learning rate (default: the paper's d_model^-0.5 * warmup^-0.5)."
     )
     warmup_steps: int = _field(4000, "Steps of linear learning-rate warm-up.")
+    warmup_share: float | None = _field(
+        None,
+        "Cap the warm-up at this share of the run: of its steps, or under --time-budget of "
+        "the steps the budget holds at the pace of its first steps; fixed once and kept on "
+        "--resume (0.1 for an imported model).",
+    )
     schedule: Schedule = _field(
         "inverse-sqrt",
         "inverse-sqrt (paper) | cosine | linear | constant. cosine and linear decay to "
@@ -120,8 +126,9 @@ class TrainConfig:
         "auto",
         "After the last step, translate the validation split (greedy) and report BLEU and "
         "chrF, and exact match where the targets are a few words (dates, codes). auto: under "
-        "--time-budget stop decoding 5% of the budget after training; full: the whole split; "
-        "none: skip it (the last validation loss is still reported).",
+        "--time-budget decode within the budget (5% of it is kept for this) and leave the "
+        "rest of the split out; full: the whole split; none: skip it (the last validation "
+        "loss is still reported).",
     )
     patience: int | None = _field(
         None, "Stop after this many evaluations without a better --best-metric."
@@ -144,6 +151,10 @@ class TrainConfig:
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, f"{flag(name)} {value} must be >= 1")
         _require(self.warmup_steps >= 0, f"--warmup-steps {self.warmup_steps} must be >= 0")
+        _require(
+            self.warmup_share is None or 0.0 < self.warmup_share <= 1.0,
+            f"--warmup-share {self.warmup_share} must be in (0, 1]",
+        )
         _require(self.keep_last >= 1, f"--keep-last {self.keep_last} must be >= 1")
         _require(self.lr is None or self.lr > 0, f"--lr {self.lr} must be > 0")
         _require(self.min_lr >= 0, f"--min-lr {self.min_lr} must be >= 0")

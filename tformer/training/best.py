@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from tformer.errors import CheckpointError
 from tformer.model import TransformerBase
 from tformer.training.loggers import Records
 from tformer.training.precision import Precision
-from tformer.training.validation import evaluate_loss, translation_scores
+from tformer.training.validation import evaluate_loss, text_scores, translation_scores
 
 
 class BestKeeper:
@@ -33,6 +35,7 @@ class BestKeeper:
         self.best_value: float | None = None
         self.evals_without_gain = 0
         self.stopped_early = False
+        self.loss_seconds: float | None = None  # what the last validation loss took
 
     def state(self) -> dict[str, Any]:
         return {
@@ -69,16 +72,27 @@ class BestKeeper:
         step: int,
         device: torch.device,
         precision: Precision,
+        translate: Callable[[], list[str]] | None = None,
     ) -> None:
-        """Measure ``split``, save best/ on improvement, log the record (model as it is now)."""
+        """Measure ``split``, save best/ on improvement, log the record (model as it is now).
+
+        ``translate``: the greedy outputs of the split's first pairs, decoded once for this
+        evaluation and the run's final scores (the last evaluation); BLEU and chrF are then
+        of the first ``--val-bleu`` of them (of all, when a time budget cut them shorter)."""
+        started = time.perf_counter()
         self.last_val = evaluate_loss(model, split, device, precision, self.cfg)
+        self.loss_seconds = time.perf_counter() - started
         record: dict[str, Any] = {
             "step": step,
             "val_loss": round(self.last_val, 5),
             "val_ppl": round(math.exp(min(self.last_val, 50.0)), 4),
         }
         if self.cfg.val_bleu > 0:
-            scores = translation_scores(model, split, self.tokenizers, self.cfg.val_bleu)
+            if translate is None:
+                scores = translation_scores(model, split, self.tokenizers, self.cfg.val_bleu)
+            else:
+                outputs = translate()[: self.cfg.val_bleu]
+                scores = text_scores(outputs, [t for _, t in split.texts[: len(outputs)]])
             record.update({f"val_{k}": v for k, v in scores.items()})
         metric = self.cfg.best_metric
         value = record["val_loss" if metric == "val_loss" else f"val_{metric}"]

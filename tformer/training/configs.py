@@ -92,6 +92,7 @@ class Resolved:
     model: ModelConfig
     train: TrainConfig
     tokenizer: TokenizerSpec
+    defaults: tuple[str, ...] = ()  # the IMPORTED_DEFAULTS applied (nothing given overrode)
 
 
 def read_config_file(path: Path) -> dict[str, dict[str, Any]]:
@@ -148,11 +149,14 @@ def dump_config(model: ModelConfig | None, train: TrainConfig, tokenizer: Tokeni
 
 # Fine-tuning an imported (published, already trained) model: a small learning rate after a
 # short warm-up, as Hugging Face's translation fine-tuning examples use (2e-5 to 5e-5), and
-# the best checkpoint by validation BLEU with early stopping. Any flag, recipe or --config
-# value given wins over these.
+# the best checkpoint by validation BLEU with early stopping. The warm-up is at most a tenth
+# of the run (``warmup_share``; tformer.training.optim.capped_warmup says how), so a short run
+# reaches its learning rate. Any flag, recipe or --config value given wins over these; a
+# --warmup-steps given drops the cap too (the steps asked for are the steps taken).
 IMPORTED_DEFAULTS: dict[str, Any] = {
     "lr": 5e-5,
     "warmup_steps": 200,
+    "warmup_share": 0.1,
     "schedule": "constant",
     "val_bleu": 200,
     "best_metric": "bleu",
@@ -213,14 +217,11 @@ def _resolve(
     train_values = _layered(recipe["train"], file_train, given_train)
     if init_from is not None:
         saved, _ = _checked_against(init_from, settings, sections, "--init-from")
+        defaults: dict[str, Any] = {}
         if ckpt.read_origin(ckpt.resolve(init_from)) is not None:  # an imported model
-            defaults = {
-                k: v
-                for k, v in IMPORTED_DEFAULTS.items()
-                if saved.is_seq2seq or k not in TRANSLATION_ONLY
-            }
+            defaults = imported_defaults(saved, recipe["train"], file_train, given_train)
             train_values = _layered(defaults, recipe["train"], file_train, given_train)
-        return Resolved(saved, TrainConfig(**train_values), tokenizer)
+        return Resolved(saved, TrainConfig(**train_values), tokenizer, tuple(defaults))
     base = PRESETS[_preset_name(settings.preset)] if settings.preset else None
     model_values = {
         **(recipe["model"] or PRESETS[DEFAULT_PRESET]),
@@ -229,6 +230,20 @@ def _resolve(
         **given_model,
     }
     return Resolved(ModelConfig(**model_values), TrainConfig(**train_values), tokenizer)
+
+
+def imported_defaults(model: ModelConfig, *given: Mapping[str, Any]) -> dict[str, Any]:
+    """The IMPORTED_DEFAULTS a fine-tuned run of an imported ``model`` takes: those no layer
+    of ``given`` (recipe, --config file, flags) sets, and for a language model none of the
+    translation-only ones; a warm-up given in steps is not capped by the default share."""
+    taken = {k for layer in given for k in layer}
+    if "warmup_steps" in taken:
+        taken.add("warmup_share")
+    return {
+        k: v
+        for k, v in IMPORTED_DEFAULTS.items()
+        if k not in taken and (model.is_seq2seq or k not in TRANSLATION_ONLY)
+    }
 
 
 def _preset_name(name: str) -> str:

@@ -31,6 +31,7 @@ class Job:
     out: Path
     resume_from: Path | None = None
     init_from: Path | None = None  # fine-tuning: the checkpoint whose weights it starts from
+    defaults: tuple[str, ...] = ()  # the imported-model defaults applied (none given instead)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,7 +35,7 @@ TARGETS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 TENSORBOARD_DIR = "tensorboard"  # inside the run folder
 ENTROPY_PAIRS = 8  # the first validation pairs, on which attention entropy is measured
 # Record keys that are bookkeeping, not measurements.
-NOT_SCALARS = frozenset({"step", "total_steps", "time_budget", "best"})
+NOT_SCALARS = frozenset({"step", "total_steps", "time_budget", "training_budget", "best"})
 
 
 class MetricLogger(Protocol):

@@ -38,18 +38,29 @@ from tformer.training.ema import WeightAverage, averaged
 from tformer.training.faults import NumericsGuard, is_out_of_memory, last_good
 from tformer.training.loggers import MetricLogger, Records
 from tformer.training.loss import sequence_loss
-from tformer.training.optim import lr_at
+from tformer.training.optim import WARMUP_SHARE, budget_steps, capped_warmup, lr_at
 from tformer.training.precision import Precision
 from tformer.training.reporting import LossWindow, Reporter, TrainResult
 from tformer.training.saving import RunSaver
 from tformer.training.signals import StopOnSignal, exit_code
-from tformer.training.state import Position, batch_stream
+from tformer.training.state import Position, batch_stream, kept_rng
 from tformer.training.threads import threads_state
-from tformer.training.validation import final_scores
+from tformer.training.validation import FinalScores, final_scores
 
 Micro = tuple[int, int, np.ndarray]  # (epoch, batch index, example indices)
-# The share of --time-budget the final validation may take after training (--final-eval auto).
+# The share of --time-budget the final validation may take after training: the validation
+# loss, then translating the split (--final-eval auto) until the run's time is up.
 FINAL_EVAL_SHARE = 0.05
+# Of that share, what the validation loss may take when translating follows it; training
+# keeps back whatever more the loss is expected to take (``final_reserve``).
+LOSS_SHARE = 0.5
+# The most of --time-budget training keeps back for the final validation.
+MAX_RESERVE_SHARE = 0.5
+# A forward pass costs about a third of a training step (the backward pass is twice it).
+FORWARD_COST = 1 / 3
+# Steps timed after a process's first (set-up included) before a time budget's length in
+# steps is estimated for --warmup-share.
+PACE_STEPS = 3
 
 
 def wrap_for_training(
@@ -117,7 +128,21 @@ class TrainingLoop:
         self.last_train: float | None = None
         self.time_used = 0.0  # seconds of the time budget used, agreed by every rank
         self.saved_step: int | None = None
-        self.warmup_warned = False
+        self.warmup_noted = False
+        # The run's warm-up in steps once fixed (--warmup-share cuts it to the run's length):
+        # fixed once and saved, so a resumed or longer run keeps it.
+        self.warmup: int | None = None if cfg.warmup_share is not None else cfg.warmup_steps
+        # (step, tokens, time used) after this process's first step: the pace is timed from
+        # there, without that step's one-off set-up.
+        self.paced_from: tuple[int, int, float] | None = None
+        self.waited = 0.0  # seconds this process waited for its turn to step (fast.sharing)
+        # Seconds of --time-budget training keeps back for the final validation (agreed by
+        # every rank); training stops that long before the budget ends.
+        self.reserve = 0.0
+        self.budget_end: float | None = None  # when --time-budget ends, on perf_counter()
+        self.final: FinalScores | None = None  # the last evaluation's greedy outputs, scored
+        split = splits.get("validation")
+        self.val_tokens = sum(len(t) for _, t in split.pairs) if split is not None else 0
 
     def restore(self, state: dict[str, Any], extra: dict[str, torch.Tensor]) -> None:
         """Take back the bookkeeping saved in a checkpoint's trainer state."""
@@ -129,6 +154,9 @@ class TrainingLoop:
             self.scaler.load_state_dict(state["scaler"])
         self.keeper.restore(state)
         self.saver.restore(extra)
+        fixed = state.get("warmup")
+        if isinstance(fixed, dict) and fixed.get("of") == self._warmup_basis():
+            self.warmup = int(fixed["steps"])
 
     def run(self, plan: BatchPlan, pos: Position, total_steps: int | None) -> TrainResult:
         if self._should_stop(pos, total_steps):
@@ -156,9 +184,13 @@ class TrainingLoop:
         cfg, world = self.cfg, self.world
         stream = batch_stream(plan, pos)
         started = time.perf_counter() - pos.elapsed
+        if cfg.time_budget is not None:
+            self.budget_end = started + cfg.time_budget
         self.time_used = pos.elapsed
         window_start, window_tokens_seen = time.perf_counter(), 0
         stop = self._should_stop(pos, total_steps)
+        if self.warmup is None and total_steps is not None and cfg.time_budget is None:
+            self._fix_warmup(total_steps, "")
         if total_steps is not None:
             self._warn_long_warmup(total_steps, "")
         while not stop:
@@ -168,7 +200,9 @@ class TrainingLoop:
             micro = [next(stream) for _ in range(cfg.accumulate * world.world_size)]
             sharing.rebalance()  # marks the run busy; its own threads stay (training.threads)
             # Ranks of one run step together; separate runs take turns (fast.sharing).
+            queued = time.perf_counter()
             with sharing.turn() if world.world_size == 1 else contextlib.nullcontext():
+                self.waited += time.perf_counter() - queued
                 loss_sum, n_tokens = self._step(plan, micro, pos.step + 1, total_steps)
             pos.step += 1
             last_epoch, last_index, _ = micro[-1]
@@ -177,9 +211,17 @@ class TrainingLoop:
             self.window.add(loss_sum, n_tokens)
             window_tokens_seen += n_tokens
             pos.elapsed = time.perf_counter() - started
+            reserve = self.final_reserve(pos)
             stop, signalled = self._agree(
-                self._should_stop(pos, total_steps), signals, elapsed=pos.elapsed
+                self._should_stop(pos, total_steps, reserve),
+                signals,
+                elapsed=pos.elapsed,
+                reserve=reserve,
             )
+            if self.paced_from is None:
+                self.paced_from, self.waited = (pos.step, pos.tokens, self.time_used), 0.0
+            elif self.warmup is None and pos.step - self.paced_from[0] >= PACE_STEPS:
+                self._fix_warmup_in_budget(pos, total_steps)
             on_cadence = pos.step % cfg.log_every == 0
             if on_cadence or stop:
                 now = time.perf_counter()
@@ -188,12 +230,12 @@ class TrainingLoop:
                 )
                 window_start, window_tokens_seen = now, 0
                 if cfg.time_budget is not None and pos.elapsed > 0:
-                    reach = int(pos.step * cfg.time_budget / pos.elapsed)
-                    self._warn_long_warmup(reach, " (about, at this speed, in --time-budget)")
+                    reach = int(pos.step * self._training_budget() / pos.elapsed)
+                    self._warn_long_warmup(reach, ", about, at this speed, in --time-budget")
                 if on_cadence:  # a final off-cadence line leaves the window to a resumed run
                     self.window.reset()
             if pos.step % cfg.eval_every == 0 or stop:
-                self._evaluate(pos)
+                self._evaluate(pos, final=stop)
                 if self._agree(self.keeper.stopped_early, None)[0] and not stop:
                     self.keeper.stopped_early = stop = True
             if pos.step % cfg.save_every == 0 or stop:
@@ -201,21 +243,97 @@ class TrainingLoop:
             if signalled is not None and not stop:
                 self._stop_on_signal(pos, signalled)
 
+    def _warmup_basis(self) -> list[Any]:
+        """The settings a fixed warm-up was cut from: a resume given others cuts anew."""
+        return [self.cfg.warmup_steps, self.cfg.warmup_share]
+
+    def _fix_warmup(self, steps: float, how: str) -> None:
+        """Fix the run's warm-up for a run of about ``steps`` steps (--warmup-share), with one
+        line when the share cut it."""
+        cfg = self.cfg
+        self.warmup = capped_warmup(cfg, steps)
+        if self.warmup < cfg.warmup_steps and self.world.is_main:
+            self.report.message(
+                f"warm-up {self.warmup:,} steps: --warmup-steps {cfg.warmup_steps:,} cut to "
+                f"--warmup-share {cfg.warmup_share} of the run ({int(steps):,} steps{how})"
+            )
+
+    def _fix_warmup_in_budget(self, pos: Position, total_steps: int | None) -> None:
+        """Fix the warm-up of a --time-budget run from the steps the budget holds at the pace
+        of the steps since this process's first (agreed time, so every rank fixes the same);
+        until then the first steps follow --warmup-steps as given."""
+        assert self.paced_from is not None and self.cfg.time_budget is not None
+        step0, _, used0 = self.paced_from
+        if self.time_used <= used0:
+            return
+        pace = (pos.step - step0) / (self.time_used - used0)
+        steps = budget_steps(pos.step, self.time_used, self._training_budget(), pace)
+        if total_steps is not None:
+            steps = min(steps, total_steps)
+        self._fix_warmup(steps, ", about, at this speed, in --time-budget")
+
     def _warn_long_warmup(self, steps: int, how: str) -> None:
         """One warning line when the run ends before its learning-rate warm-up does: the
         schedule would never reach its peak (almost always a mistake)."""
-        warmup = self.cfg.warmup_steps
-        if self.warmup_warned or steps >= warmup or not self.world.is_main:
+        if self.cfg.warmup_share is not None:  # the share cuts the warm-up to fit the run
             return
-        self.warmup_warned = True
+        warmup = self.cfg.warmup_steps
+        if self.warmup_noted or steps <= 0 or steps >= warmup or not self.world.is_main:
+            return
+        self.warmup_noted = True
         self.report.message(
             f"warning: --warmup-steps {warmup:,} is longer than the run ({steps:,} steps"
             f"{how}): the learning rate never reaches its peak; give --warmup-steps "
-            f"{max(1, steps // 10):,} (a tenth of the run) or a longer run"
+            f"{max(1, round(WARMUP_SHARE * steps)):,} (a tenth of the run), "
+            f"--warmup-share {WARMUP_SHARE} or a longer run"
         )
 
+    def final_reserve(self, pos: Position) -> float:
+        """Seconds of --time-budget training keeps back for the final validation, so that the
+        run ends within FINAL_EVAL_SHARE of its budget (but for the final save): what the
+        validation loss is expected to take beyond its part of that share (LOSS_SHARE of it
+        when translating follows, which is cut to the time left). Expected: as long as the
+        last validation loss took; before any, a forward pass over the split at the training
+        pace since this process's first step, turns waited for left out (validation takes
+        none). Nothing when that is less than a step (a budget ends on a step anyway); at
+        most MAX_RESERVE_SHARE of the budget."""
+        budget = self.cfg.time_budget
+        if budget is None or not self.val_tokens or not self.world.is_main:
+            return 0.0
+        if self.paced_from is None or pos.step <= self.paced_from[0]:
+            return 0.0  # nothing timed yet
+        step0, tokens0, used0 = self.paced_from
+        step_seconds = (pos.elapsed - used0) / (pos.step - step0)
+        loss = self.keeper.loss_seconds
+        if loss is None:
+            per_token = max(pos.elapsed - used0 - self.waited, 0.0) / (pos.tokens - tokens0)
+            loss = self.val_tokens * per_token * FORWARD_COST
+        share = FINAL_EVAL_SHARE * (LOSS_SHARE if self._translates_in_budget() else 1.0)
+        beyond = loss - share * budget
+        if beyond < step_seconds:
+            return 0.0
+        return min(beyond, MAX_RESERVE_SHARE * budget)
+
+    def _translates_in_budget(self) -> bool:
+        """Whether the last evaluation translates validation pairs within --time-budget: the
+        split (--final-eval auto) or the first --val-bleu pairs (--final-eval none)."""
+        cfg = self.cfg
+        if not self.model.reads_source:
+            return False
+        return cfg.final_eval == "auto" or (cfg.final_eval == "none" and cfg.val_bleu > 0)
+
+    def _training_budget(self) -> float:
+        """The seconds of --time-budget training may use (the rest is kept: final_reserve)."""
+        assert self.cfg.time_budget is not None
+        return max(self.cfg.time_budget - self.reserve, 1e-9)
+
     def _agree(
-        self, stop: bool, signals: StopOnSignal | None, *, elapsed: float | None = None
+        self,
+        stop: bool,
+        signals: StopOnSignal | None,
+        *,
+        elapsed: float | None = None,
+        reserve: float | None = None,
     ) -> tuple[bool, int | None]:
         """Whether to stop (and on which signal), the same on every rank.
 
@@ -223,16 +341,21 @@ class TrainingLoop:
         apart; one small all-reduce (max) per step makes them all stop after the same step.
         The same all-reduce agrees on the time used (``self.time_used``), from which a
         schedule that decays within the time budget sets the next step's learning rate: every
-        rank must take the same one.
+        rank must take the same one, so the time kept for the final validation (``reserve``,
+        measured on rank 0) is agreed too.
         """
         signum = signals.received if signals is not None else None
         if elapsed is None:
             elapsed = self.time_used
+        if reserve is None:
+            reserve = self.reserve
         if not self.world.distributed:
-            self.time_used = elapsed
+            self.time_used, self.reserve = elapsed, reserve
             return stop, signum
-        flags = dist_.all_reduce_max([float(stop), float(signum or 0), elapsed], self.device)
-        self.time_used = flags[2]
+        flags = dist_.all_reduce_max(
+            [float(stop), float(signum or 0), elapsed, reserve], self.device
+        )
+        self.time_used, self.reserve = flags[2], flags[3]
         return bool(flags[0]), (int(flags[1]) or None)
 
     def _stop_on_signal(self, pos: Position, signum: int) -> None:
@@ -258,8 +381,8 @@ class TrainingLoop:
         mine = micro[world.rank :: world.world_size]
         batches = [plan.collate(indices, epoch) for epoch, _, indices in mine]
         budget = self.cfg.time_budget
-        fraction = min(self.time_used / budget, 1.0) if budget else None
-        lr = lr_at(step, self.model_config, self.cfg, total_steps, fraction)
+        fraction = min(self.time_used / self._training_budget(), 1.0) if budget else None
+        lr = lr_at(step, self.model_config, self.cfg, total_steps, fraction, self.warmup)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=self.device)
@@ -322,10 +445,13 @@ class TrainingLoop:
         if self.ema is not None:
             self.ema.update()
 
-    def _should_stop(self, pos: Position, total_steps: int | None) -> bool:
+    def _should_stop(self, pos: Position, total_steps: int | None, reserve: float = 0.0) -> bool:
+        """Whether the run is at its end: its steps, or its time budget but for ``reserve``
+        seconds kept for the final validation."""
         if total_steps is not None and pos.step >= total_steps:
             return True
-        return self.cfg.time_budget is not None and pos.elapsed >= self.cfg.time_budget
+        budget = self.cfg.time_budget
+        return budget is not None and pos.elapsed + reserve >= budget
 
     def _log(
         self, pos: Position, plan: BatchPlan, total_steps: int | None, tokens_per_s: float
@@ -345,19 +471,55 @@ class TrainingLoop:
             "total_steps": total_steps,
             "time_budget": self.cfg.time_budget,
         }
+        if self.cfg.time_budget is not None:  # the rest is kept for the final validation
+            record["training_budget"] = round(self._training_budget(), 3)
         if self.precision.mixed:
             record["skipped_steps"] = self.guard.skipped
         self.records.write(record)
 
-    def _evaluate(self, pos: Position) -> None:
+    def _evaluate(self, pos: Position, *, final: bool = False) -> None:
+        """Validate; the ``final`` evaluation translates the validation pairs once, for its
+        BLEU and for the run's final scores (``self.final``)."""
         split = self.splits.get("validation")
         if split is None or not split.pairs or not self.world.is_main:
             return
         self.guard.check()
-        with averaged(self.ema):
-            self.keeper.evaluate(self.model, split, pos.step, self.device, self.precision)
+        translate = self._translate if final and self.model.reads_source else None
+        # Kept: the last evaluation falls where the run stops, and a longer or resumed run
+        # must draw the same dropout after it as one that never stopped there.
+        with averaged(self.ema), kept_rng():
+            self.keeper.evaluate(
+                self.model, split, pos.step, self.device, self.precision, translate
+            )
+            if translate is not None and self.cfg.final_eval != "none":
+                translate()  # no --val-bleu: the final scores alone
             self.records.attention(self.model, split, pos.step)
         self.keeper.check_patience()
+
+    def _translate(self) -> list[str]:
+        """The greedy outputs of the validation split, decoded (and scored) once: all its pairs
+        (--final-eval auto / full) or the first --val-bleu (--final-eval none); with auto
+        or none under --time-budget, as many as the budget's end allows."""
+        if self.final is None:
+            cfg, split = self.cfg, self.splits["validation"]
+            limit = cfg.val_bleu if cfg.final_eval == "none" else None
+            if cfg.final_eval != "none":
+                self.report.message(f"translating the validation split ({len(split.pairs)} pairs)")
+            self.final = final_scores(
+                self.model, split, self.tokenizers, deadline=self._deadline(), limit=limit
+            )
+        return self.final.outputs
+
+    def _deadline(self) -> float | None:
+        """When translating the validation pairs must stop (--final-eval auto or none under
+        --time-budget): FINAL_EVAL_SHARE of the budget after its end, or after now for a run
+        that trained no step here (already at its end)."""
+        budget = self.cfg.time_budget
+        if budget is None or self.cfg.final_eval == "full":
+            return None
+        if self.budget_end is None or self.paced_from is None:
+            return time.perf_counter() + FINAL_EVAL_SHARE * budget
+        return self.budget_end + FINAL_EVAL_SHARE * budget
 
     def _save(self, pos: Position) -> Path | None:
         self.guard.check()
@@ -379,6 +541,8 @@ class TrainingLoop:
             state["data"] = self.data
         if self.init_from is not None:
             state["init_from"] = self.init_from
+        if self.cfg.warmup_share is not None and self.warmup is not None:
+            state["warmup"] = {"steps": self.warmup, "of": self._warmup_basis()}
         folder = self.saver.save(pos, state)
         self.saved_step = pos.step
         return folder
@@ -407,20 +571,20 @@ class TrainingLoop:
 
     def _measure_exact_match(self, result: TrainResult, step: int) -> None:
         """``--final-eval``: BLEU / chrF (and exact match for short targets) of greedy outputs
-        on the validation split; the test split is for ``tformer evaluate``. Under a time
-        budget (auto) decoding stops 5% of the budget after training."""
+        on the validation split; the test split is for ``tformer evaluate``. The last
+        evaluation decoded them (a run stopped early or already at its end decodes them
+        here); under a time budget (auto) decoding stops at the budget's end."""
         split = self.splits.get("validation")
         if split is None or not split.pairs or not self.model.reads_source:
             return  # a language model has no output to compare: its loss says it
         if self.cfg.final_eval == "none":
             return
-        budget = self.cfg.time_budget
-        deadline = None
-        if budget is not None and self.cfg.final_eval == "auto":
-            deadline = time.perf_counter() + FINAL_EVAL_SHARE * budget
-        self.report.message(f"translating the validation split ({len(split.pairs)} pairs)")
-        with averaged(self.ema):
-            scores = final_scores(self.model, split, self.tokenizers, deadline=deadline)
+        if self.final is None or self.final.of != len(split.pairs):
+            self.final = None
+            with averaged(self.ema), kept_rng():
+                self._translate()
+        assert self.final is not None
+        scores = self.final
         result.exact_match, result.samples = scores.exact_match, scores.samples
         result.final = {"bleu": scores.bleu, "chrf": scores.chrf}
         result.final_pairs = (scores.pairs, scores.of)

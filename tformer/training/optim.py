@@ -70,12 +70,34 @@ def decayed_lr(
     return floor + (peak - floor) * (1.0 - progress)
 
 
+# The share of a run its warm-up may take under --warmup-share (an imported model's default,
+# and what the warning about a warm-up longer than the run suggests): a tenth.
+WARMUP_SHARE = 0.1
+
+
+def capped_warmup(train: TrainConfig, run_steps: float) -> int:
+    """The warm-up of a run of ``run_steps`` steps: --warmup-steps, cut with --warmup-share
+    to that share of the run (at least one step). The one rule; the training loop fixes the
+    result once per run (for a time budget, from the speed of its first steps)."""
+    share = train.warmup_share
+    if share is None or train.warmup_steps == 0:
+        return train.warmup_steps
+    return min(train.warmup_steps, max(1, int(share * run_steps)))
+
+
+def budget_steps(step: int, elapsed: float, budget: float, pace: float) -> float:
+    """About how many steps a run of ``budget`` seconds takes: ``step`` done in ``elapsed``
+    seconds, and ``pace`` steps a second for the rest."""
+    return step + max(budget - elapsed, 0.0) * pace
+
+
 def lr_at(
     step: int,
     model: ModelConfig,
     train: TrainConfig,
     total_steps: int | None = None,
     time_fraction: float | None = None,
+    warmup: int | None = None,
 ) -> float:
     """The learning rate of optimiser step ``step`` (counted from 1).
 
@@ -83,22 +105,24 @@ def lr_at(
     (from --max-steps / --epochs) or, under --time-budget, by the end of the budget
     (``time_fraction`` of it used so far), whichever comes first. A time budget is where
     decaying pays most: a run that stops at full learning rate leaves quality unclaimed.
+    Every schedule warms up over ``warmup`` steps: the run's, once the training loop fixed it,
+    else --warmup-steps (cut by --warmup-share to ``total_steps`` when that is known).
     """
     peak = peak_lr(model, train)
+    if warmup is None:
+        warmup = train.warmup_steps if total_steps is None else capped_warmup(train, total_steps)
     if train.schedule == "inverse-sqrt":
-        return inverse_sqrt_lr(step, peak, train.warmup_steps)
+        return inverse_sqrt_lr(step, peak, warmup)
     if train.schedule in ("cosine", "linear"):
         progress = []
         if total_steps is not None:
-            progress.append(step_progress(step, train.warmup_steps, total_steps))
+            progress.append(step_progress(step, warmup, total_steps))
         if time_fraction is not None:
-            progress.append(time_progress(step, train.warmup_steps, time_fraction))
+            progress.append(time_progress(step, warmup, time_fraction))
         if not progress:
             raise ValueError(f"the {train.schedule} schedule needs a step or time limit")
-        return decayed_lr(
-            step, peak, train.warmup_steps, max(progress), train.min_lr, train.schedule
-        )
-    warm = min(step / train.warmup_steps, 1.0) if train.warmup_steps > 0 else 1.0
+        return decayed_lr(step, peak, warmup, max(progress), train.min_lr, train.schedule)
+    warm = min(step / warmup, 1.0) if warmup > 0 else 1.0
     return peak * warm
 
 

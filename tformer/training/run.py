@@ -29,7 +29,6 @@ from tformer.device import resolve_device, seed_everything
 from tformer.errors import ConfigError
 from tformer.training import distributed as dist_
 from tformer.training.configs import (
-    IMPORTED_DEFAULTS,
     Settings,
     TokenizerSpec,
     changed_settings,
@@ -197,15 +196,16 @@ def plan_job(
         tokens = {**settings.tokenizer, **(tokenizer or {})}
         resolved = resolve(dataclasses.replace(settings, tokenizer=tokens), given, init_from=start)
         model_config, train_config, spec = resolved.model, resolved.train, resolved.tokenizer
+        defaults = resolved.defaults
     else:
-        spec = TokenizerSpec(**(tokenizer or {}))
+        spec, defaults = TokenizerSpec(**(tokenizer or {})), ()
     resume_from: Path | None = None
     if resume is not False:
         out, resume_from = resume_target(out, resume)
     out = Path(out) if out is not None else Path("checkpoints") / data_name(train_config.data)
     if start is not None:
         check_out(start, out, overwrite=overwrite)
-    return Job(model_config, train_config, spec, out, resume_from, start)
+    return Job(model_config, train_config, spec, out, resume_from, start, defaults)
 
 
 def _run(job: Job, options: RunOptions, reporter: Reporter) -> TrainResult:
@@ -262,7 +262,7 @@ def _run_locked(
             lock=lock,
         )
     report.start(_summary(job, setup, world, device, plan, total_steps, pos))
-    _report_changes(report, setup, cfg)
+    _report_changes(report, setup, cfg, job.defaults)
     for note in thread_notes:
         report.message(note)
     params = {"model": setup.model_config.to_dict(), "train": cfg.to_dict()}
@@ -296,16 +296,18 @@ def _run_locked(
     return result
 
 
-def _report_changes(report: Reporter, setup: Setup, cfg: TrainConfig) -> None:
+def _report_changes(
+    report: Reporter, setup: Setup, cfg: TrainConfig, defaults: tuple[str, ...]
+) -> None:
     """What differs from the resumed checkpoint: training settings, and the data when allowed
-    (fine-tuning: where the weights come from)."""
+    (fine-tuning: where the weights come from, and the imported-model defaults applied)."""
     if setup.init_from is not None:
         report.message(
             f"fine-tuning from {setup.init_from['path']} (step {setup.init_from['step']}): its "
             "weights and tokenizer, a fresh optimizer and learning-rate schedule"
         )
-        if "imported_from" in setup.init_from:
-            chosen = ", ".join(f"{flag(k)} {getattr(cfg, k)}" for k in IMPORTED_DEFAULTS)
+        if "imported_from" in setup.init_from and defaults:
+            chosen = ", ".join(f"{flag(k)} {getattr(cfg, k)}" for k in defaults)
             report.message(
                 f"an imported model ({setup.init_from['imported_from']}): fine-tuning with "
                 f"{chosen} (the defaults for an imported model; any flag overrides them)"
@@ -335,6 +337,7 @@ def _summary(
         "device": str(device),
         "precision": setup.precision.name,
         "compile": cfg.compile,
+        "label_smoothing": cfg.label_smoothing,  # the progress lines name the loss it smooths
         "world_size": world.world_size,
         "global_batch": {
             "ranks": world.world_size,

@@ -5,6 +5,7 @@ A checkpoint holds both, so a resumed run repeats an uninterrupted one bit for b
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -67,6 +68,17 @@ def restore_rng(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
     cuda = [tensors[f"cuda{i}"] for i in range(len(tensors)) if f"cuda{i}" in tensors]
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
+
+
+@contextlib.contextmanager
+def kept_rng() -> Iterator[None]:
+    """Leave every random state as it was found: validation (greedy decoding draws a seed)
+    then takes nothing from the streams that shape training, whenever it runs."""
+    meta, tensors = rng_state()
+    try:
+        yield
+    finally:
+        restore_rng(meta, tensors)
 
 
 def _to_json(value: Any) -> Any:
