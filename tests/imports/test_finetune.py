@@ -116,8 +116,9 @@ def test_a_time_budget_holds_with_the_imported_defaults(
     assert "--lr" not in announced  # given, so not a default
     metrics = (tmp_path / "tuned" / "metrics.jsonl").read_text()
     records = [json.loads(line) for line in metrics.splitlines()]
-    # One evaluation, the last, whose BLEU comes from the one translation of the split.
-    assert [r["step"] for r in records if "val_bleu" in r] == [result.step]
+    # The last evaluation's BLEU comes from the one translation of the split (a fast machine
+    # also passes the 500-step evaluation, which translates only the --val-bleu pairs).
+    assert [r["step"] for r in records if "val_bleu" in r][-1] == result.step
     assert sum(m.startswith("translating the validation split") for m in clock.messages) == 1
     assert result.final_pairs is not None and result.final_pairs[0] >= 1
     # Cut once, from the pace of the first steps, to a tenth of the steps the budget holds:

@@ -11,16 +11,22 @@ no rank waits at an epoch's end), and the run equals a single process with
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from tformer.errors import ConfigError, DeviceError
+
+if TYPE_CHECKING:
+    from tformer.model import TransformerBase
 
 
 @dataclass(frozen=True)
@@ -171,3 +177,27 @@ def _report_failure(error: Exception) -> int:
             file=sys.stderr,
         )
     return code
+
+
+def wrap_for_training(
+    model: TransformerBase, device: torch.device, world: World, compile_: bool
+) -> torch.nn.Module:
+    """What runs the forward pass: the model, wrapped for data parallelism and/or compiled.
+
+    Checkpoints always save the bare model, so their tensor names carry no ``module.`` or
+    ``_orig_mod.`` prefix and load anywhere.
+    """
+    forward: torch.nn.Module = model
+    if world.distributed:
+        # The only buffer is the fixed sinusoid table: no need to sync it every forward.
+        parameters = inspect.signature(DistributedDataParallel).parameters
+        sync_flag = (
+            "forward_sync_buffers" if "forward_sync_buffers" in parameters else "broadcast_buffers"
+        )
+        options: dict[str, Any] = {sync_flag: False}
+        forward = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, **options
+        )
+    if compile_:
+        forward = torch.compile(forward)  # type: ignore[assignment]
+    return forward

@@ -1,16 +1,15 @@
 """The optimisation loop proper: steps, and when to log, evaluate, save and stop.
 
 ``train()`` (tformer.training.run) sets a run up; ``TrainingLoop`` runs it, with its parts in
-their own modules: the data position and RNG (state), run checkpoints (saving), validation and
-best/ (best), signals, numerical faults (faults) and reporting. A resumed run repeats an
-uninterrupted one bit for bit on a CPU. Under torchrun every rank runs the loop; only rank 0
-evaluates, logs and saves.
+their own modules: the data position and RNG (state), the clock and --time-budget (budget),
+run checkpoints (saving), validation and best/ (best), signals, numerical faults (faults) and
+reporting. A resumed run repeats an uninterrupted one bit for bit on a CPU. Under torchrun
+every rank runs the loop; only rank 0 evaluates, logs and saves.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import signal
 import time
 from collections.abc import Sequence
@@ -19,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from tformer import checkpoint as ckpt
 from tformer.config import ModelConfig, TrainConfig
@@ -31,14 +29,14 @@ from tformer.errors import (
 )
 from tformer.fast import sharing
 from tformer.model import TransformerBase
-from tformer.training import distributed as dist_
 from tformer.training.best import BestKeeper
-from tformer.training.distributed import World
+from tformer.training.budget import PACE_STEPS, TimeBudget
+from tformer.training.distributed import World, wrap_for_training
 from tformer.training.ema import WeightAverage, averaged
 from tformer.training.faults import NumericsGuard, is_out_of_memory, last_good
 from tformer.training.loggers import MetricLogger, Records
 from tformer.training.loss import sequence_loss
-from tformer.training.optim import WARMUP_SHARE, budget_steps, capped_warmup, lr_at
+from tformer.training.optim import lr_at
 from tformer.training.precision import Precision
 from tformer.training.reporting import LossWindow, Reporter, TrainResult
 from tformer.training.saving import RunSaver
@@ -48,46 +46,7 @@ from tformer.training.threads import threads_state
 from tformer.training.validation import FinalScores, final_scores
 
 Micro = tuple[int, int, np.ndarray]  # (epoch, batch index, example indices)
-# The share of --time-budget the final validation may take after training: the validation
-# loss, then translating the split (--final-eval auto) until the run's time is up.
-FINAL_EVAL_SHARE = 0.05
-# Of that share, what the validation loss may take when translating follows it; training
-# keeps back whatever more the loss is expected to take (``final_reserve``).
-LOSS_SHARE = 0.5
-# The most of --time-budget training keeps back for the final validation.
-MAX_RESERVE_SHARE = 0.5
-# A forward pass costs about a third of a training step (the backward pass is twice it).
-FORWARD_COST = 1 / 3
-# Steps timed after a process's first (set-up included) before a time budget's length in
-# steps is estimated for --warmup-share.
-PACE_STEPS = 3
-
-
-def wrap_for_training(
-    model: TransformerBase, device: torch.device, world: World, compile_: bool
-) -> torch.nn.Module:
-    """What runs the forward pass: the model, wrapped for data parallelism and/or compiled.
-
-    Checkpoints always save the bare model, so their tensor names carry no ``module.`` or
-    ``_orig_mod.`` prefix and load anywhere.
-    """
-    forward: torch.nn.Module = model
-    if world.distributed:
-        # The only buffer is the fixed sinusoid table: no need to sync it every forward.
-        parameters = inspect.signature(DistributedDataParallel).parameters
-        sync_flag = (
-            "forward_sync_buffers" if "forward_sync_buffers" in parameters else "broadcast_buffers"
-        )
-        options: dict[str, Any] = {sync_flag: False}
-        forward = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None, **options
-        )
-    if compile_:
-        forward = torch.compile(forward)  # type: ignore[assignment]
-    return forward
-
-
-class TrainingLoop:
+class TrainingLoop(TimeBudget):
     """Runs the steps of one run and decides when to log, evaluate, save and stop."""
 
     def __init__(
@@ -243,121 +202,6 @@ class TrainingLoop:
             if signalled is not None and not stop:
                 self._stop_on_signal(pos, signalled)
 
-    def _warmup_basis(self) -> list[Any]:
-        """The settings a fixed warm-up was cut from: a resume given others cuts anew."""
-        return [self.cfg.warmup_steps, self.cfg.warmup_share]
-
-    def _fix_warmup(self, steps: float, how: str) -> None:
-        """Fix the run's warm-up for a run of about ``steps`` steps (--warmup-share), with one
-        line when the share cut it."""
-        cfg = self.cfg
-        self.warmup = capped_warmup(cfg, steps)
-        if self.warmup < cfg.warmup_steps and self.world.is_main:
-            self.report.message(
-                f"warm-up {self.warmup:,} steps: --warmup-steps {cfg.warmup_steps:,} cut to "
-                f"--warmup-share {cfg.warmup_share} of the run ({int(steps):,} steps{how})"
-            )
-
-    def _fix_warmup_in_budget(self, pos: Position, total_steps: int | None) -> None:
-        """Fix the warm-up of a --time-budget run from the steps the budget holds at the pace
-        of the steps since this process's first (agreed time, so every rank fixes the same);
-        until then the first steps follow --warmup-steps as given."""
-        assert self.paced_from is not None and self.cfg.time_budget is not None
-        step0, _, used0 = self.paced_from
-        if self.time_used <= used0:
-            return
-        pace = (pos.step - step0) / (self.time_used - used0)
-        steps = budget_steps(pos.step, self.time_used, self._training_budget(), pace)
-        if total_steps is not None:
-            steps = min(steps, total_steps)
-        self._fix_warmup(steps, ", about, at this speed, in --time-budget")
-
-    def _warn_long_warmup(self, steps: int, how: str) -> None:
-        """One warning line when the run ends before its learning-rate warm-up does: the
-        schedule would never reach its peak (almost always a mistake)."""
-        if self.cfg.warmup_share is not None:  # the share cuts the warm-up to fit the run
-            return
-        warmup = self.cfg.warmup_steps
-        if self.warmup_noted or steps <= 0 or steps >= warmup or not self.world.is_main:
-            return
-        self.warmup_noted = True
-        self.report.message(
-            f"warning: --warmup-steps {warmup:,} is longer than the run ({steps:,} steps"
-            f"{how}): the learning rate never reaches its peak; give --warmup-steps "
-            f"{max(1, round(WARMUP_SHARE * steps)):,} (a tenth of the run), "
-            f"--warmup-share {WARMUP_SHARE} or a longer run"
-        )
-
-    def final_reserve(self, pos: Position) -> float:
-        """Seconds of --time-budget training keeps back for the final validation, so that the
-        run ends within FINAL_EVAL_SHARE of its budget (but for the final save): what the
-        validation loss is expected to take beyond its part of that share (LOSS_SHARE of it
-        when translating follows, which is cut to the time left). Expected: as long as the
-        last validation loss took; before any, a forward pass over the split at the training
-        pace since this process's first step, turns waited for left out (validation takes
-        none). Nothing when that is less than a step (a budget ends on a step anyway); at
-        most MAX_RESERVE_SHARE of the budget."""
-        budget = self.cfg.time_budget
-        if budget is None or not self.val_tokens or not self.world.is_main:
-            return 0.0
-        if self.paced_from is None or pos.step <= self.paced_from[0]:
-            return 0.0  # nothing timed yet
-        step0, tokens0, used0 = self.paced_from
-        step_seconds = (pos.elapsed - used0) / (pos.step - step0)
-        loss = self.keeper.loss_seconds
-        if loss is None:
-            per_token = max(pos.elapsed - used0 - self.waited, 0.0) / (pos.tokens - tokens0)
-            loss = self.val_tokens * per_token * FORWARD_COST
-        share = FINAL_EVAL_SHARE * (LOSS_SHARE if self._translates_in_budget() else 1.0)
-        beyond = loss - share * budget
-        if beyond < step_seconds:
-            return 0.0
-        return min(beyond, MAX_RESERVE_SHARE * budget)
-
-    def _translates_in_budget(self) -> bool:
-        """Whether the last evaluation translates validation pairs within --time-budget: the
-        split (--final-eval auto) or the first --val-bleu pairs (--final-eval none)."""
-        cfg = self.cfg
-        if not self.model.reads_source:
-            return False
-        return cfg.final_eval == "auto" or (cfg.final_eval == "none" and cfg.val_bleu > 0)
-
-    def _training_budget(self) -> float:
-        """The seconds of --time-budget training may use (the rest is kept: final_reserve)."""
-        assert self.cfg.time_budget is not None
-        return max(self.cfg.time_budget - self.reserve, 1e-9)
-
-    def _agree(
-        self,
-        stop: bool,
-        signals: StopOnSignal | None,
-        *,
-        elapsed: float | None = None,
-        reserve: float | None = None,
-    ) -> tuple[bool, int | None]:
-        """Whether to stop (and on which signal), the same on every rank.
-
-        The time budget is read from each rank's clock and a signal may reach ranks one step
-        apart; one small all-reduce (max) per step makes them all stop after the same step.
-        The same all-reduce agrees on the time used (``self.time_used``), from which a
-        schedule that decays within the time budget sets the next step's learning rate: every
-        rank must take the same one, so the time kept for the final validation (``reserve``,
-        measured on rank 0) is agreed too.
-        """
-        signum = signals.received if signals is not None else None
-        if elapsed is None:
-            elapsed = self.time_used
-        if reserve is None:
-            reserve = self.reserve
-        if not self.world.distributed:
-            self.time_used, self.reserve = elapsed, reserve
-            return stop, signum
-        flags = dist_.all_reduce_max(
-            [float(stop), float(signum or 0), elapsed, reserve], self.device
-        )
-        self.time_used, self.reserve = flags[2], flags[3]
-        return bool(flags[0]), (int(flags[1]) or None)
-
     def _stop_on_signal(self, pos: Position, signum: int) -> None:
         if self.saved_step != pos.step:
             self._save(pos)
@@ -509,17 +353,6 @@ class TrainingLoop:
                 self.model, split, self.tokenizers, deadline=self._deadline(), limit=limit
             )
         return self.final.outputs
-
-    def _deadline(self) -> float | None:
-        """When translating the validation pairs must stop (--final-eval auto or none under
-        --time-budget): FINAL_EVAL_SHARE of the budget after its end, or after now for a run
-        that trained no step here (already at its end)."""
-        budget = self.cfg.time_budget
-        if budget is None or self.cfg.final_eval == "full":
-            return None
-        if self.budget_end is None or self.paced_from is None:
-            return time.perf_counter() + FINAL_EVAL_SHARE * budget
-        return self.budget_end + FINAL_EVAL_SHARE * budget
 
     def _save(self, pos: Position) -> Path | None:
         self.guard.check()
