@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "DecodingConfig": "tformer.decoding.settings",
     "DeviceError": "tformer.errors",
     "DryRunReport": "tformer.training.dryrun",
+    "PairedSignificance": "tformer.analysis.significance",
     "Evaluation": "tformer.analysis.evaluate",
     "Generation": "tformer.decoding.text",
     "HeadName": "tformer.model.heads",
@@ -62,6 +63,8 @@ _EXPORTS: dict[str, str] = {
     "align": "tformer.analysis.align",
     "average_checkpoints": "tformer.checkpoint",
     "compare_runs": "tformer.analysis.runs",
+    "compare_systems": "tformer.analysis.significance",
+    "paired_significance": "tformer.analysis.significance",
     "configure_process": "tformer.fast.process",
     "corpus_scores": "tformer.metrics",
     "decode_texts": "tformer.decoding.api",
@@ -119,6 +122,11 @@ if TYPE_CHECKING:
     from tformer.analysis.measures import ablate, evaluate, score
     from tformer.analysis.runs import Comparison, RunSummary, compare_runs
     from tformer.analysis.score import PairScore, score_pair, score_pairs
+    from tformer.analysis.significance import (
+        PairedSignificance,
+        compare_systems,
+        paired_significance,
+    )
     from tformer.checkpoint import (
         Checkpoint,
         Tokenizers,
@@ -196,6 +204,7 @@ __all__ = [
     "ModelConfig",
     "PRESETS",
     "PairScore",
+    "PairedSignificance",
     "RECIPES",
     "RunSummary",
     "Settings",
@@ -214,6 +223,7 @@ __all__ = [
     "average_checkpoints",
     "build_model",
     "compare_runs",
+    "compare_systems",
     "configure_process",
     "corpus_scores",
     "decode_texts",
@@ -232,6 +242,7 @@ __all__ = [
     "load_texts",
     "mask_heads",
     "measure_batch_limits",
+    "paired_significance",
     "parse_heads",
     "plan_job",
     "preset",

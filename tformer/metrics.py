@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sacrebleu.metrics import BLEU, CHRF
 
 # Padded tokens per evaluation batch: larger than training batches (no activations are kept).
 EVAL_BATCH_TOKENS = 8192
@@ -34,12 +38,17 @@ def perplexity_text(value: float) -> str:
     return f"{value:.3f}" if abs(value) < PERPLEXITY_PLAIN else f"{value:.3e}"
 
 
-def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
-    """sacreBLEU BLEU and chrF of detokenised hypotheses against one reference each."""
+def sacrebleu_metrics() -> tuple[BLEU, CHRF]:
+    """The BLEU and chrF every score of tformer is measured with: sacreBLEU's defaults."""
     # Lazy: sacrebleu is slow to import and only scoring needs it (not `import tformer`).
     from sacrebleu.metrics import BLEU, CHRF
 
-    bleu, chrf = BLEU(), CHRF()
+    return BLEU(), CHRF()
+
+
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
+    """sacreBLEU BLEU and chrF of detokenised hypotheses against one reference each."""
+    bleu, chrf = sacrebleu_metrics()
     refs = [list(references)]
     bleu_score = bleu.corpus_score(list(hypotheses), refs)
     chrf_score = chrf.corpus_score(list(hypotheses), refs)

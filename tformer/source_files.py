@@ -23,6 +23,7 @@ from tformer.paths import excerpt, first_line, json_loads
 MIB = 1 << 20
 CONFIG_BYTES = 1 * MIB  # config.json, generation_config.json: a few kB in every published model
 TOKENIZER_BYTES = 64 * MIB  # tokenizer.json, vocabularies, merges, SentencePiece models
+PUBLISHED = "it is not the file a published model has"
 
 _NOT_REGULAR = (
     (stat.S_ISDIR, "a folder, not a file"),
@@ -43,11 +44,14 @@ def _not_regular(path: Path, mode: int) -> str | None:
     return kind
 
 
-def file_size(path: Path, limit: int | None = None, missing: str = "") -> int:
+def file_size(
+    path: Path, limit: int | None = None, missing: str = "", too_big: str = PUBLISHED
+) -> int:
     """The size of ``path``, a regular file (a link to one) of at most ``limit`` bytes.
 
     Args:
         missing: what the message of an absent file adds (where the file comes from).
+        too_big: what the message of a file over ``limit`` adds.
 
     Raises:
         CheckpointError: naming ``path``: missing (or a link to nothing), a folder, a FIFO, a
@@ -70,18 +74,18 @@ def file_size(path: Path, limit: int | None = None, missing: str = "") -> int:
     if limit is not None and found.st_size > limit:
         raise CheckpointError(
             f"{path}: is {found.st_size:,} bytes, over the {limit // MIB} MiB such a file may "
-            "hold; it is not the file a published model has"
+            f"hold; {too_big}"
         )
     return found.st_size
 
 
-def read_bytes(path: Path, limit: int, missing: str = "") -> bytes:
+def read_bytes(path: Path, limit: int, missing: str = "", too_big: str = PUBLISHED) -> bytes:
     """The bytes of ``path`` (see :func:`file_size`), at most ``limit`` of them.
 
     Raises:
         CheckpointError: as :func:`file_size`, naming ``path``.
     """
-    file_size(path, limit, missing)
+    file_size(path, limit, missing, too_big)
     try:
         # Without blocking: a FIFO put in its place since the check must not hang the open.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -137,3 +141,40 @@ def parse_json(path: Path, data: bytes) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise CheckpointError(f"{path}: not a JSON object")
     return parsed
+
+
+def split_lines(text: str) -> list[str]:
+    r"""One item a line, lines ended by "\n" or "\r\n" only.
+
+    ``str.splitlines`` also splits on "\r", "\x0b", "\x0c", "\x1c"-"\x1e", "\x85",
+    "\u2028" and "\u2029"; an input holding one of them would become two inputs, and the
+    outputs would stop lining up with the input lines.
+    """
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def read_lines(path: Path, limit: int, max_lines: int, what: str) -> list[str]:
+    """The lines of the UTF-8 text file ``path`` (see :func:`read_bytes`): at least one, at
+    most ``max_lines``.
+
+    Args:
+        what: what one line of the file is, for the messages ("one hypothesis a line").
+
+    Raises:
+        CheckpointError: as :func:`read_bytes`, or the file is not UTF-8, is empty or has more
+            than ``max_lines`` lines, naming ``path``.
+    """
+    data = read_bytes(path, limit, too_big=f"give a text file of {what}")
+    # Counted before decoding, so an over-long file is refused without building its lines.
+    count = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+    if count > max_lines:
+        raise CheckpointError(
+            f"{path}: has {count:,} lines, over the {max_lines:,} such a file may have"
+        )
+    lines = split_lines(text_of(path, data))
+    if not lines:
+        raise CheckpointError(f"{path}: is empty; give a text file of {what}")
+    return lines

@@ -104,6 +104,8 @@ def evaluate_pairs(
 
 # -- the result card --------------------------------------------------------------------------
 
+BUNDLED_DATES = "bundled dates (data/)"  # a card's "data" when it measured the bundled set
+
 
 def data_fingerprint(pairs: Sequence[TextPair]) -> str:
     """SHA-256 of the split's text, so a card names exactly the data it was measured on."""
@@ -160,7 +162,7 @@ def result_card(
         "git_commit": git_commit(),
         "checkpoint": str(ckpt.path),
         "step": ckpt.step,
-        "data": data or "bundled dates (data/)",
+        "data": data or BUNDLED_DATES,
         "split": result.split,
         "pairs": result.pairs,
         "data_sha256": data_fingerprint(pairs),

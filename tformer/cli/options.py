@@ -24,6 +24,7 @@ from tformer.decoding.api import long_inputs_warning, long_target_warning
 from tformer.decoding.settings import check_rows
 from tformer.device import resolve_device
 from tformer.errors import CheckpointError, ConfigError, DataError
+from tformer.source_files import split_lines
 
 if TYPE_CHECKING:  # importing the tokenizers library is slow: only commands that need it do
     from tformer.data.tokenizer import Tokenizer
@@ -333,19 +334,6 @@ def _utf8(raw: bytes, where: str) -> str:
     except UnicodeDecodeError as error:
         line = raw[: error.start].count(b"\n") + 1
         raise DataError(f"{where}: line {line}: not UTF-8 text (byte {error.start})") from None
-
-
-def split_lines(text: str) -> list[str]:
-    r"""One input a line, lines ended by "\n" or "\r\n" only.
-
-    ``str.splitlines`` also splits on "\r", "\x0b", "\x0c", "\x1c"-"\x1e", "\x85",
-    "\u2028" and "\u2029"; an input holding one of them would become two inputs, and the
-    outputs would stop lining up with the input lines.
-    """
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
 
 
 def apply_quantize(model: TransformerBase, quantize: str) -> None:
