@@ -4,7 +4,9 @@ Prints one JSON line per measurement, then a Markdown table. Measures:
 - the hardware reference: dense matmul GFLOP/s (fp32 and bf16) at 2048^3;
 - ms/step, target and total tokens/s and model FLOP utilisation (MFU, against the bf16 peak)
   for tformer, ``torch.nn.Transformer`` and (when ``transformers`` is importable) Hugging Face
-  ``MarianMTModel``, all of the same shape, in fp32 and bf16 autocast;
+  ``MarianMTModel``, all of the same shape, in fp32 and bf16 autocast (on a CPU that emulates
+  bf16 products, without AVX-512-BF16 or AMX, the bf16 peak is tiny and MFU means nothing:
+  read ms/step there);
 - peak resident memory of a training step (each configuration in its own process).
 
 Every configuration runs with ``THP_MEM_ALLOC_ENABLE=1`` (large tensors on transparent huge
@@ -92,8 +94,24 @@ def synchronize(device: torch.device) -> None:
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5,
-                device: str | torch.device = "cpu") -> float:
+                device: str | torch.device = "cpu") -> tuple[float, int]:
+    """Dense n^3 matmul GFLOP/s (best of ``repeats``) and the n it was measured at.
+
+    On a CPU without native bf16 products (no AVX-512-BF16, no AMX) torch emulates them, and
+    one 2048^3 product took over a minute: a 256^3 product is timed first, and n halved until
+    one product should take at most REFERENCE_SECONDS, so the reference never holds a run for
+    minutes.
+    """
     device = torch.device(device)
+    if device.type == "cpu":
+        probe = min(n, 256)
+        a, b = torch.randn(probe, probe, dtype=dtype), torch.randn(probe, probe, dtype=dtype)
+        a @ b
+        start = time.perf_counter()
+        a @ b
+        seconds = time.perf_counter() - start
+        while n > probe and seconds * (n / probe) ** 3 > REFERENCE_SECONDS:
+            n //= 2
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
     a @ b
@@ -104,7 +122,11 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5,
         a @ b
         synchronize(device)
         times.append(time.perf_counter() - start)
-    return 2 * n**3 / min(times) / 1e9
+    return 2 * n**3 / min(times) / 1e9, n
+
+
+# The longest one reference product may take on a CPU before the reference is measured smaller.
+REFERENCE_SECONDS = 2.0
 
 
 # How Adam updates the weights, the same for every implementation: "auto" is what tformer's
@@ -406,13 +428,17 @@ def main() -> None:
     repeats = 1 if args.smoke else args.repeats
     rows: list[dict[str, Any]] = []
     size = 256 if args.smoke else 8192 if device.type == "cuda" else 2048
-    peaks = {"fp32": matmul_peak(torch.float32, size, device=device),
-             "bf16": matmul_peak(torch.bfloat16, size, device=device)}
+    measured = {"fp32": matmul_peak(torch.float32, size, device=device),
+                "bf16": matmul_peak(torch.bfloat16, size, device=device)}
+    peaks = {name: gflops for name, (gflops, _) in measured.items()}
     from tformer.analysis.evaluate import cpu_description
 
     record = {"reference": f"dense matmul {size}^3", "fp32_gflops": round(peaks["fp32"], 1),
               "bf16_gflops": round(peaks["bf16"], 1), "threads": torch.get_num_threads(),
               "torch": torch.__version__, **cpu_description()}
+    for name, (_, n) in measured.items():
+        if n != size:  # measured smaller: see matmul_peak
+            record[f"{name}_reference_size"] = n
     if device.type == "cuda":
         record["gpu"] = torch.cuda.get_device_name(device)
     print(json.dumps(record), flush=True)
