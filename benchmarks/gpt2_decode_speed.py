@@ -91,6 +91,19 @@ def best_times(cases: dict[str, Callable[[], object]], repeats: int) -> dict[str
     return best
 
 
+def speed_records(best: dict[str, float], new_tokens: int, **fields: object) -> list[dict]:
+    """One record per implementation of ``best`` (seconds for ``new_tokens``), each printed as
+    a JSON line: ``fields`` (benchmark, shape, ...), then its tokens/s and the peak RSS."""
+    records = []
+    for name, seconds in best.items():
+        record = {**fields, "implementation": name, "new_tokens": new_tokens,
+                  "tokens_per_s": round(new_tokens / seconds, 2),
+                  "peak_rss_mb": round(peak_mb(), 1)}  # fmt: skip
+        records.append(record)
+        print(json.dumps(record), flush=True)
+    return records
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -114,21 +127,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         "tformer-int8": lambda: decode_texts(int8, [ours_prompt], settings),
     }
     best = best_times(cases, args.repeats)
-    records = []
-    for name, seconds in best.items():
-        record = {
-            "benchmark": "gpt2_decode_speed",
-            "implementation": name,
-            "shape": "smoke" if args.smoke else "gpt2-small",
-            "parameters": sum(p.numel() for p in hf.parameters()),
-            "threads": torch.get_num_threads(),
-            "prompt": args.prompt,
-            "new_tokens": args.new,
-            "tokens_per_s": round(args.new / seconds, 2),
-            "peak_rss_mb": round(peak_mb(), 1),
-        }
-        records.append(record)
-        print(json.dumps(record), flush=True)
+    records = speed_records(
+        best, args.new, benchmark="gpt2_decode_speed",
+        shape="smoke" if args.smoke else "gpt2-small",
+        parameters=sum(p.numel() for p in hf.parameters()), threads=torch.get_num_threads(),
+        prompt=args.prompt,
+    )  # fmt: skip
     ceiling = weights_ceiling(model, args.repeats)  # accelerate keeps the weights it packs
     print(json.dumps({"benchmark": "gpt2_decode_ceiling", **ceiling}), flush=True)
     print(ceiling_line(ceiling, args.new / best["huggingface"], "HF generate"))

@@ -22,7 +22,6 @@ Prints one JSON line per measurement, then a Markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from collections.abc import Callable
@@ -33,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpt2_decode_speed import best_times, peak_mb  # noqa: E402
+from gpt2_decode_speed import best_times, speed_records  # noqa: E402
 
 from tformer.config import BOS_ID  # noqa: E402
 from tformer.decoding.api import decode_texts  # noqa: E402
@@ -93,23 +92,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         "tformer-int8": lambda: decode_texts(int8, [ours], settings),
     }
     best = best_times(cases, args.repeats)
-    records = []
-    for name, seconds in best.items():
-        record = {
-            "benchmark": "t5_decode_speed",
-            "implementation": name,
-            "shape": "smoke" if args.smoke else "t5-small",
-            "parameters": sum(p.numel() for p in hf.parameters()),
-            "threads": torch.get_num_threads(),
-            "source": args.source,
-            "new_tokens": args.new,
-            "tokens_per_s": round(args.new / seconds, 2),
-            "peak_rss_mb": round(peak_mb(), 1),
-        }
-        records.append(record)
-        print(json.dumps(record), flush=True)
-    return records
-
+    return speed_records(
+        best, args.new, benchmark="t5_decode_speed", shape="smoke" if args.smoke else "t5-small",
+        parameters=sum(p.numel() for p in hf.parameters()), threads=torch.get_num_threads(),
+        source=args.source,
+    )  # fmt: skip
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
