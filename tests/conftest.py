@@ -15,10 +15,12 @@ import torch
 
 from tformer.checkpoint.store import Checkpoint, load_checkpoint
 from tformer.config import RECIPES, ModelConfig, TrainConfig, preset
+from tformer.data.lm import bundled_text_dir
 from tformer.data.sources import bundled_data_dir
 from tformer.decoding.settings import Hypothesis
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
+from tformer.training.configs import Settings, resolve
 from tformer.training.run import TrainResult, train
 
 DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -313,20 +315,25 @@ def _signals_left_as_found() -> Iterator[None]:
     assert not blocked & set(watched), f"signals left blocked: {blocked}"
 
 
-# The language-model families on the bundled demo text (data/text): the `dates-text` recipe's
-# architecture, a fixed number of steps, a shorter warm-up to a higher rate than the recipe's
-# (which is sized for its 120 s). The encoder-only model then fills 86 of 100 masked months after
-# 300 steps, where the recipe's schedule filled 7 (83 after 400). Tests read them, none writes
-# to them.
+# The language-model families on a copy of the bundled demo text (data/text) given as the
+# user's own --data, so the family's own training defaults apply as they would to anyone's text
+# (no recipe): the `dates-text` recipe's architecture and batch, a fixed number of steps, a
+# shorter warm-up to a higher rate than the recipe's (which is sized for its 120 s). The
+# encoder-only model then fills 86 of 100 masked months after 300 steps, where the recipe's
+# schedule filled 7 (83 after 400). Tests read them, none writes to them.
 FAMILY_STEPS = {"decoder-only": 250, "encoder-only": 300}
 
 
 def family_run(arch: str, out: Path) -> TrainResult:
+    data = out.parent / "text"
+    shutil.copytree(bundled_text_dir(), data)
     recipe = RECIPES["dates-text"]
-    config = TrainConfig(**{**recipe["train"], "time_budget": None, "lr": 3e-3,
-                            "warmup_steps": 100, "max_steps": FAMILY_STEPS[arch],
-                            "eval_every": 200, "save_every": 200})
-    return train(ModelConfig(**{**recipe["model"], "arch": arch}), config, out=out)
+    kept = ("max_tokens", "pack", "log_every")
+    values = {**recipe["model"], **{k: recipe["train"][k] for k in kept}, "arch": arch,
+              "data": str(data), "lr": 3e-3, "warmup_steps": 100,
+              "max_steps": FAMILY_STEPS[arch], "eval_every": 200, "save_every": 200}
+    resolved = resolve(Settings(recipe="none", values=values))
+    return train(resolved.model, resolved.train, out=out)
 
 
 @pytest.fixture(scope="session")

@@ -43,13 +43,15 @@ def test_a_decoder_only_model_learns_to_complete_date_lines(gpt_run: TrainResult
     wanted = [line.split(" = ")[1] for line in lines]
     exact = sum(o == w for o, w in zip(outputs, wanted, strict=True)) / len(lines)
     months = sum(o[5:7] == w[5:7] for o, w in zip(outputs, wanted, strict=True)) / len(lines)
-    assert exact >= 0.8 and months >= 0.9, outputs[:5]  # measured after 250 steps: 0.96, 0.96
+    assert exact >= 0.8 and months >= 0.9, outputs[:5]  # measured after 250 steps: 1.0, 1.0
     result = evaluate_language(ckpt, lines)
     # bits per character: the summed loss in bits over the characters (each <eos> a newline)
     characters = sum(len(line) + 1 for line in lines)
     total_bits = result.loss * result.tokens / LN2
     assert result.metrics["bits_per_char"] == pytest.approx(total_bits / characters, rel=1e-4)
-    assert result.metrics["bits_per_char"] < 0.8  # measured 0.59 after 250 steps
+    # Measured 0.59 after 250 steps; 0.66 when a language model was label-smoothed (0.1) by
+    # default on its own data, which cost exact completions on harder tasks (docs/families.md).
+    assert result.metrics["bits_per_char"] < 0.63
     assert result.perplexity == pytest.approx(math.exp(result.loss), rel=1e-4)
 
 

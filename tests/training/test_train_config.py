@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from tformer.cli.commands import app
 from tformer.cli.train import MODEL_OPTIONS, TRAIN_OPTIONS
-from tformer.config import RECIPES, ModelConfig, TrainConfig, flag
+from tformer.config import RECIPES, ModelConfig, TrainConfig, family_record, flag
 from tformer.errors import ConfigError
 from tformer.training.configs import Settings, read_config_file, resolve
 from tformer.training.run import train
@@ -77,6 +77,30 @@ def test_precedence_defaults_recipe_file_flags(tmp_path: Path) -> None:
     # A stopping rule given later replaces the recipe's as a whole.
     stopped = resolve(Settings(values={"max_steps": 10}))
     assert stopped.train.max_steps == 10 and stopped.train.time_budget is None
+
+
+@pytest.mark.parametrize(
+    ("arch", "smoothing"),
+    [("encoder-decoder", 0.1), ("decoder-only", 0.0), ("encoder-only", 0.0)],
+)
+def test_each_family_trains_its_own_data_with_its_own_defaults(
+    arch: str, smoothing: float, tmp_path: Path
+) -> None:
+    """A language model on the user's data (no recipe) is not label-smoothed, as on the
+    bundled text; the translation model keeps the paper's 0.1. A file or a flag still wins."""
+    data = str(tmp_path / "data")
+    assert family_record(arch).train_defaults.get("label_smoothing", 0.1) == smoothing
+    resolved = resolve(Settings(values={"arch": arch, "data": data}))
+    assert resolved.train.label_smoothing == smoothing
+    assert resolved.train.lr == TrainConfig().lr  # nothing else moves
+    config = tmp_path / "run.yaml"
+    config.write_text("train:\n  label_smoothing: 0.2\n")
+    from_file = resolve(Settings(config_file=config, values={"arch": arch, "data": data}))
+    assert from_file.train.label_smoothing == 0.2
+    flagged = resolve(Settings(values={"arch": arch, "data": data, "label_smoothing": 0.05}))
+    assert flagged.train.label_smoothing == 0.05
+    shown = runner.invoke(app, ["train", "--arch", arch, "--data", data, "--print-config"])
+    assert shown.exit_code == 0 and f"label_smoothing: {smoothing}" in shown.output
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from tformer import checkpoint as ckpt
 from tformer import safe_yaml
 from tformer.config import (
     DEFAULT_PRESET,
+    FAMILY_RECORDS,
     PRESETS,
     RECIPES,
     ModelConfig,
@@ -214,14 +215,16 @@ def _resolve(
     file_train = sections.get("train", {})
     arch = {**sections.get("model", {}), **given_model}.get("arch", "encoder-decoder")
     recipe = _recipe(settings.recipe, {**file_train, **given_train}.get("data"), arch)
-    train_values = _layered(recipe["train"], file_train, given_train)
     if init_from is not None:
         saved, _ = _checked_against(init_from, settings, sections, "--init-from")
         defaults: dict[str, Any] = {}
         if ckpt.read_origin(ckpt.resolve(init_from)) is not None:  # an imported model
             defaults = imported_defaults(saved, recipe["train"], file_train, given_train)
-            train_values = _layered(defaults, recipe["train"], file_train, given_train)
+        family = _family_training(saved.arch)
+        train_values = _layered(family, defaults, recipe["train"], file_train, given_train)
         return Resolved(saved, TrainConfig(**train_values), tokenizer, tuple(defaults))
+    family = _family_training(arch)
+    train_values = _layered(family, recipe["train"], file_train, given_train)
     base = PRESETS[_preset_name(settings.preset)] if settings.preset else None
     model_values = {
         **(recipe["model"] or PRESETS[DEFAULT_PRESET]),
@@ -244,6 +247,11 @@ def imported_defaults(model: ModelConfig, *given: Mapping[str, Any]) -> dict[str
         for k, v in IMPORTED_DEFAULTS.items()
         if k not in taken and (model.is_seq2seq or k not in TRANSLATION_ONLY)
     }
+
+
+def _family_training(arch: str) -> Mapping[str, Any]:
+    """The family's own training defaults (none for a name ModelConfig will refuse)."""
+    return family_record(arch).train_defaults if arch in FAMILY_RECORDS else {}
 
 
 def _preset_name(name: str) -> str:
