@@ -1,0 +1,201 @@
+"""Corpus filtering: every pair scored by a translation model (and, given one, a reverse
+model), the best kept by a fraction or a threshold.
+
+With a forward model A (source -> target) and a reverse model B (target -> source), a pair
+(x, y) is scored by dual conditional cross-entropy (Junczys-Dowmunt 2018, "Dual Conditional
+Cross-Entropy Filtering of Noisy Parallel Corpora", WMT18)::
+
+    score = |H_A(y|x) - H_B(x|y)| + (H_A(y|x) + H_B(x|y)) / 2
+
+where H is a model's per-token cross-entropy (nats) of one side given the other under
+teacher forcing: the mean of the plain losses of :func:`tformer.analysis.score.score_pairs`
+over the label's tokens and ``<eos>``. Lower is better; the paper's adequacy is exp(-score),
+in (0, 1]. With a forward model alone the score is H_A(y|x) by itself.
+
+A pair a model cannot read (a side empty, or longer than its ``max_len``) has no score and is
+never kept.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tformer.analysis.score import score_pairs
+from tformer.checkpoint.store import Checkpoint
+from tformer.config import article
+from tformer.config.families import family_record
+from tformer.data.sources import TextPair
+from tformer.errors import ConfigError
+from tformer.metrics import EVAL_BATCH_TOKENS
+
+# Pairs teacher-forced per call: only one chunk's per-token figures are held at a time.
+CHUNK_PAIRS = 2048
+Progress = Callable[[str, int, int], None]  # (which model, pairs done, pairs in all)
+
+
+@dataclass(frozen=True)
+class CorpusScores:
+    """Every pair's figures, in corpus order; NaN where a model cannot read the pair.
+
+    Attributes:
+        forward: H_A(y|x), the forward model's per-token cross-entropy of the target.
+        reverse: H_B(x|y), the reverse model's of the source; None without a reverse model.
+        score: the dual conditional cross-entropy (H_A alone without a reverse model).
+    """
+
+    forward: np.ndarray
+    reverse: np.ndarray | None
+    score: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.score)
+
+    @property
+    def scored(self) -> np.ndarray:
+        """Whether each pair has a score."""
+        return ~np.isnan(self.score)
+
+
+def dual_score(h_forward: np.ndarray, h_reverse: np.ndarray | None) -> np.ndarray:
+    """|H_A - H_B| + (H_A + H_B) / 2, or H_A alone when there is no reverse model."""
+    if h_reverse is None:
+        return h_forward.copy()
+    return np.abs(h_forward - h_reverse) + 0.5 * (h_forward + h_reverse)
+
+
+def check_translation_model(ckpt: Checkpoint, option: str) -> None:
+    """Refuse a language model: only a model that reads a source scores a pair."""
+    family = family_record(ckpt.model_config.arch)
+    if family.reads != "pairs":
+        raise ConfigError(
+            f"{option} {ckpt.path}: {article(family.name)} {family.name} model; corpus "
+            "filtering scores pairs with a translation (encoder-decoder) model"
+        )
+
+
+def check_reverse(forward: Checkpoint, reverse: Checkpoint) -> None:
+    """Refuse a reverse model that is no translation model, or that reads the forward
+    model's own source vocabulary (or writes its target one) where those two differ: such a
+    model translates the same way as the forward one.
+
+    Raises:
+        ConfigError: naming ``--reverse`` and what is wrong.
+    """
+    check_translation_model(reverse, "--reverse")
+    fwd, rev = forward.tokenizers, reverse.tokenizers
+    if fwd.source.sha256() == fwd.target.sha256():
+        return  # one vocabulary for both sides: the direction cannot be told from it
+    if rev.source.sha256() == fwd.source.sha256() or rev.target.sha256() == fwd.target.sha256():
+        raise ConfigError(
+            f"--reverse {reverse.path}: reads the source vocabulary of {forward.path} (or "
+            "writes its target one), so it translates the same way; give a model trained "
+            "from the targets to the sources"
+        )
+
+
+def mean_losses(
+    ckpt: Checkpoint,
+    pairs: Sequence[TextPair],
+    *,
+    swap: bool = False,
+    progress: Progress | None = None,
+    max_tokens: int = EVAL_BATCH_TOKENS,
+) -> np.ndarray:
+    """Each pair's per-token cross-entropy (nats) of its target given its source (with
+    ``swap``, of its source given its target), NaN where the model cannot read it;
+    teacher-forced a chunk of pairs at a time in token-budget batches (``score_pairs``),
+    unsmoothed."""
+    losses = np.full(len(pairs), math.nan)
+    for start in range(0, len(pairs), CHUNK_PAIRS):
+        chunk = [(t, s) if swap else (s, t) for s, t in pairs[start : start + CHUNK_PAIRS]]
+        scored = score_pairs(ckpt.model, ckpt.tokenizers, chunk, max_tokens=max_tokens)
+        for pair in scored:
+            losses[start + pair.index] = pair.mean_loss
+        if progress is not None:
+            progress("reverse" if swap else "forward", start + len(chunk), len(pairs))
+    return losses
+
+
+def score_corpus(
+    forward: Checkpoint,
+    pairs: Sequence[TextPair],
+    *,
+    reverse: Checkpoint | None = None,
+    progress: Progress | None = None,
+) -> CorpusScores:
+    """Score every (source, target) pair: H_A by ``forward``, H_B by ``reverse`` reading
+    (target, source), and their dual conditional cross-entropy.
+
+    Raises:
+        ConfigError: a language model given, or a reverse model of the same direction.
+    """
+    check_translation_model(forward, "CHECKPOINT")
+    if reverse is not None:
+        check_reverse(forward, reverse)
+    h_forward = mean_losses(forward, pairs, progress=progress)
+    h_reverse = None
+    if reverse is not None:
+        h_reverse = mean_losses(reverse, pairs, swap=True, progress=progress)
+    return CorpusScores(h_forward, h_reverse, dual_score(h_forward, h_reverse))
+
+
+# -- which pairs are kept ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The pairs kept, in corpus order, and the rule that kept them.
+
+    ``cut``: the highest score kept (with ``keep``) or the threshold; None when nothing was
+    kept under ``keep``.
+    """
+
+    kept: np.ndarray
+    keep: float | None
+    threshold: float | None
+    cut: float | None
+
+    @property
+    def rule(self) -> str:
+        if self.keep is not None:
+            return f"--keep {self.keep:g} (the best {self.keep:.1%} of the pairs)"
+        return f"--threshold {self.threshold:g} (score at most {self.threshold:g})"
+
+
+def check_rule(keep: float | None, threshold: float | None) -> None:
+    """Refuse anything but exactly one of a fraction in (0, 1] and a finite threshold."""
+    if (keep is None) == (threshold is None):
+        raise ConfigError(
+            "give exactly one of --keep F (the best fraction of pairs) and --threshold T "
+            "(the highest score kept)"
+        )
+    if keep is not None and not 0.0 < keep <= 1.0:
+        raise ConfigError(f"--keep {keep:g} must be a fraction above 0 and at most 1")
+    if threshold is not None and not math.isfinite(threshold):
+        raise ConfigError(f"--threshold {threshold:g} must be a finite number")
+
+
+def select(
+    scores: CorpusScores, *, keep: float | None = None, threshold: float | None = None
+) -> Selection:
+    """The pairs to keep: the best-scored ``keep`` share of all pairs (round(keep x pairs);
+    ties go to the earlier pair), or every pair whose score is at most ``threshold``. A pair
+    without a score is never kept.
+
+    Raises:
+        ConfigError: not exactly one of ``keep`` and ``threshold``, or one out of range.
+    """
+    check_rule(keep, threshold)
+    score = np.where(scores.scored, scores.score, math.inf)
+    if threshold is not None:
+        kept = np.flatnonzero(score <= threshold)
+        return Selection(kept, None, threshold, threshold)
+    assert keep is not None
+    wanted = min(math.floor(keep * len(score) + 0.5), int(scores.scored.sum()))
+    best = np.argsort(score, kind="stable")[:wanted]
+    cut = float(score[best[-1]]) if wanted else None
+    return Selection(np.sort(best), keep, None, cut)
