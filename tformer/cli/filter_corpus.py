@@ -85,7 +85,6 @@ def filter_command(
     pairs = splits[split]
     forward = load_chosen(checkpoint, device)
     backward = None if reverse is None else load_chosen(reverse, device)
-    err_console.print(f"scoring {len(pairs):,} pairs of {escape(split)} …")
     scores = score_corpus(forward, pairs, reverse=backward, progress=_progress(len(pairs)))
     selection = select(scores, keep=keep, threshold=threshold)
     check_kept(selection, scores)
@@ -106,7 +105,8 @@ def filter_command(
 def _progress(total: int) -> Progress | None:
     """Lines on stderr as chunks are scored, for a corpus long enough to wait for."""
     if total < PROGRESS_PAIRS:
-        return None
+        return None  # a short corpus is scored in moments: its one line is the result
+    err_console.print(f"scoring {total:,} pairs …")
 
     def say(model: str, done: int, all_pairs: int) -> None:
         err_console.print(f"{model} model: {done:,} / {all_pairs:,} pairs scored")
