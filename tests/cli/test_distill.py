@@ -22,6 +22,9 @@ from tformer.data.distilled import PROGRESS, partial_folder
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
 
+# A narrow student: the preset sets the layers, these the width and a two-step run.
+STUDENT = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--max-len", "48",
+           "--vocab-size", "60", "--max-tokens", "256", "--warmup-steps", "1", "--max-steps", "2"]
 FAST = ["--max-new-tokens", "8", "--chunk-size", "8", "--max-tokens", "64"]
 
 
@@ -80,11 +83,10 @@ def test_the_folder_trains_a_student(teacher: Path, corpus: Path, tmp_path: Path
     out = tmp_path / "distilled"
     assert _distill(teacher, corpus, out).exit_code == 0
     run = tmp_path / "student"
-    result = cli("train", "--data", out, "--out", run, *TINY, "--preset", "student",
-                 "--n-encoder-layers", "6", "--n-decoder-layers", "1", "--max-steps", "2")
+    result = cli("train", "--data", out, "--out", run, "--preset", "student", *STUDENT)
     assert result.exit_code == 0, result.output
-    model = json.loads((run / "config.json").read_text())["model"]
-    assert (model["n_encoder_layers"], model["n_decoder_layers"]) == (6, 1)
+    model = load_checkpoint(run).model_config
+    assert (model.n_encoder_layers, model.n_decoder_layers, model.d_model) == (6, 1, 32)
     student = preset("student")
     assert (student.n_encoder_layers, student.n_decoder_layers) == (6, 1)
 
@@ -139,8 +141,10 @@ def test_ctrl_c_stops_after_the_chunk_and_resume_goes_on(
 
     monkeypatch.setattr(distill, "_report", interrupted)
     out = tmp_path / "stopped"
-    message = refused(_distill(teacher, corpus, out), 130, "stopped after 8 of 40", "--resume")
-    assert "Traceback" not in message and not out.exists()
+    stopped = _distill(teacher, corpus, out)
+    assert stopped.exit_code == 130 and "Traceback" not in stopped.output
+    last = stopped.stderr.strip().splitlines()[-1]
+    assert "stopped after 8 of 40" in last and "--resume" in last and not out.exists()
     monkeypatch.setattr(distill, "_report", report)
     again = refused(_distill(teacher, corpus, out), 2, str(partial_folder(out)), "--resume")
     assert "8 of 40 sources" in again
