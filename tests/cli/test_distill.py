@@ -87,8 +87,10 @@ def test_the_folder_trains_a_student(teacher: Path, corpus: Path, tmp_path: Path
     assert result.exit_code == 0, result.output
     model = load_checkpoint(run).model_config
     assert (model.n_encoder_layers, model.n_decoder_layers, model.d_model) == (6, 1, 32)
-    student = preset("student")
+    student, small = preset("student"), preset("small")  # the default preset's width
     assert (student.n_encoder_layers, student.n_decoder_layers) == (6, 1)
+    assert (student.d_model, student.n_heads, student.d_ff) == (small.d_model, small.n_heads,
+                                                                small.d_ff)
 
 
 def _subprocess(teacher: Path, corpus: Path, out: Path) -> subprocess.Popen[str]:

@@ -27,7 +27,8 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     """A ``ModelConfig`` from a named preset, with ``None`` overrides ignored."""
     if name not in PRESETS:
         raise ConfigError(f"--preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
-    values = dict(PRESETS[name])
+    # A preset of layers only (student) takes the default preset's width, as `train` gives it.
+    values = {**PRESETS[DEFAULT_PRESET], **PRESETS[name]}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return ModelConfig(**values)
 
