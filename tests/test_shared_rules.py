@@ -1,11 +1,12 @@
 """Rules that several commands share, each run against every command that has it, so a new
 command without the rule fails a test:
 
-- every command that writes an output folder (import, export, prepare, train, average, filter):
-  one lock against a concurrent writer of that folder, `--overwrite` replacing only what the same
-  command wrote, and files and folders that follow the umask;
+- every command that writes an output folder (import, export, prepare, train, average, filter,
+  distill): one lock against a concurrent writer of that folder, `--overwrite` replacing only
+  what the same command wrote, and files and folders that follow the umask;
 - every command that reads a split when `--data` is not given (evaluate, score, ablate,
-  align): the data the checkpoint records, and for an import (which records none) a refusal.
+  align, distill): the data the checkpoint records, and for an import (which records none) a
+  refusal.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ WRITERS: dict[str, Args] = {
     ],
     "filter": lambda s, out: ["filter", s / "run", "--data", s / "data", "--out", out,
                               "--keep", "0.9"],
+    "distill": lambda s, out: ["distill", s / "run", "--data", s / "data", "--out", out,
+                               "--beam-size", "1", "--max-new-tokens", "4"],
 }  # fmt: skip
 # The folder among the sources that each writer wrote (train and average both write runs).
 WRITTEN_BY = {
@@ -50,6 +53,7 @@ WRITTEN_BY = {
     "train": "run",
     "average": "averaged",
     "filter": "filtered",
+    "distill": "distilled",
 }
 REPLACES = {**{w: {f} for w, f in WRITTEN_BY.items()}, "train": {"run", "averaged"},
             "average": {"run", "averaged"}}  # fmt: skip
@@ -66,7 +70,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_jsonl(root / "data" / "validation.jsonl", digit_pairs(10, seed=42))
     for name, kind in (("run", "train"), ("hf", "export"), ("imported", "import"),
                        ("prepared", "prepare"), ("averaged", "average"),
-                       ("filtered", "filter")):  # fmt: skip
+                       ("filtered", "filter"), ("distilled", "distill")):  # fmt: skip
         extra = ["--save-every", "2", "--max-steps", "4"] if kind == "train" else []
         result = cli(*WRITERS[kind](root, root / name), *extra)
         assert result.exit_code == 0, result.output
@@ -112,7 +116,9 @@ def test_overwrite_replaces_only_what_the_same_command_wrote(
     assert snapshot(world) == before
 
 
-@pytest.mark.parametrize("writer", ["import", "export", "prepare", "average", "filter"])
+@pytest.mark.parametrize(
+    "writer", ["import", "export", "prepare", "average", "filter", "distill"]
+)
 def test_overwrite_replaces_an_earlier_output_of_the_same_command(
     world: Path, writer: str
 ) -> None:
@@ -176,6 +182,7 @@ READERS = {
     "score": ["score", "{c}", "--split", "test"],
     "ablate": ["ablate", "{c}"],
     "align": ["align", "{c}"],
+    "distill": ["distill", "{c}", "--out", "{c}-distilled"],
 }
 
 

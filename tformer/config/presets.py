@@ -16,6 +16,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=64, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=256),
     "small": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024),
     "base": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048),
+    # A distillation student (Kasai et al. 2021): the layers only, so the recipe's (or the
+    # default's) width is kept; a deep encoder runs once a sentence, one decoder layer a token.
+    "student": dict(n_encoder_layers=6, n_decoder_layers=1),
 }
 DEFAULT_PRESET = "small"
 
@@ -24,7 +27,8 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     """A ``ModelConfig`` from a named preset, with ``None`` overrides ignored."""
     if name not in PRESETS:
         raise ConfigError(f"--preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
-    values = dict(PRESETS[name])
+    # A preset of layers only (student) takes the default preset's width, as `train` gives it.
+    values = {**PRESETS[DEFAULT_PRESET], **PRESETS[name]}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return ModelConfig(**values)
 
