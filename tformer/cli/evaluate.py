@@ -88,8 +88,7 @@ def evaluate_command(
     A language model's split is measured instead: perplexity and bits per character
     (decoder-only), masked-token accuracy and perplexity (encoder-only).
 
-    --ensemble translates with several checkpoints together (their log-probabilities averaged
-    at each step); the loss is then the ensemble's.
+    With --ensemble the checkpoints translate together; the loss is the ensemble's.
 
     Example: tformer evaluate checkpoints/dates --split test
     """

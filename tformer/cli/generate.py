@@ -130,7 +130,8 @@ def generate_command(
     """
     config = decoding_config(values)
     _check_modes(config, batch_size, as_json, stream, interactive, explain_steps, compare)
-    refuse_with_ensemble(ensemble, "--explain", "shows the steps of one model")
+    if explain_steps:
+        refuse_with_ensemble(ensemble, "--explain", "shows the steps of one model")
     if mask_heads:
         refuse_with_ensemble(ensemble, "--mask-heads", "names heads of one model")
     if interactive:

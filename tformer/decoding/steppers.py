@@ -120,7 +120,10 @@ def make_stepper(model: Decodable, src: Tensor, use_cache: bool = True) -> Stepp
 
     For a decoder-only model ``src`` holds the prompts, all of one length (no padding).
     An ensemble (``tformer.decoding.ensemble``) gives each member its own stepper."""
-    if not isinstance(model, TransformerBase):
+    # Imported here: the ensemble module builds its members' steppers with this function.
+    from tformer.decoding.ensemble import Ensemble
+
+    if isinstance(model, Ensemble):
         return model.stepper(src, use_cache)
     encoded = model.encode(src)
     prompts = src if model.continues_prompts else None
