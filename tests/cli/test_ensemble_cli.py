@@ -157,3 +157,30 @@ def test_one_model_modes_are_refused_with_an_ensemble(
     result = invoke("generate", members["a"], "7", *flag, "--ensemble", members["b"])
     assert result.exit_code == 2, result.output
     assert "does not combine with --ensemble" in result.stderr
+
+
+def test_a_streamed_ensemble_prints_what_it_prints_at_once(members: dict[str, Path]) -> None:
+    a, b = members["a"], members["b"]
+    flags = ["--ensemble", b, "--max-new-tokens", "6"]
+    streamed = invoke("generate", a, "3 1 4", "--stream", *flags)
+    at_once = invoke("generate", a, "3 1 4", "--no-stream", *flags)
+    assert streamed.exit_code == at_once.exit_code == 0, streamed.output
+    assert streamed.stdout == at_once.stdout
+
+
+def test_quantize_int8_quantises_every_member(members: dict[str, Path]) -> None:
+    from tformer.cli.ensemble_options import with_members
+    from tformer.cli.options import apply_quantize
+    from tformer.decoding.ensemble import Ensemble
+    from tformer.fast.int8 import is_quantized
+
+    loaded = load_checkpoint(members["a"])
+    apply_quantize(loaded.model, "int8")  # as each command does to its own checkpoint
+    model, paths = with_members(loaded, [members["b"], members["a"]], "generate", device="cpu",
+                                quantize="int8")  # fmt: skip
+    assert isinstance(model, Ensemble) and len(paths) == 3
+    assert [is_quantized(m) for m in model.models()] == [True, True, True]
+    result = invoke("generate", members["a"], *INPUTS, "--quantize", "int8", "--ensemble",
+                    members["b"], "--max-new-tokens", "6")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == len(INPUTS)
