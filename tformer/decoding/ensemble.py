@@ -140,14 +140,15 @@ def same_vocabulary(a: Tokenizer, b: Tokenizer) -> bool:
     return a is b or a.sha256() == b.sha256() or a.inner.get_vocab() == b.inner.get_vocab()
 
 
-def _vocabulary_difference(a: Tokenizer, b: Tokenizer) -> str:
-    """What differs between two target vocabularies, in a few words."""
+def _vocabulary_difference(ours: Checkpoint, theirs: Checkpoint) -> str:
+    """Where two checkpoints' target vocabularies first differ, in a few words."""
+    a, b = ours.tokenizers.target, theirs.tokenizers.target
     if a.vocab_size != b.vocab_size:
-        return f"{a.vocab_size} tokens against {b.vocab_size}"
+        return f"{ours.path} has {a.vocab_size} tokens, {theirs.path} {b.vocab_size}"
     ids_a = {i: t for t, i in a.inner.get_vocab().items()}
     ids_b = {i: t for t, i in b.inner.get_vocab().items()}
     first = min(i for i in ids_a if ids_a[i] != ids_b.get(i))
-    return f"id {first} is {ids_a[first]!r} against {ids_b.get(first)!r}"
+    return f"id {first} is {ids_a[first]!r} in {ours.path}, {ids_b.get(first)!r} in {theirs.path}"
 
 
 def check_members(checkpoints: Sequence[Checkpoint]) -> None:
@@ -167,11 +168,10 @@ def check_members(checkpoints: Sequence[Checkpoint]) -> None:
                 f"ensemble members must be of one family: {first.path} is {family}, "
                 f"{other.path} is {other_family}"
             )
-        target, other_target = first.tokenizers.target, other.tokenizers.target
-        if not same_vocabulary(target, other_target):
+        if not same_vocabulary(first.tokenizers.target, other.tokenizers.target):
             raise CheckpointError(
-                f"ensemble members must share one target vocabulary: {other.path} differs from "
-                f"{first.path} ({_vocabulary_difference(other_target, target)})"
+                "ensemble members must share one target vocabulary: "
+                + _vocabulary_difference(other, first)
             )
 
 
