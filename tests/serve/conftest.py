@@ -134,12 +134,13 @@ def served(trained: TrainResult) -> Iterator[Running]:
 
 
 @contextmanager
-def serving(loaded: Checkpoint, settings: Any) -> Iterator[Running]:
-    """``loaded`` served by uvicorn in a thread with these ``ServeSettings``, until the end."""
+def serving(loaded: Checkpoint, settings: Any, **options: Any) -> Iterator[Running]:
+    """``loaded`` served by uvicorn in a thread with these ``ServeSettings`` (and
+    ``create_app``'s ``options``), until the end."""
     from tformer.serve.app import create_app
     from tformer.serve.server import uvicorn_server
 
-    app = create_app(loaded, settings)
+    app = create_app(loaded, settings, **options)
     server = uvicorn_server(app, "127.0.0.1", settings.port, settings.request_timeout)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

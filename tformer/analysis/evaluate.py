@@ -21,12 +21,12 @@ from tformer.checkpoint.store import Checkpoint, Tokenizers
 from tformer.data.batching import Batch, BatchPlan
 from tformer.data.pairs import encode_pairs
 from tformer.data.sources import TextPair
+from tformer.decoding.ensemble import Decodable
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
 from tformer.device import cpuinfo
 from tformer.folders import MarkedFolder
 from tformer.metrics import EVAL_BATCH_TOKENS, Scores, corpus_scores, perplexity_text
-from tformer.model import TransformerBase
 from tformer.paths import json_loads, read_small_text
 from tformer.training.loss import sequence_loss
 from tformer.version import __version__
@@ -43,7 +43,7 @@ def teacher_forced_batches(
 
 
 @torch.no_grad()
-def batches_loss(model: TransformerBase, batches: Sequence[Batch]) -> tuple[float, int]:
+def batches_loss(model: Decodable, batches: Sequence[Batch]) -> tuple[float, int]:
     """Mean per-token cross-entropy of ``model`` over ``batches``, and the number of tokens."""
     total, tokens = 0.0, 0
     for batch in batches:
@@ -52,11 +52,15 @@ def batches_loss(model: TransformerBase, batches: Sequence[Batch]) -> tuple[floa
     return total / max(tokens, 1), tokens
 
 
-def teacher_forced_loss(ckpt: Checkpoint, pairs: Sequence[TextPair]) -> tuple[float, int]:
-    """Mean per-token cross-entropy under teacher forcing, and the number of target tokens."""
-    device = next(ckpt.model.parameters()).device
-    batches = teacher_forced_batches(ckpt.tokenizers, pairs, ckpt.model_config.max_len, device)
-    return batches_loss(ckpt.model, batches)
+def teacher_forced_loss(
+    ckpt: Checkpoint, pairs: Sequence[TextPair], model: Decodable | None = None
+) -> tuple[float, int]:
+    """Mean per-token cross-entropy under teacher forcing, and the number of target tokens;
+    of ``model`` (an ensemble with ``ckpt``'s tokenizers) when given, else of ``ckpt``'s."""
+    model = ckpt.model if model is None else model
+    device = next(model.parameters()).device
+    batches = teacher_forced_batches(ckpt.tokenizers, pairs, model.config.max_len, device)
+    return batches_loss(model, batches)
 
 
 @dataclass
@@ -79,16 +83,19 @@ def evaluate_pairs(
     split: str = "test",
     decoding: DecodingConfig | None = None,
     batch_size: int = 64,
+    model: Decodable | None = None,
 ) -> Evaluation:
-    """Translate ``pairs``' sources and score them against their targets."""
+    """Translate ``pairs``' sources and score them against their targets, with ``model``
+    (an ensemble with ``ckpt``'s tokenizers) when given, else with ``ckpt``'s."""
     decoding = decoding or DecodingConfig()
+    model = ckpt.model if model is None else model
     started = time.perf_counter()
     sources = [s for s, _ in pairs]
-    generations = translate(ckpt.model, ckpt.tokenizers, sources, decoding, batch_size=batch_size)
+    generations = translate(model, ckpt.tokenizers, sources, decoding, batch_size=batch_size)
     outputs = [g[0].text for g in generations]
     decode_time = time.perf_counter() - started
     new_tokens = sum(len(g[0].hypothesis.ids) + 1 for g in generations)
-    loss, _ = teacher_forced_loss(ckpt, pairs)
+    loss, _ = teacher_forced_loss(ckpt, pairs, model)
     return Evaluation(
         split=split,
         pairs=len(pairs),

@@ -19,6 +19,7 @@ from tformer.analysis.score_text import score_masked_text, score_text
 from tformer.checkpoint.store import Checkpoint
 from tformer.config.families import Family, family_record
 from tformer.data.sources import TextPair
+from tformer.decoding.ensemble import Decodable
 from tformer.decoding.settings import DecodingConfig
 from tformer.errors import ConfigError
 from tformer.model.heads import HeadName
@@ -57,6 +58,7 @@ def evaluate(
     split: str = "test",
     decoding: DecodingConfig | None = None,
     batch_size: int = 64,
+    model: Decodable | None = None,
 ) -> Evaluation | LanguageEvaluation:
     """Measure ``ckpt`` on one split as its family is measured.
 
@@ -64,17 +66,25 @@ def evaluate(
     is scored with sacreBLEU and chrF against the references, and by its teacher-forced loss:
     an :class:`Evaluation`. A language model reads the documents as it was trained on them:
     a :class:`LanguageEvaluation` (loss, perplexity, bits per character or masked accuracy);
-    ``decoding`` and ``batch_size`` do not apply to it.
+    ``decoding`` and ``batch_size`` do not apply to it. ``model``, an ensemble with
+    ``ckpt``'s model and tokenizers (``tformer.decoding.ensemble``), translates and is scored
+    in ``ckpt``'s place.
 
     Raises:
-        ConfigError: ``examples`` are not what the family reads (pairs or documents).
+        ConfigError: ``examples`` are not what the family reads (pairs or documents), or an
+            ensemble of language models.
     """
     family = family_of(ckpt)
     if family.reads == "pairs":
         return evaluate_pairs(
             ckpt, _pairs(family, examples), split=split, decoding=decoding,
-            batch_size=batch_size,
+            batch_size=batch_size, model=model,
         )  # fmt: skip
+    if model is not None and model is not ckpt.model:
+        raise ConfigError(
+            f"a {family.name} model is measured by its own loss on documents; an ensemble "
+            "is evaluated on translation pairs"
+        )
     return evaluate_language(ckpt, _documents(family, examples), split=split)
 
 

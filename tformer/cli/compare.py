@@ -16,6 +16,7 @@ from tformer.cli.app import app
 from tformer.cli.console import console
 from tformer.cli.data_options import checkpoint_family
 from tformer.cli.decoding_options import decoding_parameters
+from tformer.cli.ensemble_options import ENSEMBLE, with_members
 from tformer.cli.options import (
     BATCH_SIZE,
     CHECKPOINT,
@@ -32,6 +33,7 @@ from tformer.cli.options import (
     warn_long_inputs,
     with_parameters,
 )
+from tformer.decoding.ensemble import Decodable
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
 from tformer.errors import ConfigError
@@ -80,11 +82,18 @@ def parse_temperatures(text: str) -> list[float]:
 
 
 def compare_outputs(
-    loaded: Checkpoint, inputs: list[str], settings: list[Setting], *, batch_size: int = 64
+    loaded: Checkpoint,
+    inputs: list[str],
+    settings: list[Setting],
+    *,
+    batch_size: int = 64,
+    model: Decodable | None = None,
 ) -> list[list[tuple[str, Generation]]]:
-    """For each input, the first output of each setting, in settings order."""
+    """For each input, the first output of each setting, in settings order; decoded by
+    ``model`` (an ensemble with ``loaded``'s tokenizers) when given, else ``loaded``'s."""
+    decoder = loaded.model if model is None else model
     per_setting = [
-        translate(loaded.model, loaded.tokenizers, inputs, config, batch_size=batch_size)
+        translate(decoder, loaded.tokenizers, inputs, config, batch_size=batch_size)
         for _, config in settings
     ]
     return [
@@ -117,11 +126,11 @@ def print_comparison(
     *,
     batch_size: int = 64,
     as_json: bool = False,
+    model: Decodable | None = None,
 ) -> None:
     """One table per input (or one JSON record per input and setting) on stdout."""
-    for text, rows in zip(
-        inputs, compare_outputs(loaded, inputs, settings, batch_size=batch_size), strict=True
-    ):
+    outputs = compare_outputs(loaded, inputs, settings, batch_size=batch_size, model=model)
+    for text, rows in zip(inputs, outputs, strict=True):
         if not as_json:
             console.print(comparison_table(text, rows))
             continue
@@ -161,6 +170,7 @@ def compare_command(
     ),
     device: str = DEVICE,
     quantize: str = QUANTIZE,
+    ensemble: list[Path] | None = ENSEMBLE,
     **values: Any,
 ) -> None:
     """Decode the same inputs under several settings; outputs, log p and lengths side by side.
@@ -174,6 +184,8 @@ def compare_command(
       tformer compare checkpoints/dates "6 Mar. 2025" "03/06/25"
 
       tformer compare checkpoints/dates "6 Mar. 2025" --beam-size 8 --temperatures 0.3,2
+
+      tformer compare checkpoints/dates "6 Mar. 2025" --ensemble checkpoints/dates-2
     """
     check_batch_size(batch_size)
     if not 0.0 < top_p <= 1.0:
@@ -191,5 +203,8 @@ def compare_command(
     checkpoint_family(checkpoint, "compare", "generates")
     loaded = load_chosen(checkpoint, device)
     apply_quantize(loaded.model, quantize)
-    warn_long_inputs(loaded.tokenizers.source, inputs, loaded.model_config.max_len)
-    print_comparison(loaded, inputs, settings, batch_size=batch_size, as_json=as_json)
+    model, _ = with_members(loaded, ensemble, "compare", device=device, quantize=quantize)
+    warn_long_inputs(loaded.tokenizers.source, inputs, model.config.max_len)
+    print_comparison(
+        loaded, inputs, settings, batch_size=batch_size, as_json=as_json, model=model
+    )

@@ -32,6 +32,7 @@ from tformer.cli.data_options import (
     split_examples,
 )
 from tformer.cli.decoding_options import DECODING_FLAGS, decoding_config, decoding_parameters
+from tformer.cli.ensemble_options import ENSEMBLE, refuse_with_ensemble, with_members
 from tformer.cli.options import (
     CHECKPOINT,
     CHECKPOINT_CHOICE,
@@ -49,6 +50,7 @@ from tformer.cli.options import (
     with_parameters,
 )
 from tformer.data.sources import TextPair
+from tformer.decoding.ensemble import Decodable
 from tformer.errors import CheckpointError
 from tformer.metrics import perplexity_text
 
@@ -78,12 +80,15 @@ def evaluate_command(
     quantize: str = QUANTIZE,
     mask_heads: str | None = MASK_HEADS,
     text_field: str = TEXT_FIELD,
+    ensemble: list[Path] | None = ENSEMBLE,
     **values: Any,
 ) -> None:
     """Translate a split and report sacreBLEU and chrF (with signatures), loss and perplexity.
 
     A language model's split is measured instead: perplexity and bits per character
     (decoder-only), masked-token accuracy and perplexity (encoder-only).
+
+    With --ensemble the checkpoints translate together; the loss is the ensemble's.
 
     Example: tformer evaluate checkpoints/dates --split test
     """
@@ -92,6 +97,10 @@ def evaluate_command(
     if out is not None:
         check_card_folder(out)  # before any work: a refused folder costs no evaluation
     family = checkpoint_family(checkpoint, "evaluate")
+    if not family.reads_source:
+        refuse_with_ensemble(ensemble, "a language model's split", "is measured by one model")
+    if mask_heads:
+        refuse_with_ensemble(ensemble, "--mask-heads", "names heads of one model")
     data, source_field, target_field, text_field = data_of(
         checkpoint, data, source_field, target_field, text_field
     )
@@ -105,14 +114,21 @@ def evaluate_command(
     masked = apply_mask_heads(ckpt.model, mask_heads)
     folder = out or ckpt.path / f"eval-{split}"
     check_card_folder(folder)
+    model: Decodable = ckpt.model
+    members = [str(ckpt.path)]
     if family.reads_source:
         apply_quantize(ckpt.model, quantize)
+        model, members = with_members(
+            ckpt, ensemble, "evaluate", device=device, quantize=quantize
+        )
         sources = [s for s, _ in cast(list[TextPair], examples)]
-        warn_long_inputs(ckpt.tokenizers.source, sources, ckpt.model_config.max_len)
+        warn_long_inputs(ckpt.tokenizers.source, sources, model.config.max_len)
     what = "translating" if family.reads_source else "measuring"
     unit = "pairs" if family.reads_source else "documents"
     err_console.print(f"{what} {len(examples):,} {unit} of {split} …")
-    result = evaluate(ckpt, examples, split=split, decoding=decoding, batch_size=batch_size)
+    result = evaluate(
+        ckpt, examples, split=split, decoding=decoding, batch_size=batch_size, model=model
+    )
     if isinstance(result, LanguageEvaluation):
         docs = cast(list[str], examples)
         card = language_card(ckpt, result, data=data, docs=docs, mask_heads=masked)
@@ -121,6 +137,8 @@ def evaluate_command(
         return
     result.decoding["quantize"] = quantize  # the card says whether int8 made these outputs
     result.decoding["mask_heads"] = masked  # ... and which heads were silenced
+    if ensemble:
+        result.decoding["ensemble"] = members  # ... and which checkpoints decoded together
     card = result_card(ckpt, result, data=data, pairs=cast(list[TextPair], examples))
     paths = _written(folder, lambda: write_results(folder, card, result.hypotheses))
     _show_translation(result, data, split, paths)

@@ -18,6 +18,7 @@ from tformer.cli.compare import default_settings, print_comparison
 from tformer.cli.console import console
 from tformer.cli.data_options import checkpoint_family
 from tformer.cli.decoding_options import DECODING_FLAGS, decoding_config, decoding_parameters
+from tformer.cli.ensemble_options import ENSEMBLE, refuse_with_ensemble, with_members
 from tformer.cli.explain import explanation_table
 from tformer.cli.options import (
     BATCH_SIZE,
@@ -38,6 +39,7 @@ from tformer.cli.options import (
 )
 from tformer.config import check_text
 from tformer.decoding.api import stream_tokens
+from tformer.decoding.ensemble import Decodable
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import Generation, translate
 from tformer.errors import ConfigError, DataError
@@ -57,13 +59,10 @@ def _load(checkpoint: Path, device: str, quantize: str, mask_heads: str | None) 
     return loaded
 
 
-def _warn_long(loaded: Checkpoint, inputs: list[str]) -> None:
+def _warn_long(loaded: Checkpoint, model: Decodable, inputs: list[str]) -> None:
     """Say when inputs are longer than the model reads (a prompt keeps its last tokens)."""
     warn_long_inputs(
-        loaded.tokenizers.source,
-        inputs,
-        loaded.model_config.max_len,
-        prompts=loaded.model.continues_prompts,
+        loaded.tokenizers.source, inputs, model.config.max_len, prompts=model.continues_prompts
     )
 
 
@@ -106,6 +105,7 @@ def generate_command(
     device: str = DEVICE,
     quantize: str = QUANTIZE,
     mask_heads: str | None = MASK_HEADS,
+    ensemble: list[Path] | None = ENSEMBLE,
     **values: Any,
 ) -> None:
     """Generate outputs; one line per output, in input order (an input's outputs together).
@@ -125,30 +125,40 @@ def generate_command(
       tformer generate checkpoints/dates "6 Mar. 2025" -t 0.7 --top-p 0.9 --explain
 
       tformer generate checkpoints/dates --interactive
+
+      tformer generate checkpoints/dates "6 Mar. 2025" --ensemble checkpoints/dates-2
     """
     config = decoding_config(values)
     _check_modes(config, batch_size, as_json, stream, interactive, explain_steps, compare)
+    if explain_steps:
+        refuse_with_ensemble(ensemble, "--explain", "shows the steps of one model")
+    if mask_heads:
+        refuse_with_ensemble(ensemble, "--mask-heads", "names heads of one model")
     if interactive:
         if texts or input_file is not None:
             raise ConfigError("--interactive reads inputs at a prompt: drop TEXT / --input-file")
         loaded = _load(checkpoint, device, quantize, mask_heads)
-        _interactive(loaded, config, as_json=as_json, stream=stream)
+        model, _ = with_members(loaded, ensemble, "generate", device=device, quantize=quantize)
+        _interactive(loaded, model, config, as_json=as_json, stream=stream)
         return
     inputs = read_inputs(texts, input_file)
     if explain_steps and len(inputs) != 1:
         raise ConfigError(f"--explain shows one input at a time; got {len(inputs)}")
     loaded = _load(checkpoint, device, quantize, mask_heads)
-    _warn_long(loaded, inputs)
+    model, _ = with_members(loaded, ensemble, "generate", device=device, quantize=quantize)
+    _warn_long(loaded, model, inputs)
     if compare:
         settings = default_settings(max_new_tokens=config.max_new_tokens, seed=config.seed or 0)
-        print_comparison(loaded, inputs, settings, batch_size=batch_size, as_json=as_json)
+        print_comparison(
+            loaded, inputs, settings, batch_size=batch_size, as_json=as_json, model=model
+        )
     elif explain_steps:
         _explain(loaded, inputs[0], config)
     elif _should_stream(stream, config, len(inputs), as_json):
         for text in inputs:
-            _stream(loaded, text, config)
+            _stream(loaded, model, text, config)
     else:
-        _print_outputs(loaded, inputs, config, batch_size=batch_size, as_json=as_json)
+        _print_outputs(loaded, model, inputs, config, batch_size=batch_size, as_json=as_json)
 
 
 def _check_modes(
@@ -224,26 +234,27 @@ def _records(
 
 def _print_outputs(
     loaded: Checkpoint,
+    model: Decodable,
     inputs: list[str],
     config: DecodingConfig,
     *,
     batch_size: int,
     as_json: bool,
 ) -> None:
-    generations = translate(loaded.model, loaded.tokenizers, inputs, config, batch_size=batch_size)
+    generations = translate(model, loaded.tokenizers, inputs, config, batch_size=batch_size)
     for text, outputs in zip(inputs, generations, strict=True):
         for record in _records(text, outputs, config):
             typer.echo(json.dumps(record, ensure_ascii=False) if as_json else record["output"])
 
 
-def _stream(loaded: Checkpoint, text: str, config: DecodingConfig) -> None:
+def _stream(loaded: Checkpoint, model: Decodable, text: str, config: DecodingConfig) -> None:
     """Print each output's text piece by piece as its tokens arrive; one line per output."""
     src = loaded.tokenizers.source.encode(text)
     tgt = loaded.tokenizers.target
     for sample in range(config.num_samples):
         ids: list[int] = []
         shown = ""
-        for token in stream_tokens(loaded.model, src, config, sample=sample):
+        for token in stream_tokens(model, src, config, sample=sample):
             ids.append(token)
             decoded = tgt.decode(ids)
             # Print only once the text so far extends what is on screen (it nearly always
@@ -282,7 +293,12 @@ def _read_line() -> str:
 
 
 def _interactive(
-    loaded: Checkpoint, config: DecodingConfig, *, as_json: bool, stream: bool | None
+    loaded: Checkpoint,
+    model: Decodable,
+    config: DecodingConfig,
+    *,
+    as_json: bool,
+    stream: bool | None,
 ) -> None:
     """Read one input a line at a prompt until end of input, an empty line or "exit"."""
     typer.echo("one input a line; an empty line, 'exit' or Ctrl-D ends", err=True)
@@ -297,8 +313,8 @@ def _interactive(
         except DataError as error:  # one bad line (bytes that are not UTF-8) ends nothing
             typer.echo(f"error: {error}", err=True)
             continue
-        _warn_long(loaded, [text])
+        _warn_long(loaded, model, [text])
         if _should_stream(stream, config, 1, as_json):
-            _stream(loaded, text, config)
+            _stream(loaded, model, text, config)
         else:
-            _print_outputs(loaded, [text], config, batch_size=64, as_json=as_json)
+            _print_outputs(loaded, model, [text], config, batch_size=64, as_json=as_json)

@@ -10,6 +10,7 @@ from rich.markup import escape
 from tformer.cli.app import app
 from tformer.cli.console import err_console
 from tformer.cli.data_options import checkpoint_family
+from tformer.cli.ensemble_options import ENSEMBLE, with_members
 from tformer.cli.options import (
     CHECKPOINT,
     CHECKPOINT_CHOICE,
@@ -46,6 +47,7 @@ def serve_command(
     checkpoint_choice: str = CHECKPOINT_CHOICE,
     device: str = DEVICE,
     quantize: str = QUANTIZE,
+    ensemble: list[Path] | None = ENSEMBLE,
     **values: Any,
 ) -> None:
     """Serve translations (or a decoder-only model's continuations) over HTTP, with a web page
@@ -60,6 +62,8 @@ def serve_command(
       tformer serve checkpoints/dates
 
       tformer serve checkpoints/dates --port 9000 --quantize int8 --max-inputs 16
+
+      tformer serve checkpoints/dates --ensemble checkpoints/dates-2
     """
     require()
     # fastapi and uvicorn: the optional extra, checked just above
@@ -71,8 +75,9 @@ def serve_command(
     checkpoint_family(checkpoint, "serve", "generates")
     loaded = load_chosen(checkpoint, device)
     apply_quantize(loaded.model, quantize)
+    model, members = with_members(loaded, ensemble, "serve", device=device, quantize=quantize)
 
-    application = create_app(loaded, settings, quantize=quantize)
+    application = create_app(loaded, settings, quantize=quantize, model=model, members=members)
     if not is_loopback(settings.host):
         err_console.print(
             f"[yellow]warning:[/] --host {escape(settings.host)} is reachable from other "
@@ -80,7 +85,7 @@ def serve_command(
             f"{escape(', '.join(settings.hosts()))}: --allowed-hosts)",
             soft_wrap=True,
         )
-    max_len = loaded.model_config.max_len
+    max_len = model.config.max_len
     if settings.max_input_tokens is not None and settings.max_input_tokens > max_len:
         err_console.print(
             f"[yellow]warning:[/] --max-input-tokens {settings.max_input_tokens} is over the "
@@ -91,7 +96,7 @@ def serve_command(
 
     def ready(url: str) -> None:
         err_console.print(
-            f"serving {escape(str(loaded.path))} at {escape(url)} (Ctrl-C or SIGTERM stops)",
+            f"serving {escape(', '.join(members))} at {escape(url)} (Ctrl-C or SIGTERM stops)",
             soft_wrap=True,
             highlight=False,
         )

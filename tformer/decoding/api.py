@@ -14,11 +14,11 @@ from torch import Tensor
 from tformer.config import EOS_ID, PAD_ID
 from tformer.data.batching import pad
 from tformer.decoding.beam import beam_search
+from tformer.decoding.ensemble import Decodable
 from tformer.decoding.sampling import StepEvents, sample_steps
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.errors import ConfigError
 from tformer.fast import sharing
-from tformer.model import TransformerBase
 
 
 def _drain(events: StepEvents) -> list[list[Hypothesis]]:
@@ -29,7 +29,7 @@ def _drain(events: StepEvents) -> list[list[Hypothesis]]:
             return stop.value
 
 
-def decode(model: TransformerBase, src: Tensor, config: DecodingConfig) -> list[list[Hypothesis]]:
+def decode(model: Decodable, src: Tensor, config: DecodingConfig) -> list[list[Hypothesis]]:
     """Decode a padded (B, S) batch of source ids.
 
     A source longer than the model's ``max_len`` is read up to ``max_len`` tokens (the encoder
@@ -48,7 +48,7 @@ def decode(model: TransformerBase, src: Tensor, config: DecodingConfig) -> list[
 
 
 def _decode_prompts(
-    model: TransformerBase, prompts: Tensor, config: DecodingConfig
+    model: Decodable, prompts: Tensor, config: DecodingConfig
 ) -> list[list[Hypothesis]]:
     """A decoder-only model's padded (B, P) prompts, decoded in groups of one length: a
     prompt is read in one pass after <bos>, so padding inside a group would sit between the
@@ -69,7 +69,7 @@ def _decode_prompts(
 
 
 def stream_tokens(
-    model: TransformerBase, src_ids: Sequence[int], config: DecodingConfig, sample: int = 0
+    model: Decodable, src_ids: Sequence[int], config: DecodingConfig, sample: int = 0
 ) -> Iterator[int]:
     """Yield the output tokens of one source as they are decoded (greedy or sampling).
 
@@ -90,7 +90,7 @@ def stream_tokens(
         yield tokens[0]
 
 
-def fit_input(model: TransformerBase, ids: Sequence[int]) -> list[int]:
+def fit_input(model: Decodable, ids: Sequence[int]) -> list[int]:
     """An input as ``model`` reads it: a source (:func:`fit_source`), or a decoder-only
     model's prompt, its last ``max_len - 1`` ids (after <bos>), possibly none."""
     max_len = model.config.max_len
@@ -136,7 +136,7 @@ def long_target_warning(length: int, max_len: int, name: str = "--target") -> st
 
 
 def decode_texts(
-    model: TransformerBase,
+    model: Decodable,
     src_ids: Sequence[Sequence[int]],
     config: DecodingConfig,
     *,

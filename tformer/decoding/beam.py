@@ -33,10 +33,10 @@ import torch
 from torch import Tensor
 
 from tformer.config import BOS_ID, EOS_ID
+from tformer.decoding.ensemble import Decodable
 from tformer.decoding.logits import mask_special_tokens, run_stages
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.decoding.steppers import make_stepper, step_limit
-from tformer.model import TransformerBase
 
 NEG_INF = float("-inf")
 
@@ -84,7 +84,7 @@ class _Beams:
 
 @torch.inference_mode()  # lighter than no_grad: no version counters
 def beam_search(
-    model: TransformerBase, src: Tensor, config: DecodingConfig
+    model: Decodable, src: Tensor, config: DecodingConfig
 ) -> list[list[Hypothesis]]:
     """Beam search for a padded (B, S) batch; the ``n_best`` hypotheses per source, best first."""
     model.eval()

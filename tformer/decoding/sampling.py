@@ -19,10 +19,10 @@ import torch
 from torch import Tensor
 
 from tformer.config import BOS_ID, EOS_ID, PAD_ID
+from tformer.decoding.ensemble import Decodable
 from tformer.decoding.logits import Stage, mask_special_tokens, run_stages
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.decoding.steppers import make_stepper, step_limit
-from tformer.model import TransformerBase
 
 
 def _hash64(*parts: int) -> int:
@@ -129,7 +129,7 @@ def _choose(scores: Tensor, history: Tensor, warpers: list[Stage], uniforms: lis
 
 @torch.inference_mode()  # lighter than no_grad: no version counters
 def sample_steps(
-    model: TransformerBase,
+    model: Decodable,
     src: Tensor,
     config: DecodingConfig,
     samples: Sequence[int] | None = None,

@@ -9,6 +9,8 @@ replayed as a CUDA graph (``tformer.fast.graphs``); any other model runs the pap
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 import torch
 from torch import Tensor
 
@@ -17,6 +19,9 @@ from tformer.fast.graphs import GraphStepper, graphs_fit
 from tformer.fast.step import FastTransformer, LeanStep, step_mask
 from tformer.model import TransformerBase
 from tformer.model.transformer import EncoderOutput
+
+if TYPE_CHECKING:  # the ensemble steps its members through make_stepper
+    from tformer.decoding.ensemble import Decodable
 
 
 def select_rows(encoded: EncoderOutput, index: Tensor) -> EncoderOutput:
@@ -101,13 +106,25 @@ class RecomputeStepper:
             self.encoded = select_rows(self.encoded, index)
 
 
-Stepper = CachedStepper | RecomputeStepper | GraphStepper
+class Stepper(Protocol):
+    """What the decoding loops step: the steppers above, ``GraphStepper`` and the
+    ensemble's."""
+
+    def step(self, tokens: Tensor) -> Tensor: ...
+
+    def reorder(self, index: Tensor, *, same_source: bool = False) -> None: ...
 
 
-def make_stepper(model: TransformerBase, src: Tensor, use_cache: bool = True) -> Stepper:
+def make_stepper(model: Decodable, src: Tensor, use_cache: bool = True) -> Stepper:
     """Encode ``src`` (B, S) once and return the object that runs decoder steps over it.
 
-    For a decoder-only model ``src`` holds the prompts, all of one length (no padding)."""
+    For a decoder-only model ``src`` holds the prompts, all of one length (no padding).
+    An ensemble (``tformer.decoding.ensemble``) gives each member its own stepper."""
+    # Imported here: the ensemble module builds its members' steppers with this function.
+    from tformer.decoding.ensemble import Ensemble
+
+    if isinstance(model, Ensemble):
+        return model.stepper(src, use_cache)
     encoded = model.encode(src)
     prompts = src if model.continues_prompts else None
     if use_cache and graphs_fit(model, encoded, prompts):
@@ -117,7 +134,7 @@ def make_stepper(model: TransformerBase, src: Tensor, use_cache: bool = True) ->
     return kind(model, encoded, prompts)
 
 
-def step_limit(model: TransformerBase, config: DecodingConfig, src: Tensor | None = None) -> int:
+def step_limit(model: Decodable, config: DecodingConfig, src: Tensor | None = None) -> int:
     """Decoder steps at most: --max-new-tokens (the <eos> counts), within the model's positions
     (a decoder-only model's prompt, after <bos>, takes some of them)."""
     room = model.config.max_len

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from tformer.checkpoint import Checkpoint, Tokenizers
 from tformer.decoding.api import decode_texts
+from tformer.decoding.ensemble import Decodable, members_of
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.fast.accelerate import accelerate
 from tformer.fast.int8 import is_quantized
-from tformer.model import TransformerBase
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Generation:
 
 
 def translate(
-    model: TransformerBase,
+    model: Decodable,
     tokenizers: Tokenizers,
     texts: Sequence[str],
     config: DecodingConfig | None = None,
@@ -35,17 +35,19 @@ def translate(
 ) -> list[list[Generation]]:
     """Decode ``texts`` with ``model``; outputs per input in the order ``decode_texts`` gives.
 
-    ``model`` gets tformer's speed-ups first (``tformer.fast.accelerate``, in place): the same
-    outputs, faster. A model quantised with ``tformer.fast.int8.quantize_int8`` keeps its
-    int8 layers.
+    ``model`` (or each member of an ensemble) gets tformer's speed-ups first
+    (``tformer.fast.accelerate``, in place): the same outputs, faster. A model quantised with
+    ``tformer.fast.int8.quantize_int8`` keeps its int8 layers. ``tokenizers`` are the
+    (first) model's.
 
     Args:
         batch_size: rows decoded together (each input takes num_samples or beam_size rows).
     Returns:
         For each input, ``config.num_samples`` generations, or the ``n_best`` of beam search.
     """
-    if not is_quantized(model):
-        accelerate(model)
+    for member in members_of(model):
+        if not is_quantized(member):
+            accelerate(member)
     src = [tokenizers.source.encode(text) for text in texts]
     hyps = decode_texts(model, src, config or DecodingConfig(), batch_size=batch_size)
     flat = [hyp for per_input in hyps for hyp in per_input]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, StreamingResponse
 
 from tformer.checkpoint.store import Checkpoint
+from tformer.decoding.ensemble import Decodable, members_of
 from tformer.decoding.settings import DecodingConfig
 from tformer.errors import ConfigError
 from tformer.fast.accelerate import accelerate
@@ -32,13 +33,22 @@ from tformer.version import __version__
 
 
 def create_app(
-    loaded: Checkpoint, settings: ServeSettings | None = None, *, quantize: str = "none"
+    loaded: Checkpoint,
+    settings: ServeSettings | None = None,
+    *,
+    quantize: str = "none",
+    model: Decodable | None = None,
+    members: Sequence[str] = (),
 ) -> FastAPI:
     """The application serving ``loaded`` (its model gets tformer's speed-ups unless it is
-    already int8). The decoding worker starts and stops with the application's lifespan."""
-    if not is_quantized(loaded.model):
-        accelerate(loaded.model)
-    service = Service(loaded, settings or ServeSettings(), quantize=quantize)
+    already int8), or ``model``, an ensemble of it and others (their checkpoints
+    ``members``). The decoding worker starts and stops with the application's lifespan."""
+    service = Service(
+        loaded, settings or ServeSettings(), quantize=quantize, model=model, members=members
+    )
+    for member in members_of(service.model):
+        if not is_quantized(member):
+            accelerate(member)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -146,7 +156,8 @@ def _stream(
 
         return service.batcher.call(
             lambda: decode_streamed(
-                loaded.model, loaded.tokenizers, texts[0], src[0], config, emit_warned, cancelled
+                service.model, loaded.tokenizers, texts[0], src[0], config, emit_warned,
+                cancelled,
             )
         )
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tformer.decoding.api import decode_texts
+from tformer.decoding.ensemble import Decodable
 from tformer.decoding.settings import MAX_ROWS, DecodingConfig, Hypothesis
 from tformer.errors import TformerError
-from tformer.model import TransformerBase
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Batcher:
     """The worker thread and its queue."""
 
     def __init__(
-        self, model: TransformerBase, *, window_s: float, max_batch_tokens: int, max_waiting: int
+        self, model: Decodable, *, window_s: float, max_batch_tokens: int, max_waiting: int
     ) -> None:
         self.model = model
         self.window_s = window_s

@@ -13,6 +13,7 @@ from tformer.checkpoint.store import Checkpoint
 from tformer.config import SEED_LIMIT, check_text
 from tformer.data.tokenizer import Tokenizer
 from tformer.decoding.api import long_inputs_warning, long_target_warning
+from tformer.decoding.ensemble import Decodable, Ensemble
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.decoding.text import translate
 from tformer.errors import ConfigError
@@ -32,15 +33,31 @@ LIBRARY_MAX_NEW_TOKENS = DecodingConfig().max_new_tokens
 
 
 class Service:
-    """One checkpoint served: requests checked here, decoded by the ``Batcher``'s worker."""
+    """One checkpoint served: requests checked here, decoded by the ``Batcher``'s worker.
 
-    def __init__(self, loaded: Checkpoint, settings: ServeSettings, *, quantize: str) -> None:
+    ``model``, an ensemble of ``loaded``'s model and others (``members`` names their
+    checkpoints), decodes in its place when given; attention maps and explanations stay one
+    model's, so they are refused then.
+    """
+
+    def __init__(
+        self,
+        loaded: Checkpoint,
+        settings: ServeSettings,
+        *,
+        quantize: str,
+        model: Decodable | None = None,
+        members: Sequence[str] = (),
+    ) -> None:
         self.loaded = loaded
+        self.model = loaded.model if model is None else model
         self.settings = settings
-        self.max_input_tokens = settings.max_input_tokens or loaded.model_config.max_len
+        self.max_input_tokens = settings.max_input_tokens or self.model.config.max_len
         self.model_info = model_record(loaded, quantize)
+        if isinstance(self.model, Ensemble):
+            self.model_info["ensemble"] = list(members)
         self.batcher = Batcher(
-            loaded.model,
+            self.model,
             window_s=settings.batch_window_ms / 1000,
             max_batch_tokens=settings.max_batch_tokens,
             max_waiting=settings.max_queue,
@@ -104,8 +121,8 @@ class Service:
     ) -> list[str]:
         """What ``tformer generate`` warns of for these inputs: those longer than the model's
         max_len are read up to it (possible when --max-input-tokens is above it)."""
-        max_len = self.loaded.model_config.max_len
-        prompts = self.loaded.model.continues_prompts
+        max_len = self.model.config.max_len
+        prompts = self.model.continues_prompts
         found = [
             long_inputs_warning([len(ids) for ids in src], max_len, prompts=prompts),
             None if target is None else long_target_warning(len(target), max_len, "target"),
@@ -126,6 +143,13 @@ class Service:
                 f"{inputs} input(s) x {rows // inputs} outputs each is {rows} rows; this "
                 f"server decodes at most {self.settings.max_rows} for a request "
                 "(tformer serve --max-rows); send fewer inputs, beams or samples"
+            )
+
+    def check_one_model(self, what: str) -> None:
+        if isinstance(self.model, Ensemble):
+            raise ConfigError(
+                f"{what} show one model; this server decodes an ensemble of "
+                f"{len(self.model.members)} (tformer serve --ensemble)"
             )
 
     # -- answers --------------------------------------------------------------------------
@@ -155,6 +179,7 @@ class Service:
 
     def attention(self, request: AttentionRequest, decoding: DecodingConfig) -> dict[str, Any]:
         """Runs in the worker: the maps ``tformer inspect-attention`` computes."""
+        self.check_one_model("attention maps")
         loaded = self.loaded
         result = attention_maps(
             loaded.model, loaded.tokenizers, request.source, request.target, decoding
@@ -172,6 +197,7 @@ class Service:
         target: list[int] | None = None,
     ) -> dict[str, Any]:
         """Runs in the worker: ``generate --explain``'s table for one output, as JSON."""
+        self.check_one_model("explanations")
         loaded = self.loaded
         tokenizers = loaded.tokenizers
         if target is None or request.target is None:

@@ -19,10 +19,10 @@ import torch
 from tformer.checkpoint.store import Tokenizers
 from tformer.config import EOS_ID
 from tformer.decoding.api import fit_source
+from tformer.decoding.ensemble import Decodable
 from tformer.decoding.sampling import sample_steps
 from tformer.decoding.settings import DecodingConfig, Hypothesis
 from tformer.errors import TformerError
-from tformer.model import TransformerBase
 from tformer.serve.answers import output_record, settings_record
 from tformer.serve.limits import unexpected
 
@@ -30,7 +30,7 @@ Emit = Callable[[str, dict[str, Any]], None]
 
 
 def decode_streamed(
-    model: TransformerBase,
+    model: Decodable,
     tokenizers: Tokenizers,
     text: str,
     src_ids: list[int],
