@@ -19,6 +19,7 @@ from tests.test_hostile_files import TINY, cli, refused
 from tformer.checkpoint.store import load_checkpoint
 from tformer.config import preset
 from tformer.data.distilled import PROGRESS, partial_folder
+from tformer.decoding.ensemble import ensemble_of
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
 
@@ -77,6 +78,30 @@ def test_targets_are_what_translate_gives(
     assert manifest["counts"] == {"train": 40 * n_best, "validation": 5, "test": 4}
     assert (manifest["beam_size"], manifest["n_best"]) == (beam, n_best)
     assert not partial_folder(out).exists()
+
+
+def test_an_ensemble_teacher_gives_the_ensembles_outputs(
+    teacher: Path, corpus: Path, tmp_path: Path
+) -> None:
+    """--ensemble: the targets are what the members decode together, recorded in the
+    manifest; a resumed run must name the same members."""
+    other = tmp_path / "other"
+    trained = cli("train", "--data", teacher.parent / "data", "--out", other, *TINY,
+                  "--max-steps", "40", "--seed", "1")  # fmt: skip
+    assert trained.exit_code == 0, trained.output
+    out = tmp_path / "distilled"
+    result = _distill(teacher, corpus, out, "--beam-size", 2, "--ensemble", other)
+    assert result.exit_code == 0, result.output
+    sources = [pair["source"] for pair in _lines(corpus / "train.jsonl")]
+    members = [load_checkpoint(teacher), load_checkpoint(other)]
+    config = DecodingConfig(beam_size=2, max_new_tokens=8)
+    found = translate(ensemble_of(members), members[0].tokenizers, sources, config)
+    want = [{"source": s, "target": gens[0].text} for s, gens in zip(sources, found, strict=True)]
+    assert _lines(out / "train.jsonl") == want
+    alone = translate(members[0].model, members[0].tokenizers, sources, config)
+    assert want != [{"source": s, "target": g[0].text} for s, g in zip(sources, alone, strict=True)]
+    manifest = json.loads((out / "tformer-distill.json").read_text())
+    assert manifest["ensemble"] == [str(members[1].path.absolute())]
 
 
 def test_the_folder_trains_a_student(teacher: Path, corpus: Path, tmp_path: Path) -> None:

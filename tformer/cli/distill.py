@@ -6,17 +6,19 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
 
-from tformer.checkpoint import Checkpoint
+from tformer.checkpoint import Tokenizers
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.data_options import LIMIT, check_limit, checkpoint_family, data_of
 from tformer.cli.decoding_options import decoding_config, decoding_parameters
+from tformer.cli.ensemble_options import ENSEMBLE, with_members
 from tformer.cli.options import (
     CHECKPOINT,
     CHECKPOINT_CHOICE,
@@ -32,6 +34,7 @@ from tformer.cli.progress import clock
 from tformer.data.distilled import PartialCorpus, check_out, partial_folder
 from tformer.data.sources import TextPair
 from tformer.decoding.distill import teacher_outputs
+from tformer.decoding.ensemble import Decodable
 from tformer.decoding.settings import DecodingConfig
 from tformer.errors import ConfigError, DataError, TrainingInterrupted
 from tformer.training.signals import StopOnSignal, exit_code
@@ -44,11 +47,24 @@ RECORDED_FLAGS = (
 )  # fmt: skip
 
 
-def load_teacher(checkpoint: Path, device: str) -> Checkpoint:
-    """The model the targets come from: one checkpoint. The one place a teacher is loaded,
-    so an ensemble can be loaded (and decoded as one model) here later."""
+@dataclass(frozen=True)
+class Teacher:
+    """What the targets come from: a checkpoint's model, or the ensemble of it and the
+    --ensemble members (decoded as one model), with the first checkpoint's tokenizers."""
+
+    model: Decodable
+    tokenizers: Tokenizers
+    paths: list[str]  # every checkpoint folder it decodes with, the first one first
+    max_len: int
+
+
+def load_teacher(checkpoint: Path, members: list[Path] | None, device: str) -> Teacher:
+    """The one place a teacher is loaded: one checkpoint, or an ensemble with ``members``."""
     checkpoint_family(checkpoint, "distill", "reads_source")
-    return load_chosen(checkpoint, device)
+    loaded = load_chosen(checkpoint, device)
+    model, paths = with_members(loaded, members, "distill", device=device, quantize="none")
+    absolute = [str(Path(path).absolute()) for path in paths]
+    return Teacher(model, loaded.tokenizers, absolute, loaded.model_config.max_len)
 
 
 @app.command("distill")
@@ -56,6 +72,7 @@ def load_teacher(checkpoint: Path, device: str) -> Checkpoint:
 def distill_command(
     checkpoint: Path = CHECKPOINT,
     checkpoint_choice: str = CHECKPOINT_CHOICE,
+    ensemble: list[Path] | None = ENSEMBLE,
     data: str | None = DATA,
     out: Path = typer.Option(..., "--out", "-o", help="The distilled corpus folder to write."),
     source_field: str = SOURCE_FIELD,
@@ -101,16 +118,17 @@ def distill_command(
     if split not in splits:
         raise DataError(f"--split {split}: not in the data (splits: {', '.join(splits)})")
     sources = [s for s, _ in splits[split]][:limit]
-    teacher = load_teacher(checkpoint, device)
+    teacher = load_teacher(checkpoint, ensemble, device)
     settings = {
-        "teacher": str(teacher.path.absolute()), "data": data, "split": split,
+        "teacher": teacher.paths[0], **({"ensemble": teacher.paths[1:]} if ensemble else {}),
+        "data": data, "split": split,
         "source_field": source_field, "target_field": target_field, "limit": limit,
         "sources_sha256": _digest(sources), "beam_size": beam_size,
         **{name: getattr(config, name) for name in RECORDED_FLAGS},
     }  # fmt: skip
     corpus = PartialCorpus.start(out, settings, len(sources), resume=resume, overwrite=overwrite)
     try:
-        warn_long_inputs(teacher.tokenizers.source, sources, teacher.model_config.max_len)
+        warn_long_inputs(teacher.tokenizers.source, sources, teacher.max_len)
         _translate(teacher, corpus, sources, config, max_tokens=max_tokens, chunk=chunk_size)
     finally:
         corpus.close()
@@ -154,7 +172,7 @@ def _digest(sources: Sequence[str]) -> str:
 
 
 def _translate(
-    teacher: Checkpoint,
+    teacher: Teacher,
     corpus: PartialCorpus,
     sources: Sequence[str],
     config: DecodingConfig,

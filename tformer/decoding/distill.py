@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from tformer.checkpoint import Tokenizers
 from tformer.decoding.api import fit_input
+from tformer.decoding.ensemble import Decodable
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
-from tformer.model import TransformerBase
 
 
 def rows_per_source(config: DecodingConfig) -> int:
@@ -37,7 +37,7 @@ def token_batches(lengths: Sequence[int], rows: int, max_tokens: int) -> list[li
 
 
 def teacher_outputs(
-    model: TransformerBase,
+    model: Decodable,
     tokenizers: Tokenizers,
     sources: Sequence[str],
     config: DecodingConfig,
