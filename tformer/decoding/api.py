@@ -150,8 +150,7 @@ def decode_texts(
         For each source, ``config.num_samples`` hypotheses, or the ``n_best`` of beam search.
     """
     device = next(model.parameters()).device
-    width = config.beam_size if config.beam_size > 1 else config.num_samples
-    sources_per_batch = max(1, batch_size // width)
+    sources_per_batch = max(1, batch_size // config.rows_per_input)
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
     for start in range(0, len(order), sources_per_batch):

@@ -7,33 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tformer.checkpoint import Tokenizers
+from tformer.data.batching import bucket_batches
 from tformer.decoding.api import fit_input
 from tformer.decoding.ensemble import Decodable
 from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.text import translate
-
-
-def rows_per_source(config: DecodingConfig) -> int:
-    """The decoder rows one source takes: its beams, or its samples."""
-    return config.beam_size if config.beam_size > 1 else config.num_samples
-
-
-def token_batches(lengths: Sequence[int], rows: int, max_tokens: int) -> list[list[int]]:
-    """Indices of ``lengths`` grouped shortest first so that each group's padded source
-    tokens (sources x ``rows`` x its longest source) stay within ``max_tokens``; a source
-    longer than the budget gets a group of its own."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for index in order:
-        # Sorted by length, so the newest source is the longest of its group.
-        if current and (len(current) + 1) * rows * lengths[index] > max_tokens:
-            batches.append(current)
-            current = []
-        current.append(index)
-    if current:
-        batches.append(current)
-    return batches
 
 
 def teacher_outputs(
@@ -47,9 +25,12 @@ def teacher_outputs(
     """The texts ``translate`` gives for each of ``sources`` (``n_best`` of beam search, or
     ``num_samples``), in input order, decoded one token-bounded batch at a time."""
     lengths = [len(fit_input(model, tokenizers.source.encode(text))) for text in sources]
-    rows = rows_per_source(config)
+    rows = config.rows_per_input
     outputs: list[list[str]] = [[] for _ in sources]
-    for batch in token_batches(lengths, rows, max_tokens):
+    # Training's grouping by length under a padded-token budget, each source counted with its
+    # rows: the budget per row is the budget over the rows.
+    for group in bucket_batches([(n, 0) for n in lengths], max(1, max_tokens // rows), seed=0):
+        batch = group.tolist()
         texts = [sources[i] for i in batch]
         # One decoding call per batch: translate decodes batch_size rows together.
         found = translate(model, tokenizers, texts, config, batch_size=len(batch) * rows)

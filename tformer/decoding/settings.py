@@ -167,6 +167,11 @@ class DecodingConfig:
     def outputs_per_input(self) -> int:
         return self.n_best if self.beam_size > 1 else self.num_samples
 
+    @property
+    def rows_per_input(self) -> int:
+        """The decoder rows one input takes: its beams, or its samples."""
+        return self.beam_size if self.beam_size > 1 else self.num_samples
+
     def constraints(self) -> list[Stage]:
         """Processor stages 1-3 (every strategy)."""
         return constraint_stages(

@@ -40,8 +40,7 @@ class Job:
 
     @property
     def rows(self) -> int:
-        width = self.config.beam_size if self.config.beam_size > 1 else self.config.num_samples
-        return len(self.src) * width
+        return len(self.src) * self.config.rows_per_input
 
     @property
     def cost(self) -> int:

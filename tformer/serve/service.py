@@ -137,7 +137,7 @@ class Service:
             )
 
     def check_rows(self, inputs: int, config: DecodingConfig) -> None:
-        rows = inputs * (config.beam_size if config.beam_size > 1 else config.num_samples)
+        rows = inputs * config.rows_per_input
         if rows > self.settings.max_rows:
             raise ConfigError(
                 f"{inputs} input(s) x {rows // inputs} outputs each is {rows} rows; this "
