@@ -74,9 +74,9 @@ def write_filtered(
     with FILTERED.staging(out, overwrite=overwrite) as tmp:
         for name, pairs in splits.items():
             chosen = (p for i, p in enumerate(pairs) if i in kept) if name == job.split else pairs
-            with open(tmp / f"{name}.jsonl", "w", encoding="utf-8") as handle:
+            with open(tmp / f"{name}.jsonl", "w", encoding="utf-8", newline="\n") as handle:
                 write_pairs(handle, chosen, job.fields)
-        with open(tmp / "scores.jsonl", "w", encoding="utf-8") as handle:
+        with open(tmp / "scores.jsonl", "w", encoding="utf-8", newline="\n") as handle:
             write_scores(handle, scores, kept)
         text = report_markdown(job, scores, selection, splits[job.split], worst_n)
         (tmp / "report.md").write_text(text, encoding="utf-8")
