@@ -16,8 +16,9 @@ from tformer.decoding.settings import DecodingConfig
 from tformer.decoding.steppers import CachedStepper
 from tformer.fast.accelerate import accelerate, is_accelerated, plain
 from tformer.fast.attention import FastMultiHeadAttention, FoldedSource, FoldingKVCache
-from tformer.fast.step import FastDecoderLayer, FastTransformer
+from tformer.fast.step import FastTransformer
 from tformer.model import DecoderCache, MultiHeadAttention, Transformer
+from tformer.model.layers import DecoderLayer
 
 
 def accelerated(config: ModelConfig) -> FastTransformer:
@@ -29,13 +30,13 @@ def accelerated(config: ModelConfig) -> FastTransformer:
 def test_cached_decoding_matches_full_forward(
     norm: str, activation: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Lean steps take FastDecoderLayer.step, the lean copy of forward's maths: count its
+    # Lean steps take DecoderLayer.step, the one-position form of forward's maths: count its
     # calls, so this comparison is known to hold that path against the full forward; the
     # paper's own cached decode (a plain model) must agree too.
     calls = []
-    lean_step = FastDecoderLayer.step
+    lean_step = DecoderLayer.step
     monkeypatch.setattr(
-        FastDecoderLayer,
+        DecoderLayer,
         "step",
         lambda self, *a, **k: calls.append(1) or lean_step(self, *a, **k),
     )

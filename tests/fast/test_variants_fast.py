@@ -18,8 +18,9 @@ from tformer.decoding.steppers import CachedStepper, RecomputeStepper
 from tformer.fast.accelerate import accelerate, plain
 from tformer.fast.attention import FoldingKVCache
 from tformer.fast.int8 import quantize_int8
-from tformer.fast.step import FastDecoderLayer, LeanStep
+from tformer.fast.step import LeanStep
 from tformer.model import Transformer, build_model
+from tformer.model.layers import DecoderLayer
 
 VARIANTS = {
     "learned": dict(positions="learned"),
@@ -68,9 +69,9 @@ def test_lean_cached_steps_equal_the_full_forward(
     name: str, rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = []
-    lean_step = FastDecoderLayer.step
+    lean_step = DecoderLayer.step
     monkeypatch.setattr(
-        FastDecoderLayer, "step", lambda self, *a, **k: calls.append(1) or lean_step(self, *a, **k)
+        DecoderLayer, "step", lambda self, *a, **k: calls.append(1) or lean_step(self, *a, **k)
     )
     model = variant_model(name)
     src = torch.tensor([[5, 6, 7, 8], [9, 10, PAD_ID, PAD_ID]])[:rows]

@@ -20,9 +20,10 @@ from tformer.decoding.settings import DecodingConfig
 from tformer.errors import ConfigError
 from tformer.fast.accelerate import accelerate
 from tformer.fast.int8 import quantize_int8
-from tformer.fast.step import FastDecoderLayer, LeanStep
+from tformer.fast.step import LeanStep
 from tformer.model import Transformer, build_model
 from tformer.model.attention import scaled_dot_product_attention
+from tformer.model.layers import DecoderLayer
 from tformer.model.positions import RelativePositionBias, relative_bucket
 
 # Every T5 variant at once, on the paper's encoder-decoder.
@@ -142,9 +143,9 @@ def test_int8_decodes_the_t5_variants_on_the_lean_step(monkeypatch: pytest.Monke
     model = quantize_int8(Transformer(tiny(**T5)).eval())
     assert isinstance(model, LeanStep)
     steps = []
-    lean = FastDecoderLayer.step
+    lean = DecoderLayer.step
     monkeypatch.setattr(
-        FastDecoderLayer, "step", lambda self, *a, **k: steps.append(1) or lean(self, *a, **k)
+        DecoderLayer, "step", lambda self, *a, **k: steps.append(1) or lean(self, *a, **k)
     )
     with torch.inference_mode():
         out = decode(model, torch.tensor([[5, 6, 7, 8]]), DecodingConfig(max_new_tokens=6))

@@ -1,9 +1,10 @@
-"""Multi-head attention with the paper's maths and a leaner path for decoding on CPUs.
+"""Attention kernels and caches for the model's own maths, faster on CPUs.
 
-:class:`FastMultiHeadAttention` keeps :class:`tformer.model.MultiHeadAttention`'s parameters
-and ``forward``; it adds ``step``, one cached decoding position per row in fewer operations,
-and, for a single source, cross-attention with W^Q folded into the source's keys and W^O into
-its values (:class:`FoldedSource`). The state dict is the model's own.
+:class:`FastMultiHeadAttention` keeps :class:`tformer.model.MultiHeadAttention`'s parameters,
+``forward`` and ``step``; it replaces only kernels: the decoding step's queries, keys and values
+in one stacked product, for a single source cross-attention with W^Q folded into the source's
+keys and W^O into its values (:class:`FoldedSource`), and the written-out attention where torch's
+fused backward is slow. The state dict is the model's own.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from tformer.fast.linear import direct, forget_packed, linear, unpacked_linear
+from tformer.fast.linear import forget_packed, linear, unpacked_linear
 from tformer.model.attention import MultiHeadAttention, repeat_kv
 from tformer.model.cache import KVCache
 
@@ -64,14 +64,14 @@ class FoldingKVCache(KVCache):
 class StaticKVCache(KVCache):
     """A self-attention cache of fixed capacity, for a step captured as a CUDA graph
     (:mod:`tformer.fast.graphs`): the new position is written at ``pos``, a device tensor the
-    graph reads, and the query attends over the whole buffer with ``visible`` hiding the
-    positions not yet written (shapes and addresses must not change between replays)."""
+    graph reads, and the query attends over the whole buffer with ``visible`` (set by the
+    graphed step) hiding the positions not yet written (shapes and addresses must not change
+    between replays)."""
 
     def __init__(self, k: Tensor, v: Tensor, pos: Tensor) -> None:
         super().__init__()
         self._k, self._v, self.pos = k, v, pos
         self.length = k.size(2)  # the buffer is read whole
-        self.visible: Tensor | None = None  # (1, 1, 1, capacity), set by the graphed step
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         assert self._k is not None and self._v is not None
@@ -118,77 +118,18 @@ def stacked_qkv(attention: MultiHeadAttention) -> tuple[Tensor, Tensor | None]:
 
 
 class FastMultiHeadAttention(MultiHeadAttention):
-    """:class:`MultiHeadAttention` with ``step`` for cached decoding; same parameters."""
+    """:class:`MultiHeadAttention` with faster kernels; same parameters, same maths."""
 
     def fused_kernel(self, q: Tensor, k: Tensor) -> bool:
         return not fused_backward_is_slow(q, k.size(-2))
 
-    def step(
-        self,
-        query: Tensor,
-        cache: KVCache,
-        memory: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        position_bias: Tensor | None = None,
-    ) -> Tensor:
-        """``forward`` for one new query position per row, at inference, with a cache.
-
-        Self-attention when ``memory`` is None: the new position's key and value join
-        ``cache``. Cross-attention over ``memory`` (B, S, D) otherwise: projected on the first
-        step, reused afterwards. The same maths as ``forward`` in fewer tensor operations and
-        calls, which is what a small model decoding one token at a time spends its time on.
-
-        Args:
-            query: (B, 1, D). memory_mask: broadcastable to (B, H, 1, S), or None.
-            position_bias: (1, H, 1, t) added to the self-attention scores (T5's relative
-                positions), or None.
-        Returns:
-            (B, 1, D).
-        """
-        b = query.size(0)
-        k: Tensor | None
-        v: Tensor | None
-        if memory is None:
-            q, k, v = self.new_qkv(query, cache.length)
-            k, v = cache.append(k, v)  # (B, G, t, d_k) each
-            if isinstance(cache, StaticKVCache):  # a graphed step reads its whole buffer
-                memory_mask = cache.visible
-        else:
-            if not cache.length:
-                cache.set(*self.project_kv(memory))
-            if isinstance(cache, FoldingKVCache) and self.folding_pays(query, cache):
-                return self.folded_cross_step(query, cache, memory_mask)
-            q = direct(self.q_proj, query).view(b, self.n_heads, 1, self.d_k)
-            k, v = cache.k, cache.v
-        assert k is not None and v is not None
-        k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, H, t, d_k)
-        if position_bias is not None:  # one additive mask: the bias, -inf where hidden
-            bias = position_bias.to(q.dtype)
-            memory_mask = bias if memory_mask is None else bias.masked_fill(~memory_mask, -math.inf)
-        # No causal mask: the one new query may see every cached key.
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=memory_mask, scale=self.scale
-        )  # (B, H, 1, d_k)
-        out = self.gate_heads(out)
-        # With one query position the heads already lie side by side: no transpose needed.
-        return direct(self.out_proj, out.reshape(b, 1, self.n_heads * self.d_k))
-
-    def new_qkv(self, query: Tensor, start: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Query (B, H, 1, d_k), key and value (B, G, 1, d_k) of one new position at ``start``.
-
-        One product for all three: one call fewer, and one tall weight streams faster than
-        two. Rotary positions, when the layer has them, rotate the query and the key.
-        """
-        b, h, g, d_k = query.size(0), self.n_heads, self.kv_heads, self.d_k
-        qkv = self.qkv_step(query)  # (B, 1, (H + 2G) d_k)
-        if g == h:
-            q, k, v = qkv.view(b, 3, h, 1, d_k).unbind(1)
-        else:
-            q, k, v = qkv.split([h * d_k, g * d_k, g * d_k], dim=-1)
-            q, k, v = q.reshape(b, h, 1, d_k), k.reshape(b, g, 1, d_k), v.reshape(b, g, 1, d_k)
-        if self.rotary is not None:
-            q, k = self.rotary(q, start), self.rotary(k, start)
-        return q, k, v
+    def cross_step(
+        self, query: Tensor, cache: KVCache, memory_mask: Tensor | None
+    ) -> Tensor | None:
+        """Cross-attention folded into one source (:class:`FoldedSource`) where that pays."""
+        if isinstance(cache, FoldingKVCache) and self.folding_pays(query, cache):
+            return self.folded_cross_step(query, cache, memory_mask)
+        return None
 
     def folding_pays(self, query: Tensor, cache: FoldingKVCache) -> bool:
         """Whether :meth:`folded_cross_step` applies: one source, CPU inference, short.
@@ -220,7 +161,8 @@ class FastMultiHeadAttention(MultiHeadAttention):
         return unpacked_linear(weights, folded.values, folded.out_bias).view(rows, 1, -1)
 
     def qkv_step(self, query: Tensor) -> Tensor:
-        """Queries, keys and values of (B, 1, D) new positions: (B, 1, 3D)."""
+        """Queries, keys and values of (B, 1, D) new positions in one product with W^Q stacked
+        on the key/value weight: one call fewer, and one tall weight streams faster than two."""
         return linear(self, query, *self._fused_qkv())
 
     def fold_weights(self) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:

@@ -1,4 +1,4 @@
-"""The lean decoding step captured as a CUDA graph: one launch per step instead of hundreds.
+"""The model's decoding step captured as a CUDA graph: one launch per step instead of hundreds.
 
 A small model's decoding step on a GPU is a few hundred short kernels, each launched from
 Python, and the GPU mostly waits for the next launch. A CUDA graph records the step's kernels
@@ -28,8 +28,9 @@ import torch
 from torch import Tensor
 
 from tformer.fast.attention import StaticKVCache
-from tformer.fast.step import FastDecoderLayer, FastTransformer
-from tformer.model.cache import KVCache, LayerCache
+from tformer.fast.step import FastTransformer
+from tformer.model.cache import DecoderCache, KVCache, LayerCache
+from tformer.model.layers import DecoderLayer
 from tformer.model.transformer import EncoderOutput
 
 CUDA_GRAPHS = "TFORMER_CUDA_GRAPHS"
@@ -54,9 +55,9 @@ def graphs_fit(model: object, encoded: EncoderOutput, prompts: Tensor | None) ->
     )
 
 
-def _layers(model: FastTransformer) -> list[FastDecoderLayer]:
+def _layers(model: FastTransformer) -> list[DecoderLayer]:
     layers = list(model.decoder.layers)
-    assert all(isinstance(layer, FastDecoderLayer) for layer in layers)  # accelerate()'s
+    assert all(isinstance(layer, DecoderLayer) for layer in layers)
     return layers  # type: ignore[return-value]
 
 
@@ -105,16 +106,14 @@ class StepGraph:
             self.caches.append(LayerCache(StaticKVCache(k, v, self.pos), cross))
 
     def forward(self) -> Tensor:
-        """The step the graph records: (rows, V) logits for ``tokens`` at ``pos``."""
-        decoder = self.model.decoder
+        """The step the graph records: the model's own ``step`` over the static caches, (rows,
+        V) logits for ``tokens`` at ``pos``."""
         visible = (self._positions <= self.pos).view(1, 1, 1, -1)
-        x = decoder.positions.at(decoder.embedding(self.tokens), self.pos)  # (rows, 1, D)
-        no_memory = x.new_empty(0)  # the cross caches are filled: memory is not read again
-        for layer, cache in zip(_layers(self.model), self.caches, strict=True):
-            assert isinstance(cache.self_attn, StaticKVCache)
-            cache.self_attn.visible = visible
-            x = layer.step(x, no_memory, self.memory_mask, cache)
-        return self.model.project(decoder.finish(x))[:, -1]
+        for layer_cache in self.caches:
+            layer_cache.self_attn.visible = visible
+        no_memory = self.tokens.new_empty(0)  # the cross caches are filled: memory is not read
+        cache = DecoderCache(self.caches, index=self.pos)
+        return self.model.step(self.tokens, no_memory, self.memory_mask, cache)[:, -1]
 
     def replay(self) -> Tensor:
         if self.tokens.device.type != "cuda":  # the same static step, run eagerly (tests)

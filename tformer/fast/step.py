@@ -1,32 +1,19 @@
-"""The lean cached decoding step: the decoder's maths for one new position per row.
+"""What the model's cached decoding step (``TransformerBase.step``) runs on when accelerated:
+the folding cross-attention cache and the vocabulary projection split or packed over threads.
 
-A decoding step of a small model is bound by how many tensor operations and module calls it
-runs more than by arithmetic, so these subclasses of the model's modules add a ``step`` that
-runs the same sublayers, residuals and norms without module calls or dropout (inference
-only). They keep the model's parameters and ``forward``; the tests hold ``step`` equal to it.
+The step's maths is the model's own (``tformer.model``); this module supplies only the cache
+and the kernel, and keeps the model's parameters; the tests hold the step equal to ``decode``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from tformer.fast.attention import FastMultiHeadAttention, FoldingKVCache
-from tformer.fast.linear import direct, fast_linear
+from tformer.fast.attention import FoldingKVCache
+from tformer.fast.linear import fast_linear
 from tformer.model.cache import DecoderCache, LayerCache
-from tformer.model.layers import DecoderLayer, FeedForward, GatedFeedForward, residual
 from tformer.model.transformer import Decoder, Transformer, TransformerBase
-
-
-def layer_norm(norm: nn.LayerNorm | nn.RMSNorm, x: Tensor) -> Tensor:
-    """``norm(x)`` (LayerNorm or RMSNorm) without the module call."""
-    if isinstance(norm, nn.RMSNorm):
-        return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
-    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
 def step_mask(mask: Tensor) -> Tensor | None:
@@ -38,82 +25,12 @@ def step_mask(mask: Tensor) -> Tensor | None:
     return None if bool(mask.all()) else mask
 
 
-class FastFeedForward(FeedForward):
-    """:class:`FeedForward` with ``step``; same parameters."""
-
-    def step(self, x: Tensor) -> Tensor:
-        h = direct(self.w1, x)
-        # In place: the hidden layer is this call's own tensor, and writing a fresh one is a
-        # noticeable part of a small model's step.
-        h = F.relu(h, inplace=True) if self.activation is F.relu else self.activation(h)
-        return direct(self.w2, h)
-
-
-class FastGatedFeedForward(GatedFeedForward):
-    """:class:`GatedFeedForward` with ``step``; same parameters."""
-
-    def step(self, x: Tensor) -> Tensor:
-        gate = self.activation(direct(self.w1, x))
-        return direct(self.w2, gate.mul_(direct(self.v, x)))  # in place, as FastFeedForward
-
-
-class FastDecoderLayer(DecoderLayer):
-    """:class:`DecoderLayer` with ``step``; same parameters."""
-
-    self_attn: FastMultiHeadAttention
-    cross_attn: FastMultiHeadAttention
-    feed_forward: FastFeedForward | FastGatedFeedForward
-
-    def step(
-        self,
-        x: Tensor,
-        memory: Tensor,
-        memory_mask: Tensor | None,
-        cache: LayerCache,
-        position_bias: Tensor | None = None,
-    ) -> Tensor:
-        """``forward`` for one new position per row (B, 1, D), at inference, with a cache
-        (and T5's relative ``position_bias`` (1, H, 1, t) on the self-attention scores)."""
-        self_attn = self.self_attn
-        sublayers: list[tuple[nn.LayerNorm | nn.RMSNorm, Callable[[Tensor], Tensor]]] = [
-            (
-                self.norm1,
-                lambda h: self_attn.step(h, cache.self_attn, position_bias=position_bias),
-            )
-        ]
-        if self.has_cross:  # a decoder-only model's block has none
-            cross = self.cross_attn
-            sublayers.append(
-                (self.norm2, lambda h: cross.step(h, cache.cross_attn, memory, memory_mask))
-            )
-        sublayers.append((self.norm3, self.feed_forward.step))
-        for norm, sublayer in sublayers:
-            x = residual(x, sublayer, partial(layer_norm, norm), self.pre_norm)
-        return x
-
-
 class LeanStep(TransformerBase):
-    """A lean ``step`` and a faster inference projection for any family with a decoder;
-    mixed in before the family's own class (:class:`FastTransformer`, int8's decoder-only)."""
+    """Decoding through the model's ``step`` with the fast caches and a faster inference
+    projection, for any family with a decoder; mixed in before the family's own class
+    (:class:`FastTransformer`, int8's decoder-only)."""
 
     decoder: Decoder
-
-    def step(
-        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecoderCache
-    ) -> Tensor:
-        """(B, 1) newest tokens -> (B, 1, V) logits, through each layer's ``step``.
-
-        The same result as ``decode(tgt, encoded, cache=cache).logits`` in eval mode.
-        """
-        decoder = self.decoder
-        start = cache.length
-        x = decoder.positions(decoder.embedding(tgt), start)  # (B, 1, D)
-        bias = decoder.relative(1, start + 1, start) if decoder.relative is not None else None
-        for layer, layer_cache in zip(decoder.layers, cache.layers, strict=True):
-            assert isinstance(layer, FastDecoderLayer)  # accelerate() swapped every layer
-            x = layer.step(x, memory, memory_mask, layer_cache, bias)
-        cache.length += 1
-        return self.project(decoder.finish(x))
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache([LayerCache(cross_attn=FoldingKVCache()) for _ in self.decoder.layers])
@@ -147,4 +64,4 @@ class LeanStep(TransformerBase):
 
 
 class FastTransformer(LeanStep, Transformer):
-    """:class:`Transformer` with a lean ``step`` and a faster inference projection."""
+    """:class:`Transformer` with the fast caches and a faster inference projection."""

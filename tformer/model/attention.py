@@ -222,6 +222,80 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(b, q_len, self.n_heads * self.d_k)  # (B, Q, D)
         return self.out_proj(out), weights
 
+    # -- the cached decoding step ------------------------------------------------------------
+
+    def step(
+        self,
+        query: Tensor,
+        cache: KVCache,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        position_bias: Tensor | None = None,
+    ) -> Tensor:
+        """``forward`` for one new query position per row, at inference, with a cache.
+
+        Self-attention when ``memory`` is None: the new position's key and value join
+        ``cache``. Cross-attention over ``memory`` (B, S, D) otherwise: projected on the first
+        step, reused afterwards. The same maths as ``forward`` in fewer tensor operations and
+        no module calls, which is what a small model decoding one token at a time spends its
+        time on. Every model decodes through this one step; ``tformer.fast`` replaces only
+        its kernels (:meth:`qkv_step`, :meth:`cross_step`, the linear layers' ``forward``).
+
+        Args:
+            query: (B, 1, D). memory_mask: broadcastable to (B, H, 1, S), or None.
+            position_bias: (1, H, 1, t) added to the self-attention scores (T5's relative
+                positions), or None.
+        Returns:
+            (B, 1, D).
+        """
+        b = query.size(0)
+        k: Tensor | None
+        v: Tensor | None
+        if memory is None:
+            q, k, v = self.new_qkv(query, cache.length)
+            k, v = cache.append(k, v)  # (B, G, t, d_k) each
+            mask = cache.visible  # no causal mask: the one new query may see every cached key
+        else:
+            if not cache.length:
+                cache.set(*self.project_kv(memory))
+            whole = self.cross_step(query, cache, memory_mask)
+            if whole is not None:
+                return whole
+            q = self.q_proj.forward(query).view(b, self.n_heads, 1, self.d_k)
+            k, v, mask = cache.k, cache.v, memory_mask
+        assert k is not None and v is not None
+        k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, H, t, d_k)
+        out, _ = scaled_dot_product_attention(q, k, v, mask, bias=position_bias, scale=self.scale)
+        out = self.gate_heads(out)  # (B, H, 1, d_k)
+        # With one query position the heads already lie side by side: no transpose needed.
+        return self.out_proj.forward(out.reshape(b, 1, self.n_heads * self.d_k))
+
+    def new_qkv(self, query: Tensor, start: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Query (B, H, 1, d_k), key and value (B, G, 1, d_k) of one new position at ``start``;
+        with rotary positions the query and the key rotated to it."""
+        b, h, g, d_k = query.size(0), self.n_heads, self.kv_heads, self.d_k
+        qkv = self.qkv_step(query)  # (B, 1, (H + 2G) d_k)
+        if g == h:
+            q, k, v = qkv.view(b, 3, h, 1, d_k).unbind(1)
+        else:
+            q, k, v = qkv.split([h * d_k, g * d_k, g * d_k], dim=-1)
+            q, k, v = q.reshape(b, h, 1, d_k), k.reshape(b, g, 1, d_k), v.reshape(b, g, 1, d_k)
+        if self.rotary is not None:
+            q, k = self.rotary(q, start), self.rotary(k, start)
+        return q, k, v
+
+    def qkv_step(self, query: Tensor) -> Tensor:
+        """Kernel: the (B, 1, D) new positions' queries, keys and values side by side,
+        (B, 1, (H + 2G)·d_k). Two products here; one stacked product in ``tformer.fast``."""
+        return torch.cat([self.q_proj.forward(query), self.kv_proj.forward(query)], dim=-1)
+
+    def cross_step(
+        self, query: Tensor, cache: KVCache, memory_mask: Tensor | None
+    ) -> Tensor | None:
+        """Kernel: the whole cross-attention step in another form, or None for the maths of
+        :meth:`step` (here always; ``tformer.fast`` folds the projections into one source)."""
+        return None
+
     def gate_heads(self, out: Tensor) -> Tensor:
         """(B, H, Q, d_k) head outputs times their gates ξ (unchanged without a head mask)."""
         if self.head_gate is None:

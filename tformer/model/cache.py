@@ -22,6 +22,9 @@ class KVCache:
         self._k: Tensor | None = None  # (B, H, capacity, d_k); steps [0, length) are filled
         self._v: Tensor | None = None
         self.length = 0
+        # (1, 1, 1, L) the cached positions a new query may see; None: all of them (a static
+        # cache of fixed capacity, whose later positions are not yet written, sets it).
+        self.visible: Tensor | None = None
 
     @property
     def k(self) -> Tensor | None:
@@ -78,6 +81,9 @@ class DecoderCache:
 
     layers: list[LayerCache]
     length: int = 0
+    # The new position as a (1,) tensor on the model's device, for a step captured as a CUDA
+    # graph (replayed at any position); None: ``length`` is the position.
+    index: Tensor | None = None
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index``, in that order (beam search, dropping finished rows)."""

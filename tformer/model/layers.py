@@ -37,6 +37,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "geglu": F.gelu,
     "geglu_tanh": gelu_tanh,  # T5 v1.1's "gated-gelu" (its gelu_new gate)
 }
+Sublayer = Callable[[Tensor], Tensor]
 RMS_NORM_EPS = 1e-6  # LLaMA's; LayerNorm keeps torch's 1e-5
 
 
@@ -271,8 +272,39 @@ class DecoderLayer(nn.Module):
             )
             return attended
 
-        x = residual(x, attend, self.norm1, self.pre_norm, self.dropout)
-        if self.has_cross:  # a decoder-only model's block has none
-            x = residual(x, attend_source, self.norm2, self.pre_norm, self.dropout)
-        x = residual(x, self.feed_forward, self.norm3, self.pre_norm, self.dropout)
+        for norm, sublayer in self.sublayers(attend, attend_source, self.feed_forward):
+            x = residual(x, sublayer, norm, self.pre_norm, self.dropout)
         return x, weights["self"], weights["cross"]  # (B, T, D), (B, H, T, T), (B, H, T, S)
+
+    def step(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None,
+        cache: LayerCache,
+        position_bias: Tensor | None = None,
+    ) -> Tensor:
+        """``forward`` for one new position per row (B, 1, D), at inference, with a cache:
+        each attention's ``step`` in the same residual order, without module calls or dropout
+        (T5's relative ``position_bias`` (1, H, 1, t) on the self-attention scores)."""
+
+        def attend(h: Tensor) -> Tensor:
+            return self.self_attn.step(h, cache.self_attn, position_bias=position_bias)
+
+        def attend_source(h: Tensor) -> Tensor:
+            return self.cross_attn.step(h, cache.cross_attn, memory, memory_mask)
+
+        for norm, sublayer in self.sublayers(attend, attend_source, self.feed_forward.forward):
+            x = residual(x, sublayer, norm.forward, self.pre_norm)
+        return x
+
+    def sublayers(
+        self, attend: Sublayer, attend_source: Sublayer, feed_forward: Sublayer
+    ) -> list[tuple[nn.LayerNorm | nn.RMSNorm, Sublayer]]:
+        """The block's sub-layers in their order, each with its norm (one order for ``forward``
+        and ``step``): self-attention, cross-attention (not in a decoder-only block), FFN."""
+        parts = [(self.norm1, attend)]
+        if self.has_cross:
+            parts.append((self.norm2, attend_source))
+        parts.append((self.norm3, feed_forward))
+        return parts

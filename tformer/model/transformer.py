@@ -113,6 +113,31 @@ class Decoder(nn.Module):
         x = self.final_norm(x)
         return x if self.output_scale == 1.0 else x * self.output_scale
 
+    def inputs(
+        self, tgt: Tensor, start: int, index: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """(B, T) ids at positions ``start`` onwards (or at the device tensor ``index``, for a
+        step replayed as a CUDA graph) -> their embeddings with positions (B, T, D), and T5's
+        relative position bias (1, H, T, start + T) or None."""
+        x = self.embedding(tgt)
+        x = self.positions(x, start) if index is None else self.positions.at(x, index)
+        length = tgt.size(1)
+        if self.relative is None:
+            return x, None
+        return x, self.relative(length, start + length, start)
+
+    def step(
+        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecoderCache
+    ) -> Tensor:
+        """``forward`` for one new token per row (B, 1), at inference, with a cache: each
+        layer's ``step``, then (B, 1, D) states as the output projection reads them."""
+        x, bias = self.inputs(tgt, cache.length, cache.index)
+        for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
+            assert isinstance(layer, DecoderLayer)
+            x = layer.step(x, memory, memory_mask, layer_cache, bias)
+        cache.length += 1
+        return self.finish(x)
+
     def forward(
         self,
         tgt: Tensor,
@@ -122,12 +147,7 @@ class Decoder(nn.Module):
         cache: DecoderCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        start = cache.length if cache is not None else 0
-        x = self.positions(self.embedding(tgt), start)  # (B, T, D)
-        length = tgt.size(1)
-        bias = (
-            self.relative(length, start + length, start) if self.relative is not None else None
-        )
+        x, bias = self.inputs(tgt, cache.length if cache is not None else 0)
         self_maps: list[Tensor] = []
         cross_maps: list[Tensor] = []
         for i, layer in enumerate(self.layers):
@@ -198,6 +218,16 @@ class TransformerBase(nn.Module):
     ) -> DecoderOutput:
         """(B, T) decoder input ids -> (B, T, V) next-token logits (a model that generates)."""
         raise NotImplementedError(f"{type(self).__name__} has no decoder")
+
+    def step(
+        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecoderCache
+    ) -> Tensor:
+        """(B, 1) newest tokens -> (B, 1, V) logits, through the decoder's ``step``: the same
+        result as ``decode(tgt, encoded, cache=cache).logits`` in eval mode, in fewer
+        operations (a model that generates; ``memory`` is empty for a decoder-only one)."""
+        decoder = self.stacks()["decoder"]
+        assert isinstance(decoder, Decoder)
+        return self.project(decoder.step(tgt, memory, memory_mask, cache))
 
     def project(self, hidden: Tensor) -> Tensor:
         """(B, T, D) -> (B, T, V) logits (plus Marian's bias with ``output_bias``)."""
