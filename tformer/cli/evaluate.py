@@ -54,6 +54,17 @@ from tformer.decoding.ensemble import Decodable
 from tformer.errors import CheckpointError
 from tformer.metrics import perplexity_text
 
+CARD_FOLDER = typer.Option(
+    None,
+    "--out",
+    "-o",
+    show_default=False,
+    help="Folder for hypotheses.txt, result.json, result.md (default: <checkpoint>/eval-<split>).",
+)
+EVAL_BATCH_SIZE = typer.Option(
+    64, "--batch-size", help="Inputs decoded together (lower it when memory runs out)."
+)
+
 
 @app.command("evaluate")
 @with_parameters(decoding_parameters(*DECODING_FLAGS), after="out")
@@ -65,17 +76,8 @@ def evaluate_command(
     target_field: str = TARGET_FIELD,
     split: str = SPLIT,
     limit: int | None = LIMIT,
-    out: Path | None = typer.Option(
-        None,
-        "--out",
-        "-o",
-        show_default=False,
-        help="Folder for hypotheses.txt, result.json, result.md "
-        "(default: <checkpoint>/eval-<split>).",
-    ),
-    batch_size: int = typer.Option(
-        64, "--batch-size", help="Inputs decoded together (lower it when memory runs out)."
-    ),
+    out: Path | None = CARD_FOLDER,
+    batch_size: int = EVAL_BATCH_SIZE,
     device: str = DEVICE,
     quantize: str = QUANTIZE,
     mask_heads: str | None = MASK_HEADS,

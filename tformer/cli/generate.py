@@ -66,6 +66,34 @@ def _warn_long(loaded: Checkpoint, model: Decodable, inputs: list[str]) -> None:
     )
 
 
+AS_JSON = typer.Option(
+    False,
+    "--json",
+    help="One JSON record per output: ids, per-token log-probabilities, log p and score.",
+)
+STREAM = typer.Option(
+    None,
+    "--stream/--no-stream",
+    help="Print tokens as they are decoded (default: on for one input to a terminal).",
+    show_default=False,
+)
+INTERACTIVE = typer.Option(
+    False, "--interactive", help="Keep the model loaded; read inputs at a prompt."
+)
+EXPLAIN = typer.Option(
+    False,
+    "--explain",
+    help="For one input, a table of every step: the token, its probability before and "
+    "after each processor, the alternatives and the source tokens attended to.",
+)
+COMPARE = typer.Option(
+    False,
+    "--compare",
+    help="Decode with greedy, beam 4, temperatures 0.5/1/1.5 and top-p 0.9 and show "
+    "the outputs side by side (see `tformer compare`).",
+)
+
+
 @app.command("generate")
 @with_parameters(
     decoding_parameters(*DECODING_FLAGS, "n_best", "num_samples"), after="input_file"
@@ -76,32 +104,11 @@ def generate_command(
     texts: list[str] | None = TEXTS,
     input_file: Path | None = INPUT_FILE,
     batch_size: int = BATCH_SIZE,
-    as_json: bool = typer.Option(
-        False,
-        "--json",
-        help="One JSON record per output: ids, per-token log-probabilities, log p and score.",
-    ),
-    stream: bool | None = typer.Option(
-        None,
-        "--stream/--no-stream",
-        help="Print tokens as they are decoded (default: on for one input to a terminal).",
-        show_default=False,
-    ),
-    interactive: bool = typer.Option(
-        False, "--interactive", help="Keep the model loaded; read inputs at a prompt."
-    ),
-    explain_steps: bool = typer.Option(
-        False,
-        "--explain",
-        help="For one input, a table of every step: the token, its probability before and "
-        "after each processor, the alternatives and the source tokens attended to.",
-    ),
-    compare: bool = typer.Option(
-        False,
-        "--compare",
-        help="Decode with greedy, beam 4, temperatures 0.5/1/1.5 and top-p 0.9 and show "
-        "the outputs side by side (see `tformer compare`).",
-    ),
+    as_json: bool = AS_JSON,
+    stream: bool | None = STREAM,
+    interactive: bool = INTERACTIVE,
+    explain_steps: bool = EXPLAIN,
+    compare: bool = COMPARE,
     device: str = DEVICE,
     quantize: str = QUANTIZE,
     mask_heads: str | None = MASK_HEADS,
