@@ -182,3 +182,14 @@ def test_t5_decode_speed_smoke() -> None:
         "huggingface", "tformer-plain", "tformer", "tformer-int8",
     ]  # fmt: skip
     assert all(r["tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in records)
+
+
+def test_student_speed_smoke() -> None:
+    records = run_script("student_speed.py", "--smoke")
+    names = {"teacher", "teacher-int8", "student", "student-int8"}
+    cases = {("beam4", 1), ("greedy", 32), ("beam4", 32)}
+    assert {(r["strategy"], r["batch"]) for r in records} == cases
+    for case in cases:
+        rows = [r for r in records if (r["strategy"], r["batch"]) == case]
+        assert {r["implementation"] for r in rows} == names
+        assert all(r["tokens_per_s"] > 0 and r["new_tokens"] == 4 * case[1] for r in rows)
