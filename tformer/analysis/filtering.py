@@ -87,9 +87,9 @@ def check_reverse(forward: Checkpoint, reverse: Checkpoint) -> None:
     """
     check_translation_model(reverse, "--reverse")
     fwd, rev = forward.tokenizers, reverse.tokenizers
-    if fwd.source.sha256() == fwd.target.sha256():
+    if fwd.source.same_vocabulary(fwd.target):
         return  # one vocabulary for both sides: the direction cannot be told from it
-    if rev.source.sha256() == fwd.source.sha256() or rev.target.sha256() == fwd.target.sha256():
+    if rev.source.same_vocabulary(fwd.source) or rev.target.same_vocabulary(fwd.target):
         raise ConfigError(
             f"--reverse {reverse.path}: reads the source vocabulary of {forward.path} (or "
             "writes its target one), so it translates the same way; give a model trained "

@@ -164,6 +164,15 @@ class Tokenizer:
     def sha256(self) -> str:
         return hashlib.sha256(self._text.encode("utf-8")).hexdigest()
 
+    def same_vocabulary(self, other: Tokenizer) -> bool:
+        """Whether ``other`` maps every token to the same id (the same file, or another file
+        with the same vocabulary)."""
+        return (
+            other is self
+            or other.sha256() == self.sha256()
+            or other.inner.get_vocab() == self.inner.get_vocab()
+        )
+
     def save(self, path: str | Path) -> None:
         """Write the JSON atomically: a crash leaves either the old file or the new one.
 

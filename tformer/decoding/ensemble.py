@@ -18,7 +18,7 @@ its own tokenizer (ids its tokenizer shares with the first are passed as they ar
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 
 from torch import Tensor, nn
@@ -30,11 +30,23 @@ from tformer.data.batching import pad
 from tformer.data.tokenizer import Tokenizer
 from tformer.decoding.steppers import Stepper, make_stepper
 from tformer.errors import CheckpointError, ConfigError
+from tformer.fast.accelerate import accelerate
+from tformer.fast.int8 import is_quantized
 from tformer.model import TransformerBase
 from tformer.model.transformer import Seq2SeqOutput
 
 # A member's source ids from the first member's: None when both read the same vocabulary.
 SourceMap = Callable[[list[int]], list[int]] | None
+
+
+def mean_log_probs(logits: Iterable[Tensor], weights: Sequence[float]) -> Tensor:
+    """sum_m w_m log_softmax(logits_m): the members' weighted mean log-probabilities."""
+    total: Tensor | None = None
+    for member_logits, weight in zip(logits, weights, strict=True):
+        logp = member_logits.log_softmax(dim=-1) * weight
+        total = logp if total is None else total.add_(logp)
+    assert total is not None
+    return total
 
 
 class EnsembleStepper:
@@ -46,12 +58,7 @@ class EnsembleStepper:
 
     def step(self, tokens: Tensor) -> Tensor:
         """(R,) newest tokens -> (R, V) weighted mean of the members' log-probabilities."""
-        total: Tensor | None = None
-        for stepper, weight in zip(self.steppers, self.weights, strict=True):
-            logp = stepper.step(tokens).log_softmax(dim=-1) * weight
-            total = logp if total is None else total.add_(logp)
-        assert total is not None
-        return total
+        return mean_log_probs((s.step(tokens) for s in self.steppers), self.weights)
 
     def reorder(self, index: Tensor, *, same_source: bool = False) -> None:
         for stepper in self.steppers:
@@ -114,13 +121,9 @@ class Ensemble(nn.Module):
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Seq2SeqOutput:
         """Teacher forcing: (B, T, V) mean log-probabilities of the members, as logits."""
-        total: Tensor | None = None
-        sources = self.member_sources(src)
-        for model, member_src, weight in zip(self.models(), sources, self.weights, strict=True):
-            logp = model(member_src, tgt_in).logits.float().log_softmax(dim=-1) * weight
-            total = logp if total is None else total.add_(logp)
-        assert total is not None
-        return Seq2SeqOutput(total)
+        pairs = zip(self.models(), self.member_sources(src), strict=True)
+        logits = (model(member_src, tgt_in).logits.float() for model, member_src in pairs)
+        return Seq2SeqOutput(mean_log_probs(logits, self.weights))
 
 
 # What the decoding functions take: one model, or an ensemble of them.
@@ -132,12 +135,16 @@ def members_of(model: Decodable) -> list[TransformerBase]:
     return model.models() if isinstance(model, Ensemble) else [model]
 
 
+def accelerate_members(model: Decodable) -> None:
+    """Give every model ``model`` decodes with tformer's speed-ups (in place), keeping a model
+    quantised to int8 as it is: the one preparation of each decoding entry point."""
+    for member in members_of(model):
+        if not is_quantized(member):
+            accelerate(member)
+
+
 def _reencode(reader: Tokenizer, writer: Tokenizer, ids: list[int]) -> list[int]:
     return writer.encode(reader.decode(ids)) or [EOS_ID]  # the encoder needs one position
-
-
-def same_vocabulary(a: Tokenizer, b: Tokenizer) -> bool:
-    return a is b or a.sha256() == b.sha256() or a.inner.get_vocab() == b.inner.get_vocab()
 
 
 def _vocabulary_difference(ours: Checkpoint, theirs: Checkpoint) -> str:
@@ -168,7 +175,7 @@ def check_members(checkpoints: Sequence[Checkpoint]) -> None:
                 f"ensemble members must be of one family: {first.path} is {family}, "
                 f"{other.path} is {other_family}"
             )
-        if not same_vocabulary(first.tokenizers.target, other.tokenizers.target):
+        if not first.tokenizers.target.same_vocabulary(other.tokenizers.target):
             raise CheckpointError(
                 "ensemble members must share one target vocabulary: "
                 + _vocabulary_difference(other, first)
@@ -189,5 +196,5 @@ def ensemble_of(
     maps: list[SourceMap] = []
     for ckpt in checkpoints:
         writer = ckpt.tokenizers.source
-        maps.append(None if same_vocabulary(reader, writer) else partial(_reencode, reader, writer))
+        maps.append(None if reader.same_vocabulary(writer) else partial(_reencode, reader, writer))
     return Ensemble([c.model for c in checkpoints], weights, maps)

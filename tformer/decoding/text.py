@@ -11,10 +11,8 @@ from dataclasses import dataclass
 
 from tformer.checkpoint import Checkpoint, Tokenizers
 from tformer.decoding.api import decode_texts
-from tformer.decoding.ensemble import Decodable, members_of
+from tformer.decoding.ensemble import Decodable, accelerate_members
 from tformer.decoding.settings import DecodingConfig, Hypothesis
-from tformer.fast.accelerate import accelerate
-from tformer.fast.int8 import is_quantized
 
 
 @dataclass(frozen=True)
@@ -45,9 +43,7 @@ def translate(
     Returns:
         For each input, ``config.num_samples`` generations, or the ``n_best`` of beam search.
     """
-    for member in members_of(model):
-        if not is_quantized(member):
-            accelerate(member)
+    accelerate_members(model)
     src = [tokenizers.source.encode(text) for text in texts]
     hyps = decode_texts(model, src, config or DecodingConfig(), batch_size=batch_size)
     flat = [hyp for per_input in hyps for hyp in per_input]

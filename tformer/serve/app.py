@@ -17,11 +17,9 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, StreamingResponse
 
 from tformer.checkpoint.store import Checkpoint
-from tformer.decoding.ensemble import Decodable, members_of
+from tformer.decoding.ensemble import Decodable, accelerate_members
 from tformer.decoding.settings import DecodingConfig
 from tformer.errors import ConfigError
-from tformer.fast.accelerate import accelerate
-from tformer.fast.int8 import is_quantized
 from tformer.serve.guards import AllowedHosts, JsonOnly
 from tformer.serve.limits import BodyLimit, install_handlers
 from tformer.serve.page import page_html
@@ -46,9 +44,7 @@ def create_app(
     service = Service(
         loaded, settings or ServeSettings(), quantize=quantize, model=model, members=members
     )
-    for member in members_of(service.model):
-        if not is_quantized(member):
-            accelerate(member)
+    accelerate_members(service.model)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
