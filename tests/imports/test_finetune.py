@@ -67,7 +67,7 @@ def test_fine_tuning_an_import_keeps_its_tokenizer_and_the_loss_falls(
     assert any("val_bleu" in r or "bleu" in r for r in records)  # validation BLEU by default
 
 
-BUDGET = 20.0
+BUDGET = 12.0
 # The two saves after the last step (best/ and the step checkpoint) of a tiny model, with room
 # for a loaded machine: the budget's 5% is for everything else.
 SAVES = 2.0

@@ -160,29 +160,11 @@ def test_a_ddp_checkpoint_loads_in_one_process_with_identical_logits(ddp_run: Pa
         assert torch.equal(loaded.model(src, tgt).logits, reference(src, tgt).logits)
 
 
-def test_nproc_launches_torchrun_and_resume_works_under_ddp(
+def test_nproc_launches_torchrun_on_a_prepared_folder_and_resume_follows_the_text_run(
     ddp_run: Path, data: Path, tmp_path: Path
 ) -> None:
-    out = tmp_path / "run"
-    first = tformer("train", "--nproc", "2", "--data", str(data), "--out", str(out), *CLI_ARGS,
-                    "--max-steps", str(STEPS // 2))  # fmt: skip
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "global batch 2 rank(s) x 1 accumulated x 256 tokens = 512" in first.stderr
-    second = tformer("train", "--nproc", "2", "--resume", str(out), "--max-steps", str(STEPS))
-    assert second.returncode == 0, second.stderr[-3000:]
-    # Stopped half-way and resumed: the same trajectory and weights as straight through.
-    assert losses(out) == pytest.approx(losses(ddp_run / "run"), rel=1e-6)
-    rank0 = load_file(str(ddp_run / "dump" / "rank0.safetensors"))
-    resumed = load_checkpoint(out).model.state_dict()
-    for name, tensor in rank0.items():
-        torch.testing.assert_close(resumed[name], tensor, rtol=1e-5, atol=1e-6)
-    assert resolve(out).name == f"step-{STEPS:06d}"
-
-
-def test_a_prepared_folder_trains_and_resumes_under_ddp_as_the_text_does(
-    ddp_run: Path, data: Path, tmp_path: Path
-) -> None:
-    """The same batches on each rank from memory-mapped ids: the text run's trajectory."""
+    """The same batches on each rank from memory-mapped ids; stopped half-way and resumed:
+    the straight-through text run's trajectory and weights."""
     prepared = tmp_path / "prepared"
     made = tformer("prepare", "--data", str(data), "--out", str(prepared), "--vocab-size", "60")
     assert made.returncode == 0, made.stderr[-3000:]
@@ -190,9 +172,15 @@ def test_a_prepared_folder_trains_and_resumes_under_ddp_as_the_text_does(
     first = tformer("train", "--nproc", "2", "--data", str(prepared), "--out", str(out),
                     *CLI_ARGS, "--max-steps", str(STEPS // 2))  # fmt: skip
     assert first.returncode == 0, first.stderr[-3000:]
+    assert "global batch 2 rank(s) x 1 accumulated x 256 tokens = 512" in first.stderr
     second = tformer("train", "--nproc", "2", "--resume", str(out), "--max-steps", str(STEPS))
     assert second.returncode == 0, second.stderr[-3000:]
     assert losses(out) == pytest.approx(losses(ddp_run / "run"), rel=1e-6)
+    rank0 = load_file(str(ddp_run / "dump" / "rank0.safetensors"))
+    resumed = load_checkpoint(out).model.state_dict()
+    for name, tensor in rank0.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=1e-5, atol=1e-6)
+    assert resolve(out).name == f"step-{STEPS:06d}"
 
 
 def test_fine_tuning_under_ddp_logs_to_tensorboard(
