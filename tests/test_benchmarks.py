@@ -180,7 +180,11 @@ def test_t5_decode_speed_smoke() -> None:
 
 
 def test_student_speed_smoke() -> None:
-    records = run_script("student_speed.py", "--smoke")
+    records = run_script("student_speed.py", "--smoke", "--student",
+                         "n_encoder_layers=4,n_decoder_layers=1")  # fmt: skip
+    assert all(r["student"] == {"n_encoder_layers": 4, "n_decoder_layers": 1} for r in records)
+    # The encoder is timed alone on each case's sources: a part of the whole decode.
+    assert all(r["encode_ms"] > 0 and r["encode_share"] > 0 for r in records)
     names = {"teacher", "teacher-int8", "student", "student-int8"}
     cases = {("beam4", 1), ("greedy", 32), ("beam4", 32)}
     assert {(r["strategy"], r["batch"]) for r in records} == cases
