@@ -146,7 +146,10 @@ def _top_continuations(beams: _Beams, search_logp: Tensor, n: int) -> tuple[Tens
     vocab = search_logp.size(-1)
     sources = len(beams.sources)
     per_row = min(n, vocab)
-    row_sums, row_tokens = (beams.sums[:, None] + search_logp).topk(per_row, dim=1)  # (R, n)
+    # A row's running sum is one number added to all of its tokens: it changes no rank in the
+    # row, so it is added to the row's n best only, not to all V.
+    row_best, row_tokens = search_logp.topk(per_row, dim=1)  # (R, n)
+    row_sums = beams.sums[:, None] + row_best
     top_sums, at = row_sums.view(sources, -1).topk(n, dim=1)  # (B, n) over width * n
     tokens = row_tokens.view(sources, -1).gather(1, at)
     return top_sums, (at // per_row) * vocab + tokens
