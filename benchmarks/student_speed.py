@@ -28,6 +28,7 @@ import argparse
 import copy
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +92,6 @@ def case(
     return lambda: decode(model, src, settings)
 
 
-def encoder(model: TransformerBase, src: torch.Tensor) -> Callable[[], object]:
-    return lambda: model.encode(src)
-
-
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -111,7 +108,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         )
         runs = {name: case(model, src, settings) for name, model in built.items()}
         best = best_times(runs, args.repeats)
-        encoding = best_times({name: encoder(model, src) for name, model in built.items()},
+        encoding = best_times({name: partial(model.encode, src) for name, model in built.items()},
                               args.repeats)  # fmt: skip
         for name, seconds in best.items():
             records += speed_records(
