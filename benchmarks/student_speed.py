@@ -15,10 +15,16 @@ the encoder alone on the case's sources (``encode_share``: its part of the whole
 a deep encoder makes the larger part at a large batch. ``--student`` sets another student shape
 over the recipe, for choosing one (docs/distill.md).
 
+``--shortlist FILE --checkpoint CKPT --sources TEXT`` adds two rows, the student in float32 and
+int8 decoding over the lexical shortlist FILE (``tformer shortlist`` of CKPT, whose vocabulary
+the recipe's shape shares), and every row then reads the first sentences of TEXT, encoded with
+CKPT's tokenizer (a shortlist's candidates depend on the words of a batch).
+
 Prints one JSON line per measurement, then a Markdown table.
 
     python benchmarks/student_speed.py
     python benchmarks/student_speed.py --student n_encoder_layers=4,n_decoder_layers=1
+    python benchmarks/student_speed.py --shortlist SL --checkpoint CKPT --sources test2016.en
     python benchmarks/student_speed.py --smoke     # tiny shapes, one repeat (CI)
 """
 
@@ -38,10 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpt2_decode_speed import best_times, speed_records  # noqa: E402
 
+from tformer.checkpoint.store import load_checkpoint  # noqa: E402
 from tformer.config import ModelConfig  # noqa: E402
 from tformer.config.presets import PRESETS, RECIPES  # noqa: E402
+from tformer.data.batching import pad  # noqa: E402
 from tformer.decoding.api import decode  # noqa: E402
+from tformer.decoding.ensemble import Decodable, Ensemble  # noqa: E402
 from tformer.decoding.settings import DecodingConfig  # noqa: E402
+from tformer.decoding.shortlist import load_shortlist  # noqa: E402
 from tformer.fast.accelerate import accelerate  # noqa: E402
 from tformer.fast.int8 import quantize_int8  # noqa: E402
 from tformer.model import Transformer, TransformerBase  # noqa: E402
@@ -86,9 +96,27 @@ def models(smoke: bool, student: dict[str, int]) -> dict[str, TransformerBase]:
     return {name: out[name] for name in ("teacher", "teacher-int8", "student", "student-int8")}
 
 
-def case(
-    model: TransformerBase, src: torch.Tensor, settings: DecodingConfig
-) -> Callable[[], object]:
+def with_shortlist(built: dict[str, TransformerBase], args: argparse.Namespace) -> dict[str, Any]:
+    """The rows, with the students over ``--shortlist`` added when it is given."""
+    rows: dict[str, Decodable] = dict(built)
+    if args.shortlist is not None:
+        shortlist = load_shortlist(args.shortlist)
+        for name in ("student", "student-int8"):
+            rows[f"{name}-shortlist"] = Ensemble([built[name]], shortlist=shortlist)
+    return rows
+
+
+def sources(args: argparse.Namespace, batch: int, vocab: int) -> torch.Tensor:
+    """(batch, S) source ids: random, or ``--sources``' first lines in CKPT's tokenizer."""
+    if args.sources is None:
+        generator = torch.Generator().manual_seed(1)
+        return torch.randint(4, vocab, (batch, args.source), generator=generator)
+    tokenizer = load_checkpoint(args.checkpoint, torch.device("cpu")).tokenizers.source
+    lines = Path(args.sources).read_text(encoding="utf-8").splitlines()[:batch]
+    return pad(tokenizer.encode_batch(lines))
+
+
+def case(model: Decodable, src: torch.Tensor, settings: DecodingConfig) -> Callable[[], object]:
     return lambda: decode(model, src, settings)
 
 
@@ -96,25 +124,26 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.threads:
         torch.set_num_threads(args.threads)
     built = models(args.smoke, args.student)
+    rows = with_shortlist(built, args)
     vocab = built["teacher"].config.src_vocab_size
     records = []
     for strategy, batch in CASES:
-        generator = torch.Generator().manual_seed(1)
-        src = torch.randint(4, vocab, (batch, args.source), generator=generator)
+        src = sources(args, batch, vocab)
         settings = DecodingConfig(
             beam_size=4 if strategy == "beam4" else 1,
             min_new_tokens=args.new,
             max_new_tokens=args.new,
         )
-        runs = {name: case(model, src, settings) for name, model in built.items()}
+        runs = {name: case(model, src, settings) for name, model in rows.items()}
         best = best_times(runs, args.repeats)
         encoding = best_times({name: partial(model.encode, src) for name, model in built.items()},
                               args.repeats)  # fmt: skip
+        encoding.update({name: encoding[name.removesuffix("-shortlist")] for name in rows})
         for name, seconds in best.items():
             records += speed_records(
                 {name: seconds}, args.new * batch, benchmark="student_speed", recipe=RECIPE,
                 shape="smoke" if args.smoke else "hour", student=args.student,
-                strategy=strategy, batch=batch, source=args.source,
+                strategy=strategy, batch=batch, source=src.size(1),
                 threads=torch.get_num_threads(), encode_ms=round(encoding[name] * 1e3, 2),
                 encode_share=round(encoding[name] / seconds, 3),
             )  # fmt: skip
@@ -130,21 +159,32 @@ def main() -> None:
     parser.add_argument("--student", type=student_shape, default=PRESETS["student"],
                         help="the student's model fields over the recipe's, e.g. "
                         "n_encoder_layers=4,n_decoder_layers=1 (default: --preset student)")
+    parser.add_argument("--shortlist", type=Path, help="a tformer shortlist file of --checkpoint")
+    parser.add_argument("--checkpoint", type=Path, help="whose tokenizer reads --sources")
+    parser.add_argument("--sources", type=Path, help="a text file of sources, one a line")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, one repeat (CI)")
     args = parser.parse_args()
+    if (args.shortlist is not None or args.sources is not None) and args.checkpoint is None:
+        parser.error("--shortlist and --sources need --checkpoint (its tokenizer)")
+    if args.shortlist is not None and args.sources is None:
+        parser.error("--shortlist needs --sources: its candidates come from real words")
     if args.smoke:
         args.repeats, args.new = 1, 4
     records = run(args)
-    names = ("teacher", "teacher-int8", "student", "student-int8")
-    print("\n| case | " + " | ".join(names) + " | student int8 x teacher | encoder's share "
-          "(teacher, student int8) |")
+    names = ["teacher", "teacher-int8", "student", "student-int8"]
+    fastest = "student-int8"
+    if args.shortlist is not None:
+        names += ["student-shortlist", "student-int8-shortlist"]
+        fastest = "student-int8-shortlist"
+    print("\n| case | " + " | ".join(names) + f" | {fastest} x teacher | encoder's share "
+          f"(teacher, {fastest}) |")
     print("|---|" + "---:|" * (len(names) + 2))
     for strategy, batch in CASES:
-        rows = {r["implementation"]: r for r in records
-                if r["strategy"] == strategy and r["batch"] == batch}  # fmt: skip
-        ratio = rows["student-int8"]["tokens_per_s"] / rows["teacher"]["tokens_per_s"]
-        cells = " | ".join(f"{rows[n]['tokens_per_s']:,.0f}" for n in names)
-        shares = " / ".join(f"{rows[n]['encode_share']:.0%}" for n in ("teacher", "student-int8"))
+        found = {r["implementation"]: r for r in records
+                 if r["strategy"] == strategy and r["batch"] == batch}  # fmt: skip
+        ratio = found[fastest]["tokens_per_s"] / found["teacher"]["tokens_per_s"]
+        cells = " | ".join(f"{found[n]['tokens_per_s']:,.0f}" for n in names)
+        shares = " / ".join(f"{found[n]['encode_share']:.0%}" for n in ("teacher", fastest))
         print(f"| {strategy}, batch {batch} | {cells} | {ratio:.2f} | {shares} |")
 
 

@@ -60,10 +60,11 @@ def test_an_ensemble_of_one_or_of_two_copies_decodes_as_the_model_alone(setting:
 
 
 @torch.no_grad()
-def test_an_ensemble_of_one_steps_the_models_log_probabilities() -> None:
+def test_an_ensemble_of_one_steps_the_models_distribution() -> None:
     model = tiny(0)
     bos = torch.full((SRC.size(0),), BOS_ID)
-    torch.testing.assert_close(Ensemble([model]).stepper(SRC).step(bos), first_logp(model, SRC))
+    got = Ensemble([model]).stepper(SRC).step(bos).log_softmax(-1)
+    torch.testing.assert_close(got, first_logp(model, SRC))
 
 
 @torch.no_grad()

@@ -219,7 +219,12 @@ def fsync_files(folder: Path) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename.
+    """Write ``text`` to ``path`` as UTF-8 through :func:`write_bytes_atomic`."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename.
 
     Raises:
         CheckpointError: ``path`` exists and is not a regular file (a symlink, FIFO, device or
@@ -229,8 +234,8 @@ def write_text_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         follow_umask(tmp)  # mkstemp makes it private; these are ordinary files
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         replace_file(tmp, path)

@@ -16,7 +16,7 @@ from tformer.cli.app import app
 from tformer.cli.console import console
 from tformer.cli.data_options import checkpoint_family
 from tformer.cli.decoding_options import decoding_parameters
-from tformer.cli.ensemble_options import ENSEMBLE, with_members
+from tformer.cli.ensemble_options import ENSEMBLE, SHORTLIST, with_members
 from tformer.cli.options import (
     BATCH_SIZE,
     CHECKPOINT,
@@ -171,6 +171,7 @@ def compare_command(
     device: str = DEVICE,
     quantize: str = QUANTIZE,
     ensemble: list[Path] | None = ENSEMBLE,
+    shortlist: Path | None = SHORTLIST,
     **values: Any,
 ) -> None:
     """Decode the same inputs under several settings; outputs, log p and lengths side by side.
@@ -203,7 +204,9 @@ def compare_command(
     checkpoint_family(checkpoint, "compare", "generates")
     loaded = load_chosen(checkpoint, device)
     apply_quantize(loaded.model, quantize)
-    model, _ = with_members(loaded, ensemble, "compare", device=device, quantize=quantize)
+    model, _ = with_members(
+        loaded, ensemble, "compare", device=device, quantize=quantize, shortlist=shortlist
+    )
     warn_long_inputs(loaded.tokenizers.source, inputs, model.config.max_len)
     print_comparison(
         loaded, inputs, settings, batch_size=batch_size, as_json=as_json, model=model

@@ -32,7 +32,12 @@ from tformer.cli.data_options import (
     split_examples,
 )
 from tformer.cli.decoding_options import DECODING_FLAGS, decoding_config, decoding_parameters
-from tformer.cli.ensemble_options import ENSEMBLE, refuse_with_ensemble, with_members
+from tformer.cli.ensemble_options import (
+    ENSEMBLE,
+    SHORTLIST,
+    refuse_with_ensemble,
+    with_members,
+)
 from tformer.cli.options import (
     CHECKPOINT,
     CHECKPOINT_CHOICE,
@@ -83,6 +88,7 @@ def evaluate_command(
     mask_heads: str | None = MASK_HEADS,
     text_field: str = TEXT_FIELD,
     ensemble: list[Path] | None = ENSEMBLE,
+    shortlist: Path | None = SHORTLIST,
     **values: Any,
 ) -> None:
     """Translate a split and report sacreBLEU and chrF (with signatures), loss and perplexity.
@@ -121,7 +127,7 @@ def evaluate_command(
     if family.reads_source:
         apply_quantize(ckpt.model, quantize)
         model, members = with_members(
-            ckpt, ensemble, "evaluate", device=device, quantize=quantize
+            ckpt, ensemble, "evaluate", device=device, quantize=quantize, shortlist=shortlist
         )
         sources = [s for s, _ in cast(list[TextPair], examples)]
         warn_long_inputs(ckpt.tokenizers.source, sources, model.config.max_len)

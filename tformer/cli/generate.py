@@ -18,7 +18,12 @@ from tformer.cli.compare import default_settings, print_comparison
 from tformer.cli.console import console
 from tformer.cli.data_options import checkpoint_family
 from tformer.cli.decoding_options import DECODING_FLAGS, decoding_config, decoding_parameters
-from tformer.cli.ensemble_options import ENSEMBLE, refuse_with_ensemble, with_members
+from tformer.cli.ensemble_options import (
+    ENSEMBLE,
+    SHORTLIST,
+    refuse_with_ensemble,
+    with_members,
+)
 from tformer.cli.explain import explanation_table
 from tformer.cli.options import (
     BATCH_SIZE,
@@ -113,6 +118,7 @@ def generate_command(
     quantize: str = QUANTIZE,
     mask_heads: str | None = MASK_HEADS,
     ensemble: list[Path] | None = ENSEMBLE,
+    shortlist: Path | None = SHORTLIST,
     **values: Any,
 ) -> None:
     """Generate outputs; one line per output, in input order (an input's outputs together).
@@ -139,20 +145,26 @@ def generate_command(
     _check_modes(config, batch_size, as_json, stream, interactive, explain_steps, compare)
     if explain_steps:
         refuse_with_ensemble(ensemble, "--explain", "shows the steps of one model")
+        if shortlist is not None:
+            raise ConfigError("--explain shows every token's score; drop --shortlist")
     if mask_heads:
         refuse_with_ensemble(ensemble, "--mask-heads", "names heads of one model")
     if interactive:
         if texts or input_file is not None:
             raise ConfigError("--interactive reads inputs at a prompt: drop TEXT / --input-file")
         loaded = _load(checkpoint, device, quantize, mask_heads)
-        model, _ = with_members(loaded, ensemble, "generate", device=device, quantize=quantize)
+        model, _ = with_members(
+            loaded, ensemble, "generate", device=device, quantize=quantize, shortlist=shortlist
+        )
         _interactive(loaded, model, config, as_json=as_json, stream=stream)
         return
     inputs = read_inputs(texts, input_file)
     if explain_steps and len(inputs) != 1:
         raise ConfigError(f"--explain shows one input at a time; got {len(inputs)}")
     loaded = _load(checkpoint, device, quantize, mask_heads)
-    model, _ = with_members(loaded, ensemble, "generate", device=device, quantize=quantize)
+    model, _ = with_members(
+            loaded, ensemble, "generate", device=device, quantize=quantize, shortlist=shortlist
+        )
     _warn_long(loaded, model, inputs)
     if compare:
         settings = default_settings(max_new_tokens=config.max_new_tokens, seed=config.seed or 0)

@@ -10,7 +10,7 @@ from rich.markup import escape
 from tformer.cli.app import app
 from tformer.cli.console import err_console
 from tformer.cli.data_options import checkpoint_family
-from tformer.cli.ensemble_options import ENSEMBLE, with_members
+from tformer.cli.ensemble_options import ENSEMBLE, SHORTLIST, with_members
 from tformer.cli.options import (
     CHECKPOINT,
     CHECKPOINT_CHOICE,
@@ -48,6 +48,7 @@ def serve_command(
     device: str = DEVICE,
     quantize: str = QUANTIZE,
     ensemble: list[Path] | None = ENSEMBLE,
+    shortlist: Path | None = SHORTLIST,
     **values: Any,
 ) -> None:
     """Serve translations (or a decoder-only model's continuations) over HTTP, with a web page
@@ -75,7 +76,9 @@ def serve_command(
     checkpoint_family(checkpoint, "serve", "generates")
     loaded = load_chosen(checkpoint, device)
     apply_quantize(loaded.model, quantize)
-    model, members = with_members(loaded, ensemble, "serve", device=device, quantize=quantize)
+    model, members = with_members(
+        loaded, ensemble, "serve", device=device, quantize=quantize, shortlist=shortlist
+    )
 
     application = create_app(loaded, settings, quantize=quantize, model=model, members=members)
     if not is_loopback(settings.host):

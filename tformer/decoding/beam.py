@@ -36,7 +36,7 @@ from tformer.config import BOS_ID, EOS_ID
 from tformer.decoding.ensemble import Decodable
 from tformer.decoding.logits import mask_special_tokens, run_stages
 from tformer.decoding.settings import DecodingConfig, Hypothesis
-from tformer.decoding.steppers import make_stepper, step_limit
+from tformer.decoding.steppers import candidates, make_stepper, step_limit, token_ids
 
 NEG_INF = float("-inf")
 
@@ -133,7 +133,8 @@ def beam_search(
         )
         last = new
 
-    return [_n_best(pool, config.n_best) for pool in pools]
+    # With a shortlist the tokens were positions in its candidates.
+    return token_ids([_n_best(pool, config.n_best) for pool in pools], candidates(model, src))
 
 
 def _top_continuations(beams: _Beams, search_logp: Tensor, n: int) -> tuple[Tensor, Tensor]:

@@ -10,6 +10,11 @@ their softmax is the normalised weighted geometric mean of the members' distribu
 Marian and OpenNMT average log-probabilities). Beam search's row reordering reorders every
 member's cache.
 
+One model with a lexical shortlist (``tformer.decoding.shortlist``) decodes as an ensemble of
+one: each batch's candidates are read from the first member's source ids, every member
+projects onto them, and the decoding loops see positions in the candidates, which
+``tformer.decoding.api`` maps back to token ids.
+
 The members may read the source with different tokenizers: the decoding loop holds the
 first member's source ids, and another member reads that source detokenised and encoded with
 its own tokenizer (ids its tokenizer shares with the first are passed as they are).
@@ -28,6 +33,7 @@ from tformer.config import EOS_ID, PAD_ID, ModelConfig
 from tformer.config.families import family_record
 from tformer.data.batching import pad
 from tformer.data.tokenizer import Tokenizer
+from tformer.decoding.shortlist import Shortlist
 from tformer.decoding.steppers import Stepper, make_stepper
 from tformer.errors import CheckpointError, ConfigError
 from tformer.fast.accelerate import accelerate
@@ -57,7 +63,10 @@ class EnsembleStepper:
         self.weights = list(weights)
 
     def step(self, tokens: Tensor) -> Tensor:
-        """(R,) newest tokens -> (R, V) weighted mean of the members' log-probabilities."""
+        """(R,) newest tokens -> (R, V) weighted mean of the members' log-probabilities (one
+        member's logits as they are: the same softmax)."""
+        if len(self.steppers) == 1:
+            return self.steppers[0].step(tokens)
         return mean_log_probs((s.step(tokens) for s in self.steppers), self.weights)
 
     def reorder(self, index: Tensor, *, same_source: bool = False) -> None:
@@ -78,6 +87,7 @@ class Ensemble(nn.Module):
         members: Sequence[TransformerBase],
         weights: Sequence[float] | None = None,
         source_maps: Sequence[SourceMap] | None = None,
+        shortlist: Shortlist | None = None,
     ) -> None:
         super().__init__()
         if not members:
@@ -91,6 +101,7 @@ class Ensemble(nn.Module):
         self.members = nn.ModuleList(members)
         self.weights = [w / sum(weights) for w in weights]
         self.source_maps = list(source_maps or [None] * len(members))
+        self.shortlist = shortlist
         first = members[0]
         self.continues_prompts = first.continues_prompts
         max_len = min(m.config.max_len for m in members)
@@ -111,10 +122,16 @@ class Ensemble(nn.Module):
             sources.append(pad(mapped).to(src.device))
         return sources
 
+    def candidates(self, src: Tensor) -> Tensor | None:
+        """(C,) the target ids the shortlist allows for the (B, S) sources ``src``; None
+        without a shortlist (every id)."""
+        return None if self.shortlist is None else self.shortlist.candidates(src)
+
     def stepper(self, src: Tensor, use_cache: bool = True) -> EnsembleStepper:
         """Each member's stepper over its own reading of ``src`` (see ``make_stepper``)."""
+        vocab = self.candidates(src)
         steppers = [
-            make_stepper(model, member_src, use_cache)
+            make_stepper(model, member_src, use_cache, vocab)
             for model, member_src in zip(self.models(), self.member_sources(src), strict=True)
         ]
         return EnsembleStepper(steppers, self.weights)
@@ -183,18 +200,31 @@ def check_members(checkpoints: Sequence[Checkpoint]) -> None:
 
 
 def ensemble_of(
-    checkpoints: Sequence[Checkpoint], weights: Sequence[float] | None = None
+    checkpoints: Sequence[Checkpoint],
+    weights: Sequence[float] | None = None,
+    shortlist: tuple[Shortlist, str] | None = None,
 ) -> Ensemble:
-    """The loaded ``checkpoints`` as one ensemble, after :func:`check_members`.
+    """The loaded ``checkpoints`` as one ensemble, after :func:`check_members`, decoding over
+    ``shortlist``'s candidates (the shortlist and its file) when given.
 
     Raises:
-        ConfigError: a member of another family, or one that does not generate.
+        ConfigError: a member of another family, or one that does not generate; a shortlist
+            for another vocabulary, or for a model that reads no source.
         CheckpointError: a member with another target vocabulary.
     """
     check_members(checkpoints)
+    if shortlist is not None:
+        first = checkpoints[0]
+        if not first.model.reads_source:
+            raise ConfigError(
+                f"--shortlist {shortlist[1]}: {first.path} reads no source, and a shortlist "
+                "holds the target tokens of source tokens; drop --shortlist"
+            )
+        shortlist[0].check_fits(first.tokenizers.source, first.tokenizers.target, shortlist[1])
     reader = checkpoints[0].tokenizers.source
     maps: list[SourceMap] = []
     for ckpt in checkpoints:
         writer = ckpt.tokenizers.source
         maps.append(None if reader.same_vocabulary(writer) else partial(_reencode, reader, writer))
-    return Ensemble([c.model for c in checkpoints], weights, maps)
+    chosen = None if shortlist is None else shortlist[0]
+    return Ensemble([c.model for c in checkpoints], weights, maps, chosen)

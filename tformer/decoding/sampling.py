@@ -22,7 +22,7 @@ from tformer.config import BOS_ID, EOS_ID, PAD_ID
 from tformer.decoding.ensemble import Decodable
 from tformer.decoding.logits import Stage, mask_special_tokens, run_stages
 from tformer.decoding.settings import DecodingConfig, Hypothesis
-from tformer.decoding.steppers import make_stepper, step_limit
+from tformer.decoding.steppers import candidates, make_stepper, step_limit, token_ids
 
 
 def _hash64(*parts: int) -> int:
@@ -151,6 +151,8 @@ def sample_steps(
     keys = [row_key(ids, s) for ids in _source_rows(src) for s in samples]
     constraints, warpers = config.constraints(), config.sampling()
     stepper = make_stepper(model, src, config.use_cache)
+    vocab = candidates(model, src)  # with a shortlist, tokens are positions in it
+    ids = None if vocab is None else vocab.tolist()
 
     out = _Outputs(list(range(n_src * n)))
     history = torch.empty(n_src, 0, dtype=torch.long, device=device)  # (R, t)
@@ -170,7 +172,7 @@ def sample_steps(
         chosen_logp = model_logp.gather(1, chosen[:, None])[:, 0]
         tokens = chosen.tolist()
         keep = out.record(tokens, chosen_logp.tolist())
-        yield out.active, tokens
+        yield out.active, (tokens if ids is None else [ids[t] for t in tokens])
         if not keep or step == limit - 1:
             break
         history = torch.cat([history, chosen[:, None]], dim=1)
@@ -181,4 +183,4 @@ def sample_steps(
             stepper.reorder(index)
         last = chosen
 
-    return out.hypotheses(n)
+    return token_ids(out.hypotheses(n), vocab)

@@ -18,6 +18,7 @@ and cross-attention of one source folded (in float32, from the dequantised W^Q a
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -52,11 +53,29 @@ class Int8Linear(nn.Module):
             qweight = torch.quantize_per_channel(weight, scale, zero, 0, torch.qint8)
             self._packed = torch.ops.quantized.linear_prepack(qweight, b)
         self._reduce_range = _reduce_range()
+        self._unpacked: tuple[Tensor, Tensor, Tensor | None] | None = None  # see rows()
 
     def dequantized(self) -> tuple[Tensor, Tensor | None]:
         """The float32 weight its int8 one stands for (int8 x scale), and the bias."""
         qweight, bias = torch.ops.quantized.linear_unpack(self._packed)
         return qweight.dequantize(), bias
+
+    def rows(self, ids: Tensor) -> Int8Linear:
+        """The product with the output rows ``ids`` alone, their int8 values and scales as
+        they are (unpacked once: unpacking costs more than packing the rows kept)."""
+        if self._unpacked is None:
+            qweight, bias = torch.ops.quantized.linear_unpack(self._packed)
+            self._unpacked = (qweight.int_repr(), qweight.q_per_channel_scales(), bias)
+        values, scales, bias = self._unpacked
+        kept = torch._make_per_channel_quantized_tensor(
+            values[ids], scales[ids], torch.zeros(len(ids), dtype=torch.long), 0
+        )
+        part = Int8Linear.__new__(Int8Linear)
+        nn.Module.__init__(part)
+        part.in_features, part.out_features = self.in_features, len(ids)
+        part._packed = torch.ops.quantized.linear_prepack(kept, None if bias is None else bias[ids])
+        part._reduce_range, part._unpacked = self._reduce_range, None
+        return part
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
@@ -100,6 +119,9 @@ class Int8Model(TransformerBase):
 
     def project(self, hidden: Tensor) -> Tensor:
         return self.int8_projection(hidden)
+
+    def projection_onto(self, ids: Tensor) -> Callable[[Tensor], Tensor]:
+        return self.int8_projection.rows(ids)
 
 
 class Int8Transformer(Int8Model, FastTransformer):

@@ -7,6 +7,8 @@ and the kernel, and keeps the model's parameters; the tests hold the step equal 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -52,6 +54,20 @@ class LeanStep(TransformerBase):
             return hidden @ self._transposed(weight)
         rows = hidden.reshape(-1, hidden.size(-1))
         return torch.addmm(bias, rows, self._transposed(weight)).view(*hidden.shape[:-1], -1)
+
+    def projection_onto(self, ids: Tensor) -> Callable[[Tensor], Tensor]:
+        if ids.device.type != "cpu" or torch.is_grad_enabled():
+            return super().projection_onto(ids)
+        # The (D, C) copy the BLAS splits over threads, as for the whole vocabulary above.
+        transposed = self.output_weight().detach()[ids].t().contiguous()
+        bias = None if self.logits_bias is None else self.logits_bias.detach()[ids]
+
+        def project(hidden: Tensor) -> Tensor:
+            rows = hidden.reshape(-1, hidden.size(-1))
+            logits = rows @ transposed if bias is None else torch.addmm(bias, rows, transposed)
+            return logits.view(*hidden.shape[:-1], -1)
+
+        return project
 
     def _transposed(self, weight: Tensor) -> Tensor:
         """A contiguous (D, V) copy of ``weight``, remade whenever the weight changes."""

@@ -12,8 +12,9 @@ Attention weights are *returned* when asked for (``need_weights=True``), never s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import ClassVar
 
 import torch
@@ -220,18 +221,32 @@ class TransformerBase(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} has no decoder")
 
     def step(
-        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecoderCache
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None,
+        cache: DecoderCache,
+        project: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
         """(B, 1) newest tokens -> (B, 1, V) logits, through the decoder's ``step``: the same
         result as ``decode(tgt, encoded, cache=cache).logits`` in eval mode, in fewer
-        operations (a model that generates; ``memory`` is empty for a decoder-only one)."""
+        operations (a model that generates; ``memory`` is empty for a decoder-only one).
+
+        ``project``: another output projection, such as :meth:`projection_onto`'s."""
         decoder = self.stacks()["decoder"]
         assert isinstance(decoder, Decoder)
-        return self.project(decoder.step(tgt, memory, memory_mask, cache))
+        return (project or self.project)(decoder.step(tgt, memory, memory_mask, cache))
 
     def project(self, hidden: Tensor) -> Tensor:
         """(B, T, D) -> (B, T, V) logits (plus Marian's bias with ``output_bias``)."""
         return F.linear(hidden, self.output_weight(), self.logits_bias)
+
+    def projection_onto(self, ids: Tensor) -> Callable[[Tensor], Tensor]:
+        """:meth:`project` onto the target ids ``ids`` (C,) alone: (B, T, D) -> (B, T, C)
+        logits, its rows sliced once for the many steps that use it."""
+        weight = self.output_weight().detach()[ids]
+        bias = None if self.logits_bias is None else self.logits_bias.detach()[ids]
+        return partial(F.linear, weight=weight, bias=bias)
 
     def output_weight(self) -> Tensor:
         """The (V, D) output projection: when tied, the embedding of the stack that writes

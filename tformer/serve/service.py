@@ -54,8 +54,10 @@ class Service:
         self.settings = settings
         self.max_input_tokens = settings.max_input_tokens or self.model.config.max_len
         self.model_info = model_record(loaded, quantize)
-        if isinstance(self.model, Ensemble):
+        if isinstance(self.model, Ensemble) and len(self.model.members) > 1:
             self.model_info["ensemble"] = list(members)
+        if isinstance(self.model, Ensemble) and self.model.shortlist is not None:
+            self.model_info["shortlist"] = True  # decoded over a lexical shortlist
         self.batcher = Batcher(
             self.model,
             window_s=settings.batch_window_ms / 1000,
@@ -146,7 +148,7 @@ class Service:
             )
 
     def check_one_model(self, what: str) -> None:
-        if isinstance(self.model, Ensemble):
+        if isinstance(self.model, Ensemble) and len(self.model.members) > 1:
             raise ConfigError(
                 f"{what} show one model; this server decodes an ensemble of "
                 f"{len(self.model.members)} (tformer serve --ensemble)"
