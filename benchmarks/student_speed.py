@@ -18,7 +18,8 @@ over the recipe, for choosing one (docs/distill.md).
 ``--shortlist FILE --checkpoint CKPT --sources TEXT`` adds two rows, the student in float32 and
 int8 decoding over the lexical shortlist FILE (``tformer shortlist`` of CKPT, whose vocabulary
 the recipe's shape shares), and every row then reads the first sentences of TEXT, encoded with
-CKPT's tokenizer (a shortlist's candidates depend on the words of a batch).
+CKPT's tokenizer (a shortlist's candidates depend on the words of a batch): the sentences
+around the median length, as ``decode_texts`` batches sentences of similar length.
 
 Prints one JSON line per measurement, then a Markdown table.
 
@@ -107,13 +108,16 @@ def with_shortlist(built: dict[str, TransformerBase], args: argparse.Namespace) 
 
 
 def sources(args: argparse.Namespace, batch: int, vocab: int) -> torch.Tensor:
-    """(batch, S) source ids: random, or ``--sources``' first lines in CKPT's tokenizer."""
+    """(batch, S) source ids: random, or the ``batch`` sentences of ``--sources`` around the
+    median length in CKPT's tokenizer (decode_texts batches sentences sorted by length)."""
     if args.sources is None:
         generator = torch.Generator().manual_seed(1)
         return torch.randint(4, vocab, (batch, args.source), generator=generator)
     tokenizer = load_checkpoint(args.checkpoint, torch.device("cpu")).tokenizers.source
-    lines = Path(args.sources).read_text(encoding="utf-8").splitlines()[:batch]
-    return pad(tokenizer.encode_batch(lines))
+    lines = Path(args.sources).read_text(encoding="utf-8").splitlines()
+    encoded = sorted(tokenizer.encode_batch(lines), key=len)
+    start = max(0, len(encoded) // 2 - batch // 2)
+    return pad(encoded[start : start + batch])
 
 
 def case(model: Decodable, src: torch.Tensor, settings: DecodingConfig) -> Callable[[], object]:

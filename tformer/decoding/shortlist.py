@@ -71,16 +71,13 @@ class Shortlist:
     def candidates(self, src: Tensor) -> Tensor:
         """(B, S) source ids -> (C,) sorted target ids: the special tokens, the frequent
         ones and every source token's list (padding included, whose list is empty)."""
-        words = src.reshape(-1).clamp(0, self.best.size(0) - 1).to(self.best.device)
-        ids = torch.cat(
-            [
-                torch.arange(len(SPECIAL_TOKENS), dtype=torch.long),
-                self.frequent.long(),
-                self.best[words].reshape(-1).long(),
-            ]
-        )
-        ids = torch.unique(ids[ids >= 0])  # sorted: the special tokens keep ids 0..3
-        return ids.to(src.device)
+        words = torch.unique(src.reshape(-1).clamp(0, self.best.size(0) - 1).cpu())
+        kept = torch.zeros(self.target_vocab_size, dtype=torch.bool)
+        kept[: len(SPECIAL_TOKENS)] = True
+        kept[self.frequent.long()] = True
+        ids = self.best[words].reshape(-1).long()
+        kept[ids[ids >= 0]] = True
+        return kept.nonzero()[:, 0].to(src.device)  # sorted: the special tokens keep 0..3
 
     def check_fits(self, source: Tokenizer, target: Tokenizer, where: str) -> None:
         """Refuse, in one line naming ``where`` (the file), a model with other vocabularies."""

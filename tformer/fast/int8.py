@@ -60,22 +60,17 @@ class Int8Linear(nn.Module):
         qweight, bias = torch.ops.quantized.linear_unpack(self._packed)
         return qweight.dequantize(), bias
 
-    def rows(self, ids: Tensor) -> Int8Linear:
-        """The product with the output rows ``ids`` alone, their int8 values and scales as
-        they are (unpacked once: unpacking costs more than packing the rows kept)."""
+    def rows(self, ids: Tensor) -> Int8Rows:
+        """The product with the output rows ``ids`` alone (a lexical shortlist's), their int8
+        values and scales as they are; unpacked once, since unpacking costs more than packing
+        the rows kept."""
         if self._unpacked is None:
             qweight, bias = torch.ops.quantized.linear_unpack(self._packed)
-            self._unpacked = (qweight.int_repr(), qweight.q_per_channel_scales(), bias)
+            scales = qweight.q_per_channel_scales().float()
+            self._unpacked = (qweight.int_repr(), scales, bias)
         values, scales, bias = self._unpacked
-        kept = torch._make_per_channel_quantized_tensor(
-            values[ids], scales[ids], torch.zeros(len(ids), dtype=torch.long), 0
-        )
-        part = Int8Linear.__new__(Int8Linear)
-        nn.Module.__init__(part)
-        part.in_features, part.out_features = self.in_features, len(ids)
-        part._packed = torch.ops.quantized.linear_prepack(kept, None if bias is None else bias[ids])
-        part._reduce_range, part._unpacked = self._reduce_range, None
-        return part
+        kept_bias = None if bias is None else bias[ids]
+        return Int8Rows(values[ids], scales[ids], kept_bias, self._reduce_range)
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
@@ -85,6 +80,32 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+class Int8Rows(nn.Module):
+    """Some output rows of an :class:`Int8Linear`, packed with one scale of 1 and their own
+    scales applied to the product: the same int8 values and the same result, and packing
+    them runs several times faster than packing them per channel (docs/performance.md), which
+    matters when it happens for every batch."""
+
+    def __init__(
+        self, values: Tensor, scales: Tensor, bias: Tensor | None, reduce_range: bool
+    ) -> None:
+        super().__init__()
+        self.out_features = values.size(0)
+        self.scales, self.bias = scales, bias
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            kept = torch._make_per_tensor_quantized_tensor(values, 1.0, 0)
+            self._packed = torch.ops.quantized.linear_prepack(kept, None)
+        self._reduce_range = reduce_range
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1]).float().contiguous()
+        y = torch.ops.quantized.linear_dynamic(flat, self._packed, self._reduce_range)
+        y = y.mul_(self.scales) if self.bias is None else torch.addcmul(self.bias, y, self.scales)
+        return y.view(*shape[:-1], self.out_features)
 
 
 class Int8MultiHeadAttention(FastMultiHeadAttention):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 
@@ -63,8 +64,17 @@ class KVCache:
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (beam reordering, dropping finished sequences)."""
         if self._k is not None and self._v is not None:
-            self._k = self._k.index_select(0, index)
-            self._v = self._v.index_select(0, index)
+            self._k = self._rows(self._k, index)
+            self._v = self._rows(self._v, index)
+
+    def _rows(self, buffer: Tensor, index: Tensor) -> Tensor:
+        """Rows ``index`` of ``buffer`` in a buffer of the same capacity; only the filled
+        steps are copied (beam search reorders every step, and the rest is written later)."""
+        if self.length == buffer.size(2) or buffer.requires_grad:  # out= has no gradient
+            return buffer.index_select(0, index)
+        moved = buffer.new_empty(index.numel(), *buffer.shape[1:])
+        torch.index_select(buffer[:, :, : self.length], 0, index, out=moved[:, :, : self.length])
+        return moved
 
 
 @dataclass
