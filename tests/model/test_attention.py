@@ -166,9 +166,21 @@ def test_static_cache_projects_memory_once() -> None:
     torch.testing.assert_close(cache.k, attn.project_kv(memory)[0], rtol=0, atol=0)
 
 
-def test_incremental_self_attention_with_cache_equals_full_past_capacity_and_reorder() -> None:
+@pytest.mark.parametrize("grad", [False, True], ids=["decoding", "with-gradients"])
+def test_incremental_self_attention_with_cache_equals_full_past_capacity_and_reorder(
+    grad: bool,
+) -> None:
     # 40 steps cross the buffer's doublings (16 -> 32 -> 64); every step must still equal
-    # the full causal pass, and reordering rows must carry the cached past along.
+    # the full causal pass, and reordering rows must carry the cached past along (decoding
+    # copies only the filled steps of the buffer).
+    torch.set_grad_enabled(grad)
+    try:
+        _cache_equals_full_past()
+    finally:
+        torch.set_grad_enabled(True)
+
+
+def _cache_equals_full_past() -> None:
     d_model, heads, length = 16, 4, 40
     attn = MultiHeadAttention(d_model, heads).eval()
     x = torch.randn(3, length, d_model)
