@@ -4,6 +4,7 @@ accelerated and int8), the file's round trip and its refusals, and the commands 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections import defaultdict
@@ -33,6 +34,7 @@ from tformer.errors import CheckpointError, ConfigError
 from tformer.fast.accelerate import accelerate
 from tformer.fast.int8 import quantize_int8
 from tformer.model import TransformerBase, build_model
+from tformer.paths import file_sha256
 
 runner = CliRunner()
 VOCAB = 40
@@ -243,6 +245,9 @@ def test_evaluate_takes_the_shortlist(
                                   tmp_path / "card", "--shortlist", shortlist_file)  # fmt: skip
     assert code == 0, stderr
     assert "BLEU" in stdout
+    card = json.loads((tmp_path / "card" / "result.json").read_text(encoding="utf-8"))
+    assert card["decoding"]["shortlist"]["path"] == str(shortlist_file)
+    assert card["decoding"]["shortlist"]["sha256"] == file_sha256(shortlist_file)
 
 
 @pytest.mark.parametrize(

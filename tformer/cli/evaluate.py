@@ -58,6 +58,7 @@ from tformer.data.sources import TextPair
 from tformer.decoding.ensemble import Decodable
 from tformer.errors import CheckpointError
 from tformer.metrics import perplexity_text
+from tformer.paths import file_sha256
 
 CARD_FOLDER = typer.Option(
     None,
@@ -147,6 +148,8 @@ def evaluate_command(
     result.decoding["mask_heads"] = masked  # ... and which heads were silenced
     if ensemble:
         result.decoding["ensemble"] = members  # ... and which checkpoints decoded together
+    if shortlist is not None:  # ... and over which shortlist
+        result.decoding["shortlist"] = {"path": str(shortlist), "sha256": file_sha256(shortlist)}
     card = result_card(ckpt, result, data=data, pairs=cast(list[TextPair], examples))
     paths = _written(folder, lambda: write_results(folder, card, result.hypotheses))
     _show_translation(result, data, split, paths)

@@ -12,8 +12,8 @@ member's cache.
 
 One model with a lexical shortlist (``tformer.decoding.shortlist``) decodes as an ensemble of
 one: each batch's candidates are read from the first member's source ids, every member
-projects onto them, and the decoding loops see positions in the candidates, which
-``tformer.decoding.api`` maps back to token ids.
+projects onto them, and the decoding loops see positions in the candidates, which they map
+back to token ids at the end (``steppers.token_ids``).
 
 The members may read the source with different tokenizers: the decoding loop holds the
 first member's source ids, and another member reads that source detokenised and encoded with
