@@ -153,6 +153,32 @@ def test_decoding_over_the_candidates_is_the_model_with_every_other_token_ruled_
     assert got != plain  # the shortlist does rule out tokens the model would choose
 
 
+@pytest.mark.parametrize("setting", ["greedy", "beam"])
+def test_an_ensemble_over_the_candidates_is_the_ensemble_of_ruled_out_members(
+    setting: str,
+) -> None:
+    shortlist = small_shortlist(3)
+    allowed = shortlist.candidates(SRC)
+    got = decode(Ensemble([tiny(0), tiny(1)], shortlist=shortlist), SRC, SETTINGS[setting])
+    members = [ruled_out(tiny(0), allowed), ruled_out(tiny(1), allowed)]
+    want = decode(Ensemble(members), SRC, SETTINGS[setting])
+    for got_row, want_row in zip(got, want, strict=True):
+        assert [h.ids for h in got_row] == [h.ids for h in want_row]
+        for g, w in zip(got_row, want_row, strict=True):
+            assert g.token_logprobs == pytest.approx(w.token_logprobs, abs=1e-4)
+
+
+def test_samples_are_drawn_from_the_candidates_and_repeat_with_the_seed() -> None:
+    shortlist = small_shortlist(4)
+    shortlisted = Ensemble([tiny(4)], shortlist=shortlist)
+    config = DecodingConfig(temperature=1.5, num_samples=4, seed=7, max_new_tokens=8)
+    first, again = decode(shortlisted, SRC, config), decode(shortlisted, SRC, config)
+    assert [[h.ids for h in row] for row in first] == [[h.ids for h in row] for row in again]
+    drawn = {token for row in first for h in row for token in h.ids}
+    assert drawn <= set(shortlist.candidates(SRC).tolist())
+    assert len(drawn) > 3  # sampling at T = 1.5 spreads over the candidates
+
+
 def test_a_stream_gives_the_tokens_of_the_batch_decoding() -> None:
     model, shortlist = tiny(1), small_shortlist(1)
     shortlisted = Ensemble([model], shortlist=shortlist)
