@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -113,11 +114,17 @@ def sources(args: argparse.Namespace, batch: int, vocab: int) -> torch.Tensor:
     if args.sources is None:
         generator = torch.Generator().manual_seed(1)
         return torch.randint(4, vocab, (batch, args.source), generator=generator)
-    tokenizer = load_checkpoint(args.checkpoint, torch.device("cpu")).tokenizers.source
-    lines = Path(args.sources).read_text(encoding="utf-8").splitlines()
-    encoded = sorted(tokenizer.encode_batch(lines), key=len)
+    encoded = source_ids(args.checkpoint, args.sources)
     start = max(0, len(encoded) // 2 - batch // 2)
     return pad(encoded[start : start + batch])
+
+
+@functools.cache
+def source_ids(checkpoint: Path, text: Path) -> list[list[int]]:
+    """``text``'s lines in ``checkpoint``'s source tokenizer, shortest first (read once)."""
+    tokenizer = load_checkpoint(checkpoint, torch.device("cpu")).tokenizers.source
+    lines = text.read_text(encoding="utf-8").splitlines()
+    return sorted(tokenizer.encode_batch(lines), key=len)
 
 
 def case(model: Decodable, src: torch.Tensor, settings: DecodingConfig) -> Callable[[], object]:

@@ -92,7 +92,8 @@ def beam_search(
     k = config.beam_size
     n_src = src.size(0)
     constraints = config.constraints()
-    stepper = make_stepper(model, src, config.use_cache)
+    vocab = candidates(model, src)  # with a shortlist, tokens are positions in it
+    stepper = make_stepper(model, src, config.use_cache, vocab)
     pools = [Pool(k, config.length_penalty) for _ in range(n_src)]
     beams = _Beams(
         sources=list(range(n_src)),
@@ -133,8 +134,7 @@ def beam_search(
         )
         last = new
 
-    # With a shortlist the tokens were positions in its candidates.
-    return token_ids([_n_best(pool, config.n_best) for pool in pools], candidates(model, src))
+    return token_ids([_n_best(pool, config.n_best) for pool in pools], vocab)
 
 
 def _top_continuations(beams: _Beams, search_logp: Tensor, n: int) -> tuple[Tensor, Tensor]:

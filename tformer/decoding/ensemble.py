@@ -127,9 +127,11 @@ class Ensemble(nn.Module):
         without a shortlist (every id)."""
         return None if self.shortlist is None else self.shortlist.candidates(src)
 
-    def stepper(self, src: Tensor, use_cache: bool = True) -> EnsembleStepper:
-        """Each member's stepper over its own reading of ``src`` (see ``make_stepper``)."""
-        vocab = self.candidates(src)
+    def stepper(
+        self, src: Tensor, use_cache: bool = True, vocab: Tensor | None = None
+    ) -> EnsembleStepper:
+        """Each member's stepper over its own reading of ``src`` (see ``make_stepper``), over
+        the candidate ids ``vocab`` (:meth:`candidates`) when given."""
         steppers = [
             make_stepper(model, member_src, use_cache, vocab)
             for model, member_src in zip(self.models(), self.member_sources(src), strict=True)

@@ -150,8 +150,8 @@ def sample_steps(
     seed = resolve_seed(config.seed)
     keys = [row_key(ids, s) for ids in _source_rows(src) for s in samples]
     constraints, warpers = config.constraints(), config.sampling()
-    stepper = make_stepper(model, src, config.use_cache)
     vocab = candidates(model, src)  # with a shortlist, tokens are positions in it
+    stepper = make_stepper(model, src, config.use_cache, vocab)
     ids = None if vocab is None else vocab.tolist()
 
     out = _Outputs(list(range(n_src * n)))

@@ -33,6 +33,7 @@ from tformer.checkpoint.files import write_bytes_atomic
 from tformer.config import SPECIAL_TOKENS
 from tformer.data.tokenizer import Tokenizer
 from tformer.errors import CheckpointError, ConfigError
+from tformer.paths import json_loads
 from tformer.source_files import MIB, read_bytes
 
 FORMAT = "tformer-shortlist"
@@ -81,16 +82,15 @@ class Shortlist:
 
     def check_fits(self, source: Tokenizer, target: Tokenizer, where: str) -> None:
         """Refuse, in one line naming ``where`` (the file), a model with other vocabularies."""
-        if vocabulary_digest(source) != self.source_digest:
-            raise ConfigError(
-                f"--shortlist {where} was built for another source vocabulary than the model's; "
-                "build one for this checkpoint with tformer shortlist"
-            )
-        if vocabulary_digest(target) != self.target_digest:
-            raise ConfigError(
-                f"--shortlist {where} was built for another target vocabulary than the model's; "
-                "build one for this checkpoint with tformer shortlist"
-            )
+        for side, tokenizer, digest in (
+            ("source", source, self.source_digest),
+            ("target", target, self.target_digest),
+        ):
+            if vocabulary_digest(tokenizer) != digest:
+                raise ConfigError(
+                    f"--shortlist {where} was built for another {side} vocabulary than the "
+                    "model's; build one for this checkpoint with tformer shortlist"
+                )
 
     def save(self, path: Path) -> None:
         """Write the shortlist as safetensors (through a temporary file and a rename)."""
@@ -116,7 +116,7 @@ def load_shortlist(path: Path) -> Shortlist:
     try:
         tensors = load(data)
         header_size = int.from_bytes(data[:8], "little")
-        metadata = json.loads(data[8 : 8 + header_size]).get("__metadata__") or {}
+        metadata = json_loads(data[8 : 8 + header_size]).get("__metadata__") or {}
     except (SafetensorError, ValueError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{path}: not a safetensors file ({error})") from None
     if metadata.get("format") != FORMAT or set(tensors) != {"best", "frequent"}:

@@ -146,13 +146,13 @@ def make_stepper(
     """Encode ``src`` (B, S) once and return the object that runs decoder steps over it.
 
     For a decoder-only model ``src`` holds the prompts, all of one length (no padding).
-    An ensemble (``tformer.decoding.ensemble``) gives each member its own stepper, over its
-    shortlist's candidates when it has one; ``vocab`` is those candidates (C,)."""
+    An ensemble (``tformer.decoding.ensemble``) gives each member its own stepper. ``vocab``:
+    the (C,) candidate ids of a shortlist (:func:`candidates`) the steps are over."""
     # Imported here: the ensemble module builds its members' steppers with this function.
     from tformer.decoding.ensemble import Ensemble
 
     if isinstance(model, Ensemble):
-        return model.stepper(src, use_cache)
+        return model.stepper(src, use_cache, vocab)
     encoded = model.encode(src)
     prompts = src if model.continues_prompts else None
     if use_cache and vocab is None and graphs_fit(model, encoded, prompts):
