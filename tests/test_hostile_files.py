@@ -129,7 +129,7 @@ S2, S4 = "{w}/run/step-000002", "{w}/run/step-000004"
 AVERAGE_REFUSALS = [
     ("into-its-own-run", f"average {S2} {S4} --out {{w}}/run", 2, ["already holds a run"]),
     ("into-its-own-run-overwrite", f"average {S2} {S4} --out {{w}}/run --overwrite", 2,
-     ["one of the checkpoints being averaged"]),
+     ["a checkpoint it is made from"]),
     ("into-a-step-folder", f"average {S2} {S4} --out {S4}", 2, ["is one checkpoint of a run"]),
     ("into-a-foreign-folder", f"average {S2} {S4} --out {{w}}/foreign", 2,
      ["not a tformer run"]),

@@ -1,9 +1,9 @@
 """Rules that several commands share, each run against every command that has it, so a new
 command without the rule fails a test:
 
-- every command that writes an output folder (import, export, prepare, train, average, filter,
-  distill): one lock against a concurrent writer of that folder, `--overwrite` replacing only
-  what the same command wrote, and files and folders that follow the umask;
+- every command that writes an output folder (import, export, prepare, train, average, shrink,
+  filter, distill): one lock against a concurrent writer of that folder, `--overwrite`
+  replacing only what the same command wrote, and files and folders that follow the umask;
 - every command that reads a split when `--data` is not given (evaluate, score, ablate,
   align, distill): the data the checkpoint records, and for an import (which records none) a
   refusal.
@@ -40,6 +40,7 @@ WRITERS: dict[str, Args] = {
     "average": lambda s, out: [
         "average", s / "run" / "step-000002", s / "run" / "step-000004", "--out", out,
     ],
+    "shrink": lambda s, out: ["shrink", s / "run", "--out", out, "--n-decoder-layers", "1"],
     "filter": lambda s, out: ["filter", s / "run", "--data", s / "data", "--out", out,
                               "--keep", "0.9"],
     "distill": lambda s, out: ["distill", s / "run", "--data", s / "data", "--out", out,
@@ -52,11 +53,14 @@ WRITTEN_BY = {
     "prepare": "prepared",
     "train": "run",
     "average": "averaged",
+    "shrink": "shrunk",
     "filter": "filtered",
     "distill": "distilled",
 }
-REPLACES = {**{w: {f} for w, f in WRITTEN_BY.items()}, "train": {"run", "averaged"},
-            "average": {"run", "averaged"}}  # fmt: skip
+# train, average and shrink all write runs: each may replace the others'.
+RUNS = {"run", "averaged", "shrunk"}
+REPLACES = {**{w: {f} for w, f in WRITTEN_BY.items()}, "train": RUNS, "average": RUNS,
+            "shrink": RUNS}  # fmt: skip
 # Folders no writer may replace but its own kind's: the others' outputs, one checkpoint of a
 # run, and a user's folder.
 FOLDERS = [*WRITTEN_BY.values(), "run/step-000004", "mine"]
@@ -70,7 +74,8 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_jsonl(root / "data" / "validation.jsonl", digit_pairs(10, seed=42))
     for name, kind in (("run", "train"), ("hf", "export"), ("imported", "import"),
                        ("prepared", "prepare"), ("averaged", "average"),
-                       ("filtered", "filter"), ("distilled", "distill")):  # fmt: skip
+                       ("shrunk", "shrink"), ("filtered", "filter"),
+                       ("distilled", "distill")):  # fmt: skip
         extra = ["--save-every", "2", "--max-steps", "4"] if kind == "train" else []
         result = cli(*WRITERS[kind](root, root / name), *extra)
         assert result.exit_code == 0, result.output
@@ -117,7 +122,7 @@ def test_overwrite_replaces_only_what_the_same_command_wrote(
 
 
 @pytest.mark.parametrize(
-    "writer", ["import", "export", "prepare", "average", "filter", "distill"]
+    "writer", ["import", "export", "prepare", "average", "shrink", "filter", "distill"]
 )
 def test_overwrite_replaces_an_earlier_output_of_the_same_command(
     world: Path, writer: str

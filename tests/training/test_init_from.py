@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 import tformer
 from tformer import checkpoint as ckpt
 from tformer.cli.commands import app
-from tformer.config import PAD_ID, TrainConfig
+from tformer.config import PAD_ID, RECIPES, TrainConfig
 from tformer.data.batching import BatchPlan, collate
 from tformer.data.sources import load_text_pairs
 from tformer.data.tokenizer import train_tokenizer
@@ -160,7 +160,6 @@ def refused(args: list[str], code: int, tmp_path: Path) -> str:
         (["--d-model", "32"], "--d-model 32 (saved: 64)"),
         (["--n-heads", "2"], "--n-heads 2 (saved: 4)"),
         (["--preset", "small"], "--preset small (d_model 256 (saved: 64)"),
-        (["--recipe", "dates"], "--recipe dates (d_model 128 (saved: 64)"),
         (["--vocab-size", "300"], "--vocab-size 300 (saved: 60)"),
         (["--tokenizer-kind", "unigram"], "--tokenizer-kind 'unigram' (saved: 'bpe')"),
         (["--separate-vocab"], "--separate-vocab (saved: one shared vocabulary)"),
@@ -176,6 +175,22 @@ def test_contradicting_architecture_flags_are_refused(
     )
     assert line.startswith(f"error: --init-from {ckpt.resolve(base)}") and named in line
     assert "fine-tuned from" in line
+
+
+@pytest.mark.slow
+def test_a_recipe_gives_a_fine_tuned_run_its_training_settings_only(
+    base: Path, toy_data: Path, tmp_path: Path
+) -> None:
+    """The dates recipe's architecture (d_model 128, 2 + 2 layers) is not the checkpoint's:
+    the run keeps the checkpoint's and takes the recipe's training settings."""
+    out = tmp_path / "tuned"
+    fine_tune(base, toy_data, out, "--recipe", "dates", "--max-steps", "1", "--save-every", "1")
+    saved = ckpt.load_checkpoint(out)
+    assert saved.model_config == ckpt.load_checkpoint(base).model_config
+    dates = RECIPES["dates"]["train"]
+    # The only setting of the recipe's that the test's flags leave to it (--max-steps ends it).
+    assert dates["max_tokens"] != TrainConfig().max_tokens
+    assert saved.train_config.max_tokens == dates["max_tokens"]
 
 
 def test_a_contradicting_config_file_is_refused(

@@ -5,7 +5,7 @@ into a folder that is not a tformer run (see ``average_checkpoints``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -36,19 +36,32 @@ def average_checkpoints(paths: Sequence[Path], out: Path, *, overwrite: bool = F
     """
     if len(paths) < 2:
         raise CheckpointError("average needs at least two checkpoints")
+    return save_derived(out, paths, lambda: _average(paths), overwrite=overwrite)
+
+
+def save_derived(
+    out: Path, inputs: Sequence[Path], make: Callable[[], Checkpoint], *, overwrite: bool
+) -> Path:
+    """Write the checkpoint ``make`` builds from ``inputs`` as the only one of run ``out``
+    (``tformer average`` and ``tformer shrink``), under the run's lock.
+
+    ``out`` must be a new or empty folder, or (with ``overwrite``) a tformer run that holds
+    none of ``inputs``; ``make`` runs once ``out`` has been accepted, so a refusal writes
+    nothing.
+    """
     locks = RunLocks(out)
     try:
         locks.acquire()
         prepare_output(out, resume=False, overwrite=overwrite, again=_AGAIN)
-        _refuse_inputs_inside(paths, out)
-        first = _average(paths)
+        _refuse_inputs_inside(inputs, out)
+        made = make()
         create_output(out, resume_step=None, overwrite=overwrite, lock=locks.inside)
         return save_checkpoint(
             out,
-            model=first.model,
-            train_config=first.train_config,
-            tokenizers=first.tokenizers,
-            step=first.step,
+            model=made.model,
+            train_config=made.train_config,
+            tokenizers=made.tokenizers,
+            step=made.step,
         )
     finally:
         locks.release()
@@ -64,8 +77,8 @@ def _refuse_inputs_inside(paths: Sequence[Path], out: Path) -> None:
     for path in paths:
         if inside(out, Path(path)):
             raise ConfigError(
-                f"--out {out}: holds {path}, one of the checkpoints being averaged; "
-                "write the average to another --out"
+                f"--out {out}: holds {path}, a checkpoint it is made from; "
+                "write to another --out"
             )
 
 

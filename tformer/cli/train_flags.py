@@ -36,7 +36,8 @@ class TrainFlags:
         "--init-from",
         help="Fine-tune: start a new run from this checkpoint (or run folder's latest) with its "
         "weights, architecture and tokenizer, and a fresh optimizer, schedule and step count. "
-        "Architecture and tokenizer flags must agree with it.",
+        "Architecture and tokenizer flags must agree with it; a --recipe gives its training "
+        "settings only.",
         show_default=False,
     )
     log_to: list[str] | None = typer.Option(

@@ -5,9 +5,10 @@ A resumed run keeps the architecture and the tokenizer it was saved with, and so
 fine-tuned from a checkpoint (``--init-from``). A setting given again that agrees with them is
 accepted; one that contradicts them is refused, and every such setting is named in one line:
 architecture flags (``--d-model``, ``--n-heads``, ``--max-len`` ..., ``--n-layers``),
-``--preset``, a ``--recipe``'s architecture, a ``--config`` file's ``model`` and ``tokenizer``
-sections, and the tokenizer flags (``--tokenizer-kind``, ``--vocab-size``,
-``--separate-vocab``), which are compared with how the saved tokenizer was trained.
+``--preset``, a ``--recipe``'s architecture (on resume; a fine-tuned run takes only a recipe's
+training settings), a ``--config`` file's ``model`` and ``tokenizer`` sections, and the
+tokenizer flags (``--tokenizer-kind``, ``--vocab-size``, ``--separate-vocab``), which are
+compared with how the saved tokenizer was trained.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def check_resume_settings(
             raise ConfigError(
                 f"--recipe {recipe!r} is unknown; choose one of {', '.join(RECIPES)} or none"
             )
-        found += _grouped(f"--recipe {recipe}", saved, RECIPES[recipe]["model"], overridden)
+        if option != "--init-from":  # fine-tuning takes a recipe's training settings only
+            found += _grouped(f"--recipe {recipe}", saved, RECIPES[recipe]["model"], overridden)
     found += _tokenizer_settings(folder, config, sections.get("tokenizer", {}), tokenizer, where)
     if found:
         them = "it" if len(found) == 1 else "them"
