@@ -71,7 +71,7 @@ _AGAIN = "--overwrite to replace it (only the files tformer wrote go), or choose
 
 
 def _refuse_inputs_inside(paths: Sequence[Path], out: Path) -> None:
-    """With ``--overwrite``, the run being replaced must not hold a checkpoint being averaged."""
+    """With ``--overwrite``, the run being replaced must not hold a checkpoint it is made from."""
     if not out.is_dir():
         return
     for path in paths:
