@@ -61,27 +61,23 @@ def shrink_checkpoint(
 def _shrunk(path: Path, counts: dict[str, int | None]) -> Checkpoint:
     teacher = load_checkpoint(path, "cpu")
     config = teacher.model_config
-    wanted: dict[str, int] = {}
+    weights = teacher.model.state_dict()
+    kept = {field: getattr(config, field) for field in STACKS.values()}
     for stack, count in counts.items():
         if count is None:
             continue
-        have = getattr(config, STACKS[stack])
-        layers = {k for k in teacher.model.state_dict() if k.startswith(f"{stack}.layers.")}
-        if not layers:
+        have = kept[STACKS[stack]]
+        if not any(k.startswith(f"{stack}.layers.") for k in weights):
             raise CheckpointError(f"{path}: its model ({config.arch}) has no {stack} layers")
         if count > have:
             raise ConfigError(
                 f"--n-{stack}-layers {count}: {path} has {have} {stack} layers; a shrunk "
                 "model can only have fewer"
             )
-        wanted[STACKS[stack]] = count
-    student_config = dataclasses.replace(
-        config,
-        n_encoder_layers=wanted.get("n_encoder_layers", config.n_encoder_layers),
-        n_decoder_layers=wanted.get("n_decoder_layers", config.n_decoder_layers),
-    )
+        kept[STACKS[stack]] = count
+    student_config = dataclasses.replace(config, **kept)
     student = build_model(student_config)
-    student.load_state_dict(_renamed(teacher.model.state_dict(), config, counts))
+    student.load_state_dict(_renamed(weights, config, counts))
     student.eval()
     return Checkpoint(
         model=student,
