@@ -5,7 +5,7 @@ averages the kept checkpoints, picks the last / best / averaged model by validat
 evaluates it on test2016 with sacreBLEU and chrF, and writes the result card to
 benchmarks/results/multi30k-<src>-<tgt>-<date>.{json,md}.
 
-Usage: python benchmarks/multi30k.py [--src en --tgt de] [--time-budget 60m]
+Usage: python benchmarks/multi30k.py [--src en --tgt de] [--time-budget 60m] [--data DIR]
        [--recipe multi30k] [--train-args "--d-model 512 ..." --tag wide]
        [--beam-size 4] [--length-penalty 0.6] [--smoke]
 """
@@ -35,12 +35,12 @@ def run(*args: str, threads: int | None = None) -> None:
                    env=with_threads(threads))  # fmt: skip
 
 
-def smoke_data(folder: Path, languages: tuple[str, str]) -> Path:
+def smoke_data(folder: Path, languages: tuple[str, str], data: Path = DATA) -> Path:
     """The first lines of each file of Multi30k, in a scratch folder beside the run: the same
     pipeline on 2,000 training pairs and 20 validation and test pairs (training ends by
     translating all of its validation split, validation BLEU picks the candidate)."""
     folder.mkdir(parents=True, exist_ok=True)
-    for file in DATA.iterdir():
+    for file in data.iterdir():
         if file.suffix.lstrip(".") in languages:
             lines = 2000 if file.name.startswith("train") else 20
             with open(file) as source:
@@ -60,6 +60,8 @@ def main() -> None:
     parser.add_argument("--tag", default=None, help="a name for the run and its result card "
                         "(needed with --train-args, whose model is not the recipe's)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--data", type=Path, default=DATA, help="another copy of Multi30k "
+                        "(the same files), such as a noisy one; default ../shared/data/multi30k")
     # Beam search with the paper's length penalty (alpha 0.6), as translation results are
     # usually reported; --beam-size 1 evaluates greedy decoding.
     parser.add_argument("--beam-size", type=int, default=4)
@@ -67,8 +69,8 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="a few steps on a tiny model, to check the pipeline (CI)")
     args = parser.parse_args()
-    if not DATA.is_dir():
-        print(json.dumps({"skipped": f"{DATA} is not present"}))
+    if not args.data.is_dir():
+        print(json.dumps({"skipped": f"{args.data} is not present"}))
         return
     if args.train_args and not args.tag:
         parser.error("--train-args changes the recipe's run: name it with --tag")
@@ -78,9 +80,9 @@ def main() -> None:
     if args.tag:
         name += f"-{args.tag}"
     out = Path(args.out or ROOT / "checkpoints" / name)
-    data = DATA
+    data = args.data
     if args.smoke:
-        data = smoke_data(out.parent / f"{name}-smoke-data", (args.src, args.tgt))
+        data = smoke_data(out.parent / f"{name}-smoke-data", (args.src, args.tgt), args.data)
     train = ["train", "--data", str(data), "--src-lang", args.src, "--tgt-lang", args.tgt,
              "--recipe", args.recipe, "--out", str(out), "--overwrite",
              *shlex.split(args.train_args)]

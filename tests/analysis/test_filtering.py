@@ -1,6 +1,7 @@
 """Corpus filtering: the dual conditional cross-entropy of each pair against the formula
 computed by hand from two models' own teacher-forced losses, corrupted pairs scored worse and
-dropped, and the selection rules picking exactly the pairs they name."""
+dropped, copies found and never kept unless asked, and the selection rules picking exactly the
+pairs they name."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tformer.analysis import filtering
 from tformer.analysis.filtering import (
     CorpusScores,
     check_reverse,
+    copied_pairs,
     dual_score,
     score_corpus,
     select,
@@ -184,3 +186,21 @@ def test_a_reverse_model_of_the_same_direction_is_refused(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match="--reverse .*translates the same way"):
         check_reverse(ahead, checkpoint(toks, "again"))
     check_reverse(ahead, checkpoint(Tokenizers(toks.target, toks.source), "back"))
+
+
+def test_a_copy_is_a_target_that_is_its_source_case_and_punctuation_aside() -> None:
+    pairs = [("A dog runs.", "a dog runs"), ("A dog runs.", "Ein Hund rennt."),
+             ("Zwei  Männer!", "zwei männer"), ("...", "..."), ("", ""),
+             ("A dog", "A dog runs")]  # fmt: skip
+    assert copied_pairs(pairs).tolist() == [True, False, True, False, False, False]
+
+
+def test_copies_are_never_kept_unless_asked_whatever_their_score() -> None:
+    values = np.array([0.5, 0.1, 0.2, 0.9])
+    scores = CorpusScores(values, None, values, np.array([False, True, False, False]))
+    assert select(scores, keep=0.5).kept.tolist() == [0, 2]  # the best, 0.1, is a copy
+    assert select(scores, threshold=0.6).kept.tolist() == [0, 2]
+    assert select(scores, keep=1.0).kept.tolist() == [0, 2, 3]
+    kept = select(scores, keep=0.5, keep_copies=True)
+    assert kept.kept.tolist() == [1, 2] and "--keep-copies" in kept.rule
+    assert select(scores, keep=0.5).rule.endswith("of the pairs)")

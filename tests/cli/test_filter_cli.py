@@ -84,6 +84,33 @@ def test_threshold_keeps_exactly_the_pairs_scored_under_it(world: Path, tmp_path
     assert len(load_text_pairs(str(out))["train"]) == TRAIN_PAIRS // 2
 
 
+def test_copies_are_dropped_and_reported_unless_keep_copies(world: Path, tmp_path: Path) -> None:
+    pairs = digit_pairs(TRAIN_PAIRS, seed=7)
+    for i in (3, 10, 11):  # untranslated: the target is the source
+        pairs[i] = {"source": pairs[i]["source"], "target": pairs[i]["source"] + " ."}
+    write_jsonl(tmp_path / "data" / "train.jsonl", pairs)
+    for split in ("validation", "test"):
+        (tmp_path / "data" / f"{split}.jsonl").write_text(
+            (world / "data" / f"{split}.jsonl").read_text(encoding="utf-8"), encoding="utf-8")
+    out = tmp_path / "no-copies"
+    result = cli("filter", world / "run", "--data", tmp_path / "data", "--out", out,
+                 "--keep", "1")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "kept 57 of 60 pairs of train (3 copies dropped)" in " ".join(result.stdout.split())
+    scores = _lines(out / "scores.jsonl")
+    assert [s["index"] for s in scores if s["copy"]] == [3, 10, 11]
+    assert [s["index"] for s in scores if not s["kept"]] == [3, 10, 11]
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "Copies (the target is the source, case and punctuation aside): 3, never kept" in report
+    everything = tmp_path / "with-copies"
+    result = cli("filter", world / "run", "--data", tmp_path / "data", "--out", everything,
+                 "--keep", "1", "--keep-copies")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert len(load_text_pairs(str(everything))["train"]) == TRAIN_PAIRS
+    marker = json.loads((everything / "tformer-filter.json").read_text())
+    assert marker["rule"].endswith("with --keep-copies")
+
+
 @pytest.mark.parametrize(
     ("args", "code", "part"),
     [

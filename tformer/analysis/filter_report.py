@@ -106,7 +106,7 @@ def _number(value: float) -> float | None:
 
 def write_scores(handle: IO[str], scores: CorpusScores, kept: set[int]) -> None:
     """Every pair's index, score, exp(-score), H_A, H_B (null without a reverse model or
-    where a model could not read the pair) and whether it was kept."""
+    where a model could not read the pair), whether it is a copy and whether it was kept."""
     for i in range(len(scores)):
         score = _number(scores.score[i])
         record = {
@@ -115,6 +115,7 @@ def write_scores(handle: IO[str], scores: CorpusScores, kept: set[int]) -> None:
             "exp_neg_score": None if score is None else math.exp(-score),
             "h_a": _number(scores.forward[i]),
             "h_b": None if scores.reverse is None else _number(scores.reverse[i]),
+            "copy": None if scores.copied is None else bool(scores.copied[i]),
             "kept": i in kept,
         }
         handle.write(json.dumps(record) + "\n")
@@ -163,11 +164,23 @@ def report_markdown(
         f"| {n:,} | {scored:,} | {kept:,} ({kept / max(n, 1):.1%}) | {n - kept:,} | "
         f"{n - scored:,} |",
         "",
+        *_copies_line(scores, selection),
         *_quantile_table(scores),
         "",
         *_worst_table(scores, selection, pairs, worst_n),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _copies_line(scores: CorpusScores, selection: Selection) -> list[str]:
+    """How many pairs are copies (target = source) and whether the rule could keep them."""
+    if scores.copied is None:
+        return []
+    copies = int(scores.copied.sum())
+    fate = ("kept where their score allowed (--keep-copies)" if selection.keep_copies
+            else "never kept, whatever their score")  # fmt: skip
+    return [f"Copies (the target is the source, case and punctuation aside): {copies:,}, "
+            f"{fate}.", ""]  # fmt: skip
 
 
 def _quantile_table(scores: CorpusScores) -> list[str]:

@@ -13,7 +13,9 @@ over the label's tokens and ``<eos>``. Lower is better; the paper's adequacy is 
 in (0, 1]. With a forward model alone the score is H_A(y|x) by itself.
 
 A pair a model cannot read (a side empty, or longer than its ``max_len``) has no score and is
-never kept.
+never kept. Nor is a copy, a pair whose target is its source (letters and digits compared,
+case aside), unless asked: a model trained on a corpus that holds copies learns to copy, and
+then finds them easy.
 """
 
 from __future__ import annotations
@@ -45,11 +47,14 @@ class CorpusScores:
         forward: H_A(y|x), the forward model's per-token cross-entropy of the target.
         reverse: H_B(x|y), the reverse model's of the source; None without a reverse model.
         score: the dual conditional cross-entropy (H_A alone without a reverse model).
+        copied: whether each pair's target is its source (:func:`copied_pairs`); None when
+            not looked for.
     """
 
     forward: np.ndarray
     reverse: np.ndarray | None
     score: np.ndarray
+    copied: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.score)
@@ -58,6 +63,20 @@ class CorpusScores:
     def scored(self) -> np.ndarray:
         """Whether each pair has a score."""
         return ~np.isnan(self.score)
+
+
+def comparable(text: str) -> str:
+    """The letters and digits of ``text``, case folded: what a copy keeps of its source."""
+    return "".join(char for char in text.casefold() if char.isalnum())
+
+
+def copied_pairs(pairs: Sequence[TextPair]) -> np.ndarray:
+    """Whether each pair's target is its source, spacing, punctuation and case aside (an
+    untranslated copy; Bicleaner's hard rules drop such pairs too). A pair with no letter or
+    digit on either side is no copy: it has no text to compare."""
+    flags = [bool(comparable(source)) and comparable(source) == comparable(target)
+             for source, target in pairs]  # fmt: skip
+    return np.array(flags, dtype=bool)
 
 
 def dual_score(h_forward: np.ndarray, h_reverse: np.ndarray | None) -> np.ndarray:
@@ -140,7 +159,8 @@ def score_corpus(
     h_reverse = None
     if reverse is not None:
         h_reverse = mean_losses(reverse, pairs, swap=True, progress=progress)
-    return CorpusScores(h_forward, h_reverse, dual_score(h_forward, h_reverse))
+    return CorpusScores(h_forward, h_reverse, dual_score(h_forward, h_reverse),
+                        copied_pairs(pairs))  # fmt: skip
 
 
 # -- which pairs are kept ---------------------------------------------------------------------
@@ -151,19 +171,22 @@ class Selection:
     """The pairs kept, in corpus order, and the rule that kept them.
 
     ``cut``: the highest score kept (with ``keep``) or the threshold; None when nothing was
-    kept under ``keep``.
+    kept under ``keep``. ``keep_copies``: whether copies could be kept.
     """
 
     kept: np.ndarray
     keep: float | None
     threshold: float | None
     cut: float | None
+    keep_copies: bool = False
 
     @property
     def rule(self) -> str:
         if self.keep is not None:
-            return f"--keep {self.keep:g} (the best {self.keep:.1%} of the pairs)"
-        return f"--threshold {self.threshold:g} (score at most {self.threshold:g})"
+            rule = f"--keep {self.keep:g} (the best {self.keep:.1%} of the pairs)"
+        else:
+            rule = f"--threshold {self.threshold:g} (score at most {self.threshold:g})"
+        return rule + (" with --keep-copies" if self.keep_copies else "")
 
 
 def check_rule(keep: float | None, threshold: float | None) -> None:
@@ -180,22 +203,29 @@ def check_rule(keep: float | None, threshold: float | None) -> None:
 
 
 def select(
-    scores: CorpusScores, *, keep: float | None = None, threshold: float | None = None
+    scores: CorpusScores,
+    *,
+    keep: float | None = None,
+    threshold: float | None = None,
+    keep_copies: bool = False,
 ) -> Selection:
     """The pairs to keep: the best-scored ``keep`` share of all pairs (round(keep x pairs);
     ties go to the earlier pair), or every pair whose score is at most ``threshold``. A pair
-    without a score is never kept.
+    without a score is never kept, nor a copy unless ``keep_copies``.
 
     Raises:
         ConfigError: not exactly one of ``keep`` and ``threshold``, or one out of range.
     """
     check_rule(keep, threshold)
-    score = np.where(scores.scored, scores.score, math.inf)
+    keepable = scores.scored
+    if scores.copied is not None and not keep_copies:
+        keepable = keepable & ~scores.copied
+    score = np.where(keepable, scores.score, math.inf)
     if threshold is not None:
         kept = np.flatnonzero(score <= threshold)
-        return Selection(kept, None, threshold, threshold)
+        return Selection(kept, None, threshold, threshold, keep_copies)
     assert keep is not None
-    wanted = min(math.floor(keep * len(score) + 0.5), int(scores.scored.sum()))
+    wanted = min(math.floor(keep * len(score) + 0.5), int(keepable.sum()))
     best = np.argsort(score, kind="stable")[:wanted]
     cut = float(score[best[-1]]) if wanted else None
-    return Selection(np.sort(best), keep, None, cut)
+    return Selection(np.sort(best), keep, None, cut, keep_copies)

@@ -56,6 +56,10 @@ def filter_command(
         None, "--threshold", help="Keep the pairs scored at most this (nats per token).",
         show_default=False,
     ),  # fmt: skip
+    keep_copies: bool = typer.Option(
+        False, "--keep-copies", help="Keep pairs whose target is their source (case and "
+        "punctuation aside) where their score allows; by default they are dropped.",
+    ),  # fmt: skip
     split: str = typer.Option("train", "--split", help="The split filtered; others are copied."),
     source_field: str = SOURCE_FIELD,
     target_field: str = TARGET_FIELD,
@@ -68,6 +72,7 @@ def filter_command(
     """Score every pair of a split with CHECKPOINT (and --reverse: dual conditional
     cross-entropy), keep the best --keep share or those under --threshold, and write --out
     as a corpus `tformer train --data OUT` reads, with scores.jsonl, report.md and report.png.
+    Pairs whose target copies their source are dropped unless --keep-copies.
 
     Example: tformer filter checkpoints/dates --data noisy --keep 0.9 --out clean
     """
@@ -86,14 +91,17 @@ def filter_command(
     forward = load_chosen(checkpoint, device)
     backward = None if reverse is None else load_chosen(reverse, device)
     scores = score_corpus(forward, pairs, reverse=backward, progress=_progress(len(pairs)))
-    selection = select(scores, keep=keep, threshold=threshold)
+    selection = select(scores, keep=keep, threshold=threshold, keep_copies=keep_copies)
     check_kept(selection, scores)
     job = FilterJob(data, split, (source_field, target_field), str(forward.path),
                     None if backward is None else str(backward.path))  # fmt: skip
     files = write_filtered(out, splits, job, scores, selection, worst_n=worst_n,
                            overwrite=overwrite)  # fmt: skip
     dropped = int((~scores.scored).sum())
-    note = f" ({dropped:,} not scorable)" if dropped else ""
+    copies = 0 if keep_copies or scores.copied is None else int(scores.copied.sum())
+    notes = [f"{dropped:,} not scorable"] if dropped else []
+    notes += [f"{copies:,} copies dropped"] if copies else []
+    note = f" ({', '.join(notes)})" if notes else ""
     console.print(
         f"kept {len(selection.kept):,} of {len(pairs):,} pairs of {escape(split)}{note} by "
         f"{escape(selection.rule)}; wrote {escape(str(out))} ({', '.join(files)}); train "
