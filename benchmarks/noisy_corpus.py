@@ -4,11 +4,13 @@ Copies every file of a folder of paired text files (``train.en`` / ``train.de`` 
 the training split only, replaces a share of the targets by another pair's target
 (misaligned) and a share by the pair's own source (copied), as crawled corpora hold them.
 The other splits stay clean, so what the noise costs is measured on clean data. The labels
-go to ``noise.jsonl`` (one line per training pair) beside the data, for scoring a filter
-afterwards; ``tformer`` reads only the paired files.
+go to ``OUT-noise.jsonl`` (one line per training pair) beside the data; ``--judge`` reads
+them with a ``tformer filter`` folder's scores.jsonl and prints how many pairs of each kind
+the filter dropped.
 
 Usage: python benchmarks/noisy_corpus.py DATA OUT --src en --tgt de
        [--misaligned 0.10] [--copied 0.05] [--seed 0]
+       python benchmarks/noisy_corpus.py --judge OUT-noise.jsonl FILTERED/scores.jsonl
 """
 
 from __future__ import annotations
@@ -17,10 +19,34 @@ import argparse
 import json
 import random
 import shutil
+import sys
 from pathlib import Path
 
 
+def judge(labels_file: Path, scores_file: Path) -> None:
+    """Print, per kind of pair, how many the filter kept and dropped, as JSON and a table."""
+    labels = [json.loads(line)["noise"] for line in labels_file.read_text().splitlines()]
+    kept = [json.loads(line)["kept"] for line in scores_file.read_text().splitlines()]
+    if len(labels) != len(kept):
+        raise SystemExit(f"{labels_file}: {len(labels)} pairs, {scores_file}: {len(kept)}")
+    rows = {}
+    for kind in ("clean", "misaligned", "copied"):
+        fates = [k for label, k in zip(labels, kept, strict=True) if label == kind]
+        rows[kind] = {"pairs": len(fates), "dropped": fates.count(False)}
+    print(json.dumps(rows))
+    print("| pairs | in the corpus | dropped |\n|---|---:|---:|")
+    for kind, row in rows.items():
+        print(f"| {kind} | {row['pairs']:,} | {row['dropped']:,} "
+              f"({row['dropped'] / max(row['pairs'], 1):.1%}) |")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--judge"]:
+        judging = argparse.ArgumentParser(description="How a filter did on a noisy copy")
+        judging.add_argument("--judge", nargs=2, type=Path, required=True,
+                             metavar=("LABELS", "SCORES"))  # fmt: skip
+        judge(*judging.parse_args().judge)
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data", type=Path)
     parser.add_argument("out", type=Path)

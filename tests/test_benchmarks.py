@@ -192,3 +192,39 @@ def test_student_speed_smoke() -> None:
         rows = [r for r in records if (r["strategy"], r["batch"]) == case]
         assert {r["implementation"] for r in rows} == names
         assert all(r["tokens_per_s"] > 0 and r["new_tokens"] == 4 * case[1] for r in rows)
+
+
+def test_noisy_corpus_noises_only_the_training_split_and_judges_a_filter(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    sources = [f"a dog number {i} runs ." for i in range(200)]
+    targets = [f"ein Hund Nummer {i} rennt ." for i in range(200)]
+    for split in ("train", "val"):
+        (data / f"{split}.en").write_text("\n".join(sources) + "\n")
+        (data / f"{split}.de").write_text("\n".join(targets) + "\n")
+    noisy = tmp_path / "noisy"
+    made = run_script("noisy_corpus.py", str(data), str(noisy), "--src", "en", "--tgt", "de")
+    assert made == [{"out": str(noisy), "pairs": 200, "clean": 170, "misaligned": 20,
+                     "copied": 10}]  # fmt: skip
+    labels = [json.loads(line)["noise"] for line in (tmp_path / "noisy-noise.jsonl").open()]
+    written = (noisy / "train.de").read_text().splitlines()
+    assert (noisy / "train.en").read_text().splitlines() == sources
+    for label, source, target, written_target in zip(labels, sources, targets, written,
+                                                     strict=True):  # fmt: skip
+        want = {"clean": written_target == target, "copied": written_target == source,
+                "misaligned": written_target in targets and written_target != target}
+        assert want[label], (label, source, written_target)
+    for name in ("val.en", "val.de"):  # the held-out splits as they were
+        assert (noisy / name).read_bytes() == (data / name).read_bytes()
+    # A filter that dropped every copy and the first 5 misaligned pairs, and 1 clean pair:
+    drop = {i for i, label in enumerate(labels) if label == "copied"}
+    drop |= set([i for i, label in enumerate(labels) if label == "misaligned"][:5])
+    drop.add(labels.index("clean"))
+    scores = tmp_path / "scores.jsonl"
+    scores.write_text("".join(json.dumps({"index": i, "kept": i not in drop}) + "\n"
+                              for i in range(200)))  # fmt: skip
+    judged = run_script("noisy_corpus.py", "--judge", str(tmp_path / "noisy-noise.jsonl"),
+                        str(scores))  # fmt: skip
+    assert judged == [{"clean": {"pairs": 170, "dropped": 1},
+                       "misaligned": {"pairs": 20, "dropped": 5},
+                       "copied": {"pairs": 10, "dropped": 10}}]  # fmt: skip
