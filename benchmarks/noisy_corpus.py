@@ -22,6 +22,8 @@ import shutil
 import sys
 from pathlib import Path
 
+KINDS = ("clean", "misaligned", "copied")  # the labels, in the order they are reported
+
 
 def judge(labels_file: Path, scores_file: Path) -> None:
     """Print, per kind of pair, how many the filter kept and dropped, as JSON and a table."""
@@ -30,7 +32,7 @@ def judge(labels_file: Path, scores_file: Path) -> None:
     if len(labels) != len(kept):
         raise SystemExit(f"{labels_file}: {len(labels)} pairs, {scores_file}: {len(kept)}")
     rows = {}
-    for kind in ("clean", "misaligned", "copied"):
+    for kind in KINDS:
         fates = [k for label, k in zip(labels, kept, strict=True) if label == kind]
         rows[kind] = {"pairs": len(fates), "dropped": fates.count(False)}
     print(json.dumps(rows))
@@ -87,7 +89,7 @@ def main() -> None:
     with open(args.out.parent / f"{args.out.name}-noise.jsonl", "w") as labels_file:
         for i, label in enumerate(labels):
             labels_file.write(json.dumps({"index": i, "noise": label}) + "\n")
-    counts = {label: labels.count(label) for label in ("clean", "misaligned", "copied")}
+    counts = {label: labels.count(label) for label in KINDS}
     print(json.dumps({"out": str(args.out), "pairs": len(labels), **counts}))
 
 

@@ -74,8 +74,8 @@ def copied_pairs(pairs: Sequence[TextPair]) -> np.ndarray:
     """Whether each pair's target is its source, spacing, punctuation and case aside (an
     untranslated copy; Bicleaner's hard rules drop such pairs too). A pair with no letter or
     digit on either side is no copy: it has no text to compare."""
-    flags = [bool(comparable(source)) and comparable(source) == comparable(target)
-             for source, target in pairs]  # fmt: skip
+    flags = [bool(text) and text == comparable(target)
+             for text, target in ((comparable(source), target) for source, target in pairs)]
     return np.array(flags, dtype=bool)
 
 
