@@ -20,8 +20,10 @@ from tformer.analysis import filtering
 from tformer.analysis.filtering import (
     CorpusScores,
     check_reverse,
+    contrast_score,
     copied_pairs,
     dual_score,
+    mismatched,
     score_corpus,
     select,
 )
@@ -119,15 +121,49 @@ def test_chunks_give_the_scores_of_one_pass(
     assert seen == [("forward", n, 12) for n in (3, 6, 9, 12)]
 
 
-@pytest.mark.parametrize("dual", [False, True])
-def test_corrupted_pairs_score_worse_and_keep_drops_them(
+@pytest.mark.parametrize("dual", [False, True], ids=["forward", "dual"])
+def test_the_contrast_score_is_each_models_gain_over_another_pairs_side_by_hand(
     forward: Checkpoint, reverse: Checkpoint, clean: list[Pair], dual: bool
 ) -> None:
+    pairs = clean[:7]
+    scores = score_corpus(forward, pairs, reverse=reverse if dual else None, contrast=True)
+    assert scores.contrast and (scores.reverse_other is not None) == dual
+    for i, (source, target) in enumerate(pairs):
+        other = pairs[(i + 3) % 7]  # the pair half the corpus (7 // 2) away
+        h_a, h_a_other = by_hand(forward, source, target), by_hand(forward, other[0], target)
+        want = h_a - h_a_other
+        assert scores.forward_other is not None
+        assert scores.forward_other[i] == pytest.approx(h_a_other, abs=1e-5)
+        if dual:
+            want += by_hand(reverse, target, source) - by_hand(reverse, other[1], source)
+        assert scores.score[i] == pytest.approx(want, abs=1e-5)
+
+
+def test_the_other_pair_is_half_the_corpus_away_and_never_the_pair_itself() -> None:
+    pairs = [(f"s{i}", f"t{i}") for i in range(5)]
+    assert mismatched(pairs, side=0) == [("s2", "t0"), ("s3", "t1"), ("s4", "t2"),
+                                         ("s0", "t3"), ("s1", "t4")]  # fmt: skip
+    assert mismatched(pairs, side=1) == [("s0", "t2"), ("s1", "t3"), ("s2", "t4"),
+                                         ("s3", "t0"), ("s4", "t1")]  # fmt: skip
+    gain = contrast_score(np.array([1.0, 2.0]), np.array([3.0, 2.5]), np.array([0.5, 1.0]),
+                          np.array([2.0, 1.0]))  # fmt: skip
+    assert gain.tolist() == [-3.5, -0.5]
+
+
+@pytest.mark.parametrize(("dual", "contrast"), [(False, False), (True, False), (True, True)],
+                         ids=["forward", "dual", "contrast"])  # fmt: skip
+def test_corrupted_pairs_score_worse_and_keep_drops_them(
+    forward: Checkpoint, reverse: Checkpoint, clean: list[Pair], dual: bool, contrast: bool
+) -> None:
     pairs, spoilt = corrupt(clean)
-    scores = score_corpus(forward, pairs, reverse=reverse if dual else None)
+    scores = score_corpus(forward, pairs, reverse=reverse if dual else None, contrast=contrast)
     bad = scores.score[sorted(spoilt)]
     good = np.delete(scores.score, sorted(spoilt))
-    assert bad.mean() > 2 * good.mean()
+    if contrast:  # a gain: a translation's far below 0, a misaligned pair's near it
+        misaligned = scores.score[[i for i in spoilt if i % 12]]
+        assert good.mean() < -1.0 and good.mean() < 2 * misaligned.mean()
+    else:
+        assert bad.mean() > 2 * good.mean()
     kept = set(select(scores, keep=1 - len(spoilt) / len(pairs)).kept.tolist())
     assert len(spoilt & kept) <= len(spoilt) // 10  # most of them dropped
 

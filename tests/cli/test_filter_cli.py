@@ -62,6 +62,23 @@ def test_filter_writes_a_corpus_train_reads_and_its_report(world: Path, tmp_path
     assert marker["kept"] == 45 and "train.jsonl" in marker["files"]
 
 
+def test_contrast_scores_by_the_gain_and_says_so(world: Path, tmp_path: Path) -> None:
+    out = tmp_path / "contrast"
+    result = cli("filter", world / "run", "--data", world / "data", "--out", out,
+                 "--reverse", world / "run", "--contrast", "--keep", "0.5")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    scores = _lines(out / "scores.jsonl")
+    for s in scores:
+        gain = float(s["h_a"]) - float(s["h_a_other"])  # type: ignore[arg-type]
+        gain += float(s["h_b"]) - float(s["h_b_other"])  # type: ignore[arg-type]
+        assert float(s["score"]) == pytest.approx(gain, abs=1e-6)  # type: ignore[arg-type]
+        assert s["exp_neg_score"] is None  # a gain is no cross-entropy
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "the source's gain (--contrast)" in report and "exp(-score)" not in report
+    assert "| H_A, another source | H_B, another target |" in report
+    assert json.loads((out / "tformer-filter.json").read_text())["contrast"] is True
+
+
 def test_threshold_keeps_exactly_the_pairs_scored_under_it(world: Path, tmp_path: Path) -> None:
     first = tmp_path / "first"
     assert cli("filter", world / "run", "--data", world / "data", "--out", first,

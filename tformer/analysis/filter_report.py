@@ -38,6 +38,7 @@ class FilterJob:
     fields: tuple[str, str]  # the JSON keys of the source and the target
     forward: str
     reverse: str | None = None
+    contrast: bool = False  # scored by the source's gain (--contrast)
 
 
 def check_kept(selection: Selection, scores: CorpusScores) -> None:
@@ -85,7 +86,8 @@ def write_filtered(
         files = written_files(tmp)
         marker = FILTERED.marker_text(
             files, tformer_version=__version__, data=job.data, split=job.split,
-            checkpoint=job.forward, reverse=job.reverse, rule=selection.rule,
+            checkpoint=job.forward, reverse=job.reverse, contrast=job.contrast,
+            rule=selection.rule,
             cut=selection.cut, pairs=len(scores), kept=len(kept),
         )  # fmt: skip
         (tmp / FILTERED.marker).write_text(marker, encoding="utf-8")
@@ -104,17 +106,25 @@ def _number(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
+def _optional(figures: np.ndarray | None, i: int) -> float | None:
+    return None if figures is None else _number(figures[i])
+
+
 def write_scores(handle: IO[str], scores: CorpusScores, kept: set[int]) -> None:
-    """Every pair's index, score, exp(-score), H_A, H_B (null without a reverse model or
-    where a model could not read the pair), whether it is a copy and whether it was kept."""
+    """Every pair's index, score, exp(-score) (the paper's adequacy; null for a contrast
+    score, which is no cross-entropy), H_A, H_B and, with a contrast score, each given the
+    other pair's side (null without that model or where a model could not read the pair),
+    whether it is a copy and whether it was kept."""
     for i in range(len(scores)):
         score = _number(scores.score[i])
         record = {
             "index": i,
             "score": score,
-            "exp_neg_score": None if score is None else math.exp(-score),
+            "exp_neg_score": None if score is None or scores.contrast else math.exp(-score),
             "h_a": _number(scores.forward[i]),
-            "h_b": None if scores.reverse is None else _number(scores.reverse[i]),
+            "h_b": _optional(scores.reverse, i),
+            "h_a_other": _optional(scores.forward_other, i),
+            "h_b_other": _optional(scores.reverse_other, i),
             "copy": None if scores.copied is None else bool(scores.copied[i]),
             "kept": i in kept,
         }
@@ -144,12 +154,7 @@ def report_markdown(
     """The report: what was scored and how, the quantiles of the score, what was kept, and
     the ``worst_n`` pairs of highest score."""
     n, kept, scored = len(scores), len(selection.kept), int(scores.scored.sum())
-    how = (
-        f"dual conditional cross-entropy: forward {job.forward}, reverse {job.reverse}; "
-        "score = |H_A − H_B| + (H_A + H_B) / 2"
-        if job.reverse
-        else f"the forward model's per-token cross-entropy H_A alone: {job.forward}"
-    )
+    how = _scored_by(job)
     cut = "-" if selection.cut is None else f"{selection.cut:.4f}"
     lines = [
         f"# tformer filter: {job.data} [{job.split}]",
@@ -172,6 +177,19 @@ def report_markdown(
     return "\n".join(lines) + "\n"
 
 
+def _scored_by(job: FilterJob) -> str:
+    """The report's words for the score, its models and its formula."""
+    if job.contrast:
+        formula = "H_A(y|x) − H_A(y|x')" + (" + H_B(x|y) − H_B(x|y')" if job.reverse else "")
+        models = f"forward {job.forward}" + (f", reverse {job.reverse}" if job.reverse else "")
+        return (f"the source's gain (--contrast): {models}; score = {formula}, where x' and y' "
+                "are the source and target of the pair half the corpus away")  # fmt: skip
+    if job.reverse:
+        return (f"dual conditional cross-entropy: forward {job.forward}, reverse {job.reverse}; "
+                "score = |H_A − H_B| + (H_A + H_B) / 2")  # fmt: skip
+    return f"the forward model's per-token cross-entropy H_A alone: {job.forward}"
+
+
 def _copies_line(scores: CorpusScores, selection: Selection) -> list[str]:
     """How many pairs are copies (target = source) and whether the rule could keep them."""
     if scores.copied is None:
@@ -184,24 +202,28 @@ def _copies_line(scores: CorpusScores, selection: Selection) -> list[str]:
 
 
 def _quantile_table(scores: CorpusScores) -> list[str]:
-    """The score's quantiles (with exp(-score)) and those of H_A and H_B, over scored pairs."""
-    columns = [("score", scores.score), ("H_A", scores.forward)]
-    if scores.reverse is not None:
-        columns.append(("H_B", scores.reverse))
-    header = ["quantile", "score", "exp(-score)", *(name for name, _ in columns[1:])]
+    """The score's quantiles (with exp(-score), but for a contrast score) and those of H_A,
+    H_B and, with a contrast score, each given the other pair's side, over scored pairs."""
+    columns = [("score", scores.score), ("H_A", scores.forward), ("H_B", scores.reverse),
+               ("H_A, another source", scores.forward_other),
+               ("H_B, another target", scores.reverse_other)]
+    shown = [(name, values) for name, values in columns if values is not None]
+    adequacy = [] if scores.contrast else ["exp(-score)"]
+    header = ["quantile", "score", *adequacy, *(name for name, _ in shown[1:])]
     lines = [
         "## The distribution of the scores",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---:|" * len(header),
     ]
-    chosen = [values[scores.scored] for _, values in columns]
+    chosen = [values[scores.scored] for _, values in shown]
     if not len(chosen[0]):
         return [*lines, "| (no pair could be scored) |"]
     for q in QUANTILES:
         figures = [float(np.quantile(values, q)) for values in chosen]
         name = {0.0: "min", 0.5: "median", 1.0: "max"}.get(q, f"{q:.0%}")
-        cells = [_figure(figures[0]), f"{math.exp(-figures[0]):.4f}"]
+        cells = [_figure(figures[0])]
+        cells += [] if scores.contrast else [f"{math.exp(-figures[0]):.4f}"]
         cells += [_figure(v) for v in figures[1:]]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines

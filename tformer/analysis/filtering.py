@@ -12,6 +12,17 @@ teacher forcing: the mean of the plain losses of :func:`tformer.analysis.score.s
 over the label's tokens and ``<eos>``. Lower is better; the paper's adequacy is exp(-score),
 in (0, 1]. With a forward model alone the score is H_A(y|x) by itself.
 
+With ``contrast`` a pair is scored instead by how much its own source lowers the cross-entropy
+of its target against another pair's source x' (and, with a reverse model, its own target
+that of its source against another pair's target y')::
+
+    score = H_A(y|x) - H_A(y|x') [+ H_B(x|y) - H_B(x|y')]
+
+A misaligned target is about as likely after any source, so its score is near 0; a
+translation's is well below it, however rare its words. Measured on a noisy copy of
+Multi30k, this caught far more misaligned pairs than the dual score of the same two models
+(docs/filtering.md). The other pair is the one half the corpus away, so no pair meets itself.
+
 A pair a model cannot read (a side empty, or longer than its ``max_len``) has no score and is
 never kept. Nor is a copy, a pair whose target is its source (letters and digits compared,
 case aside), unless asked: a model trained on a corpus that holds copies learns to copy, and
@@ -49,12 +60,23 @@ class CorpusScores:
         score: the dual conditional cross-entropy (H_A alone without a reverse model).
         copied: whether each pair's target is its source (:func:`copied_pairs`); None when
             not looked for.
+        forward_other: H_A(y|x'), the target's cross-entropy given another pair's source;
+            None without ``contrast``.
+        reverse_other: H_B(x|y'), likewise for the reverse model; None without ``contrast``
+            or without a reverse model.
     """
 
     forward: np.ndarray
     reverse: np.ndarray | None
     score: np.ndarray
     copied: np.ndarray | None = None
+    forward_other: np.ndarray | None = None
+    reverse_other: np.ndarray | None = None
+
+    @property
+    def contrast(self) -> bool:
+        """Whether the score is the source's gain (``contrast``), not the cross-entropy."""
+        return self.forward_other is not None
 
     def __len__(self) -> int:
         return len(self.score)
@@ -84,6 +106,29 @@ def dual_score(h_forward: np.ndarray, h_reverse: np.ndarray | None) -> np.ndarra
     if h_reverse is None:
         return h_forward.copy()
     return np.abs(h_forward - h_reverse) + 0.5 * (h_forward + h_reverse)
+
+
+def contrast_score(
+    h_forward: np.ndarray,
+    h_forward_other: np.ndarray,
+    h_reverse: np.ndarray | None = None,
+    h_reverse_other: np.ndarray | None = None,
+) -> np.ndarray:
+    """H_A(y|x) - H_A(y|x'), plus H_B(x|y) - H_B(x|y') given a reverse model."""
+    score = h_forward - h_forward_other
+    if h_reverse is not None and h_reverse_other is not None:
+        score = score + (h_reverse - h_reverse_other)
+    return score
+
+
+def mismatched(pairs: Sequence[TextPair], *, side: int) -> list[TextPair]:
+    """The pairs with their source (``side`` 0) or target (1) taken from the pair half the
+    corpus away: a side that says nothing of the other, for :func:`contrast_score`."""
+    shift = len(pairs) // 2
+    others = [pairs[(i + shift) % len(pairs)] for i in range(len(pairs))]
+    if side == 0:
+        return [(other[0], target) for (_, target), other in zip(pairs, others, strict=True)]
+    return [(source, other[1]) for (source, _), other in zip(pairs, others, strict=True)]
 
 
 def check_translation_model(ckpt: Checkpoint, option: str) -> None:
@@ -144,10 +189,13 @@ def score_corpus(
     pairs: Sequence[TextPair],
     *,
     reverse: Checkpoint | None = None,
+    contrast: bool = False,
     progress: Progress | None = None,
 ) -> CorpusScores:
     """Score every (source, target) pair: H_A by ``forward``, H_B by ``reverse`` reading
-    (target, source), and their dual conditional cross-entropy.
+    (target, source), and their dual conditional cross-entropy; with ``contrast``, each
+    model's cross-entropy given the other pair's side too, and the score by
+    :func:`contrast_score` (each model reads the corpus twice).
 
     Raises:
         ConfigError: a language model given, or a reverse model of the same direction.
@@ -159,8 +207,26 @@ def score_corpus(
     h_reverse = None
     if reverse is not None:
         h_reverse = mean_losses(reverse, pairs, swap=True, progress=progress)
-    return CorpusScores(h_forward, h_reverse, dual_score(h_forward, h_reverse),
-                        copied_pairs(pairs))  # fmt: skip
+    copied = copied_pairs(pairs)
+    if not contrast:
+        return CorpusScores(h_forward, h_reverse, dual_score(h_forward, h_reverse), copied)
+    other = _named(progress, "another source")
+    h_forward_other = mean_losses(forward, mismatched(pairs, side=0), progress=other)
+    h_reverse_other = None
+    if reverse is not None:
+        other = _named(progress, "another target")
+        h_reverse_other = mean_losses(reverse, mismatched(pairs, side=1), swap=True,
+                                      progress=other)  # fmt: skip
+    score = contrast_score(h_forward, h_forward_other, h_reverse, h_reverse_other)
+    return CorpusScores(h_forward, h_reverse, score, copied, h_forward_other, h_reverse_other)
+
+
+def _named(progress: Progress | None, given: str) -> Progress | None:
+    """``progress`` with the pass named: the model, then what it reads the pairs with."""
+    if progress is None:
+        return None
+    say = progress
+    return lambda model, done, total: say(f"{model} ({given})", done, total)
 
 
 # -- which pairs are kept ---------------------------------------------------------------------

@@ -48,6 +48,11 @@ def filter_command(
         "by the forward model's cross-entropy alone).",
         show_default=False,
     ),
+    contrast: bool = typer.Option(
+        False, "--contrast", help="Score each pair by how much its own source lowers its "
+        "target's cross-entropy against another pair's source (with --reverse, both ways): "
+        "a target as likely after any source scores near 0. Each model reads the corpus twice.",
+    ),  # fmt: skip
     keep: float | None = typer.Option(
         None, "--keep", help="Keep this fraction of the pairs, the best-scored.",
         show_default=False,
@@ -70,8 +75,9 @@ def filter_command(
     ),
 ) -> None:
     """Score every pair of a split with CHECKPOINT (and --reverse: dual conditional
-    cross-entropy), keep the best --keep share or those under --threshold, and write --out
-    as a corpus `tformer train --data OUT` reads, with scores.jsonl, report.md and report.png.
+    cross-entropy; --contrast: the source's gain), keep the best --keep share or those under
+    --threshold, and write --out as a corpus `tformer train --data OUT` reads, with
+    scores.jsonl, report.md and report.png.
     Pairs whose target copies their source are dropped unless --keep-copies.
 
     Example: tformer filter checkpoints/dates --data noisy --keep 0.9 --out clean
@@ -90,11 +96,12 @@ def filter_command(
     pairs = splits[split]
     forward = load_chosen(checkpoint, device)
     backward = None if reverse is None else load_chosen(reverse, device)
-    scores = score_corpus(forward, pairs, reverse=backward, progress=_progress(len(pairs)))
+    scores = score_corpus(forward, pairs, reverse=backward, contrast=contrast,
+                          progress=_progress(len(pairs)))  # fmt: skip
     selection = select(scores, keep=keep, threshold=threshold, keep_copies=keep_copies)
     check_kept(selection, scores)
     job = FilterJob(data, split, (source_field, target_field), str(forward.path),
-                    None if backward is None else str(backward.path))  # fmt: skip
+                    None if backward is None else str(backward.path), contrast)  # fmt: skip
     files = write_filtered(out, splits, job, scores, selection, worst_n=worst_n,
                            overwrite=overwrite)  # fmt: skip
     dropped = int((~scores.scored).sum())
