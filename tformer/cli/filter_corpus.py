@@ -9,7 +9,14 @@ import typer
 from rich.markup import escape
 
 from tformer.analysis.filter_report import FILTERED, FilterJob, check_kept, write_filtered
-from tformer.analysis.filtering import Progress, check_rule, score_corpus, select
+from tformer.analysis.filtering import (
+    CorpusScores,
+    Progress,
+    Selection,
+    check_rule,
+    score_corpus,
+    select,
+)
 from tformer.cli.app import app
 from tformer.cli.console import console, err_console
 from tformer.cli.data_options import checkpoint_family
@@ -104,13 +111,21 @@ def filter_command(
                     None if backward is None else str(backward.path), contrast)  # fmt: skip
     files = write_filtered(out, splits, job, scores, selection, worst_n=worst_n,
                            overwrite=overwrite)  # fmt: skip
+    _say_kept(scores, selection, split, out, files)
+
+
+def _say_kept(
+    scores: CorpusScores, selection: Selection, split: str, out: Path, files: list[str]
+) -> None:
+    """The one line of the result: what was kept, what was dropped unread, what was written."""
     dropped = int((~scores.scored).sum())
-    copies = 0 if keep_copies or scores.copied is None else int(scores.copied.sum())
+    copied = scores.copied
+    copies = 0 if selection.keep_copies or copied is None else int(copied.sum())
     notes = [f"{dropped:,} not scorable"] if dropped else []
     notes += [f"{copies:,} copies dropped"] if copies else []
     note = f" ({', '.join(notes)})" if notes else ""
     console.print(
-        f"kept {len(selection.kept):,} of {len(pairs):,} pairs of {escape(split)}{note} by "
+        f"kept {len(selection.kept):,} of {len(scores):,} pairs of {escape(split)}{note} by "
         f"{escape(selection.rule)}; wrote {escape(str(out))} ({', '.join(files)}); train "
         f"with --data {escape(str(out))}",
         soft_wrap=True,
