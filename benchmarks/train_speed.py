@@ -7,7 +7,14 @@ Prints one JSON line per measurement, then a Markdown table. Measures:
   ``MarianMTModel``, all of the same shape, in fp32 and bf16 autocast (on a CPU that emulates
   bf16 products, without AVX-512-BF16 or AMX, the bf16 peak is tiny and MFU means nothing:
   read ms/step there);
-- peak resident memory of a training step (each configuration in its own process).
+- peak resident memory of a training step (each configuration in its own process);
+- non-product ms: a step's time beyond its model products run at the measured peak of their
+  precision (the reference is measured at the start and the end of the run, and the better of
+  the two taken): what norms, dropout, residuals, softmax, the loss, the optimizer, casts and
+  memory traffic cost, comparable across CPUs where ms/step is not;
+- with ``--profile``, two steps of each configuration under torch.profiler, their time and the
+  bytes their operations read split into op groups (large products, attention, loss,
+  optimizer, casts, ...), in a table after the main one.
 
 Every configuration runs with ``THP_MEM_ALLOC_ENABLE=1`` (large tensors on transparent huge
 pages) and with freed memory kept for reuse (``tformer.fast.malloc``): the settings the command
@@ -38,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -130,13 +138,15 @@ REFERENCE_SECONDS = 2.0
 
 
 # How Adam updates the weights, the same for every implementation: "auto" is what tformer's
-# training uses on the device (fused kernels on a GPU, foreach on a CPU).
+# training uses on the device (fused kernels on a CPU and a GPU, foreach elsewhere).
 ADAM = "auto"
 # tformer's attention kernel: "auto" is its own choice (tformer/fast/attention.py), "fused"
 # always torch's fused kernel.
 ATTENTION = "auto"
 # Every implementation's dropout (the paper's 0.1; 0 measures what dropout costs).
 DROPOUT = 0.1
+# Whether each configuration's process also profiles two steps (--profile).
+PROFILE = False
 
 
 def adam(params: list[torch.nn.Parameter]) -> torch.optim.Adam:
@@ -314,28 +324,119 @@ def measure(impl: str, work: Workload, run: Run, repeats: int) -> dict[str, Any]
         "target_tokens_per_s": round(tokens / seconds, 1),
         "total_tokens_per_s": round(2 * tokens / seconds, 1),
         "model_gflops_per_s": round(work.train_flops() / seconds / 1e9, 2),
+        "model_gflop_per_step": round(work.train_flops() / 1e9, 3),
         **memory,
     }
 
 
-def profile(impl: str, work: Workload, run: Run) -> None:
-    """The costliest operations of two steps after a warm-up (device time on a GPU)."""
+# Op groups of a profiled step, first match wins: an operation belongs to the first group whose
+# ancestor pattern matches one of its callers (or itself), else to the first whose own-name
+# pattern matches it. "products" are the model's large matrix products; everything else is what
+# the issue of a matrix-engine CPU calls the non-product time.
+ANCESTOR_GROUPS: list[tuple[str, str]] = [
+    ("optimizer", r"Optimizer\.|clip_grad|_foreach_"),
+    ("loss", r"SmoothedCrossEntropy|cross_entropy|log_softmax|nll_loss"),
+    ("attention", r"scaled_dot_product|Bmm|Softmax|_softmax"),
+    ("norm", r"layer_norm|LayerNorm|rms_norm"),
+    ("dropout", r"dropout|Dropout|bernoulli|randint|random_"),
+    ("casts", r"ToCopyBackward|aten::_to_copy"),
+    ("embedding", r"embedding|Embedding"),
+]
+OWN_GROUPS: list[tuple[str, str]] = [
+    ("products", r"^aten::(mm|addmm|matmul|linear)$"),
+    ("attention", r"^aten::(bmm|baddbmm)$"),
+    ("layout copies", r"^aten::(copy_|clone|contiguous)$"),
+]
+
+
+def op_group(event: Any) -> str:
+    """The group of one profiled operation (see ANCESTOR_GROUPS)."""
+    chain, parent = [event.name], event.cpu_parent
+    while parent is not None:
+        chain.append(parent.name)
+        parent = parent.cpu_parent
+    for group, pattern in ANCESTOR_GROUPS:
+        if any(re.search(pattern, name) for name in chain):
+            return group
+    for group, pattern in OWN_GROUPS:
+        if re.search(pattern, event.name):
+            return group
+    return "elementwise and other"
+
+
+_DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8,
+                "int": 4, "bool": 1, "short int": 2, "signed char": 1, "unsigned char": 1}
+
+
+def input_bytes(event: Any) -> int:
+    """Bytes of the tensors an operation reads (its inputs; outputs are not recorded)."""
+    total = 0
+    for shape, dtype in zip(event.input_shapes or [], event.input_dtypes or [], strict=False):
+        if isinstance(shape, list) and shape and all(isinstance(n, int) for n in shape):
+            numel = 1
+            for n in shape:
+                numel *= n
+            total += numel * _DTYPE_BYTES.get(dtype, 4)
+    return total
+
+
+# Operations that move no data (views, allocations, metadata): an operation calling only these
+# is where bytes are read.
+_NO_DATA = re.compile(r"^aten::(view|_?reshape\w*|empty\w*|as_strided|t|transpose|permute|"
+                      r"expand\w*|unsqueeze|squeeze|select|slice|detach|alias|unfold|"
+                      r"resolve_(conj|neg)|lift_fresh|_unsafe_view|split|chunk|narrow)$")
+
+
+def reads_data(event: Any) -> bool:
+    """Whether ``event`` is where tensors are read: it moves data and its callees do not."""
+    return not _NO_DATA.match(event.name) and all(
+        _NO_DATA.match(child.name) for child in event.cpu_children)
+
+
+def op_groups(events: list[Any], steps: int) -> list[dict[str, Any]]:
+    """Per group: self time per step (ms), bytes read per step by its operations that read
+    tensors themselves (:func:`reads_data`), calls per step and its three costliest
+    operations."""
+    groups: dict[str, dict[str, Any]] = {}
+    for event in events:
+        g = groups.setdefault(op_group(event), {"us": 0.0, "bytes": 0, "calls": 0, "ops": {}})
+        g["us"] += event.self_cpu_time_total
+        g["calls"] += 1
+        g["ops"][event.name] = g["ops"].get(event.name, 0.0) + event.self_cpu_time_total
+        if reads_data(event):
+            g["bytes"] += input_bytes(event)
+    rows = []
+    for name, g in sorted(groups.items(), key=lambda item: -item[1]["us"]):
+        top = sorted(g["ops"].items(), key=lambda item: -item[1])[:3]
+        rows.append({"group": name, "ms_per_step": round(g["us"] / 1000 / steps, 1),
+                     "mb_read_per_step": round(g["bytes"] / 2**20 / steps, 1),
+                     "calls_per_step": g["calls"] // steps,
+                     "top_ops": {op: round(us / 1000 / steps, 1) for op, us in top}})
+    return rows
+
+
+def profile(impl: str, work: Workload, run: Run, steps: int = 2) -> list[dict[str, Any]]:
+    """Two steps after a warm-up under torch.profiler: the costliest operations printed, and
+    their time and bytes split into op groups (:func:`op_groups`), returned."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
     step = IMPLEMENTATIONS[impl](work, run)
-    for _ in range(3 if run.compiled else 1):  # as measure(): compiling stays out of it
+    # Three steps of warm-up: compiling, and the allocator reaching the layout of its steady
+    # state (after one step the largest tensors still land on fresh pages).
+    for _ in range(3):
         step()
     synchronize(run.device)
     activities = [ProfilerActivity.CPU] + (
         [ProfilerActivity.CUDA] if run.device.type == "cuda" else []
     )
-    with profiler(activities=activities) as prof:
-        for _ in range(2):
+    with profiler(activities=activities, record_shapes=True) as prof:
+        for _ in range(steps):
             step()
         synchronize(run.device)
     key = "cuda_time_total" if run.device.type == "cuda" else "cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=30), flush=True)
+    print(prof.key_averages().table(sort_by=key, row_limit=30), file=sys.stderr, flush=True)
+    return op_groups(list(prof.events()), steps)
 
 
 def run_isolated(impl: str, shape: str, precision: str, repeats: int, *, batch: int = 64,
@@ -346,6 +447,7 @@ def run_isolated(impl: str, shape: str, precision: str, repeats: int, *, batch: 
     cmd = [sys.executable, __file__, "--one", impl, shape, precision, str(repeats),
            "--batch", str(batch), "--device", device, "--adam", ADAM, "--attention", ATTENTION,
            "--dropout", str(DROPOUT)] + (["--compile"] if compiled else []) + (
+               ["--profile"] if PROFILE else []) + (
                ["--compile-mode", compile_mode] if compile_mode else [])
     # Every implementation gets the allocator setting tformer makes for itself (huge pages for
     # large tensors, see tformer/fast/process.py), so the comparison is of the code, not of it.
@@ -377,14 +479,16 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="with --one: print torch.profiler's 30 costliest operations of two steps",
+        help="also profile two steps of each configuration: its 30 costliest operations "
+        "(stderr) and the step split into op groups, large products and the rest, with "
+        "their ms and bytes read (a table after the main one)",
     )
     parser.add_argument(
         "--adam",
         default="auto",
         choices=["auto", "foreach", "fused"],
         help="Adam's update kernels for every implementation (auto: tformer's own choice, "
-        "fused on a GPU and foreach on a CPU)",
+        "fused on a CPU and a GPU)",
     )
     parser.add_argument(
         "--attention",
@@ -403,8 +507,8 @@ def main() -> None:
                         help="every implementation's dropout (default: the paper's 0.1)")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global ADAM, ATTENTION, DROPOUT
-    ADAM, ATTENTION, DROPOUT = args.adam, args.attention, args.dropout
+    global ADAM, ATTENTION, DROPOUT, PROFILE
+    ADAM, ATTENTION, DROPOUT, PROFILE = args.adam, args.attention, args.dropout, args.profile
     device = torch.device(args.device)
     if args.one:
         impl, shape, precision, repeats = args.one
@@ -418,15 +522,13 @@ def main() -> None:
         from tformer.fast.malloc import keep_freed_memory
 
         kept = keep_freed_memory()
-        if args.profile:
-            profile(impl, work, run)
-        print(json.dumps({**measure(impl, work, run, int(repeats)),
-                          "keep_freed_memory": kept}))
+        groups = profile(impl, work, run) if args.profile else None
+        row = {**measure(impl, work, run, int(repeats)), "keep_freed_memory": kept}
+        print(json.dumps(row if groups is None else {**row, "op_groups": groups}))
         return
 
     shapes = ["smoke"] if args.smoke else args.shapes.split(",")
     repeats = 1 if args.smoke else args.repeats
-    rows: list[dict[str, Any]] = []
     size = 256 if args.smoke else 8192 if device.type == "cuda" else 2048
     measured = {"fp32": matmul_peak(torch.float32, size, device=device),
                 "bf16": matmul_peak(torch.bfloat16, size, device=device)}
@@ -471,37 +573,77 @@ def main() -> None:
     # Smoke: the processes run side by side (start-up is most of each); otherwise one at a
     # time, so none slows another.
     with commands_pool(args.smoke) as lanes:
-        for row in lanes.map(isolated, configurations):
-            if row and "model_gflops_per_s" in row:
-                row["mfu_vs_bf16_peak"] = round(row["model_gflops_per_s"] / peaks["bf16"], 4)
-            print(json.dumps(row), flush=True)
-            if row:
-                rows.append(row)
+        rows = [row for row in lanes.map(isolated, configurations) if row]
+    # The reference again at the end: on a shared machine whose speed drifts over minutes,
+    # the better of the two is the closer to the hardware's peak.
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        peaks[name] = max(peaks[name], matmul_peak(dtype, measured[name][1], device=device)[0])
+    print(json.dumps({"reference_end": record["reference"],
+                      **{f"{k}_gflops": round(v, 1) for k, v in peaks.items()}}), flush=True)
+    for row in rows:
+        if "model_gflops_per_s" in row:
+            row["mfu_vs_bf16_peak"] = round(row["model_gflops_per_s"] / peaks["bf16"], 4)
+            row["non_product_ms"] = non_product_ms(row, peaks)
+        print(json.dumps(row), flush=True)
     print()
+    print_table(rows, device)
+    print_profiles(rows)
+
+def non_product_ms(row: dict[str, Any], peaks: dict[str, float]) -> float:
+    """A step's time beyond its model products run at the measured peak of their precision
+    (fp32's for fp32 rows, bf16's for the others): what is not a large product (norms,
+    dropout, residuals, softmax, the loss, the optimizer, casts, memory traffic) plus the
+    products' own shortfall from the peak. Comparable across CPUs where ms/step is not."""
+    peak = peaks["fp32" if row["precision"] == "fp32" else "bf16"]
+    return round(row["ms_per_step"] - row["model_gflop_per_step"] / peak * 1000, 1)
+
+
+def label(r: dict[str, Any]) -> str:
+    """A row's precision column: the precision and whatever differs from the defaults."""
+    precision = r["precision"] + (" compiled" if r.get("compiled") else "")
+    if r.get("adam", "auto") != "auto":
+        precision += f" (Adam {r['adam']})"
+    if r.get("attention", "auto") != "auto":
+        precision += f" ({r['attention']} attention)"
+    if r.get("compile_mode"):
+        precision += f" ({r['compile_mode']})"
+    if r.get("inductor_env"):
+        precision += " (" + " ".join(f"{k}={v}" for k, v in r["inductor_env"].items()) + ")"
+    if r.get("dropout", 0.1) != 0.1:
+        precision += f" (dropout {r['dropout']})"
+    return precision
+
+
+def print_table(rows: list[dict[str, Any]], device: torch.device) -> None:
     memory = "peak GPU MB (allocated)" if device.type == "cuda" else "peak RSS MB"
-    print(f"| shape | precision | implementation | ms/step | target tok/s | MFU (bf16 peak) "
-          f"| {memory} |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    print(f"| shape | precision | implementation | ms/step | non-product ms | target tok/s "
+          f"| MFU (bf16 peak) | {memory} |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        precision = r["precision"] + (" compiled" if r.get("compiled") else "")
-        if r.get("adam", "auto") != "auto":
-            precision += f" (Adam {r['adam']})"
-        if r.get("attention", "auto") != "auto":
-            precision += f" ({r['attention']} attention)"
-        if r.get("compile_mode"):
-            precision += f" ({r['compile_mode']})"
-        if r.get("inductor_env"):
-            precision += " (" + " ".join(f"{k}={v}" for k, v in r["inductor_env"].items()) + ")"
-        if r.get("dropout", 0.1) != 0.1:
-            precision += f" (dropout {r['dropout']})"
         if "skipped" in r:
-            print(f"| {r['shape']} | {precision} | {r['impl']} | skipped: {r['skipped']} "
-                  "| | | |")
+            print(f"| {r['shape']} | {label(r)} | {r['impl']} | skipped: {r['skipped']} "
+                  "| | | | |")
             continue
         peak = r.get("peak_gpu_mb", r.get("peak_rss_mb", 0.0))
-        print(f"| {r['shape']} | {precision} | {r['impl']} | {r['ms_per_step']} | "
-              f"{r['target_tokens_per_s']:,.0f} | {r['mfu_vs_bf16_peak']:.1%} | "
-              f"{peak:,.0f} |")
+        print(f"| {r['shape']} | {label(r)} | {r['impl']} | {r['ms_per_step']} | "
+              f"{r['non_product_ms']} | {r['target_tokens_per_s']:,.0f} | "
+              f"{r['mfu_vs_bf16_peak']:.1%} | {peak:,.0f} |")
+
+
+def print_profiles(rows: list[dict[str, Any]]) -> None:
+    """With --profile: each configuration's step split into op groups."""
+    for r in rows:
+        if not r.get("op_groups"):
+            continue
+        total = sum(g["ms_per_step"] for g in r["op_groups"])
+        print(f"\n{r['impl']}, {r['shape']}, {label(r)}: {total:,.0f} ms of operations "
+              f"per profiled step ({r['ms_per_step']} ms/step unprofiled)\n")
+        print("| op group | ms/step | share | MB read/step | calls/step | costliest operations |")
+        print("|---|---:|---:|---:|---:|---|")
+        for g in r["op_groups"]:
+            ops = ", ".join(f"{op} {ms}" for op, ms in g["top_ops"].items())
+            print(f"| {g['group']} | {g['ms_per_step']:,} | {g['ms_per_step'] / total:.1%} | "
+                  f"{g['mb_read_per_step']:,} | {g['calls_per_step']} | {ops} |")
 
 
 if __name__ == "__main__":

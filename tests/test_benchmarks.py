@@ -27,7 +27,7 @@ def run_script(name: str, *args: str, env: dict[str, str] | None = None) -> list
 
 
 def test_train_speed_smoke() -> None:
-    records = run_script("train_speed.py", "--smoke", "--dropout", "0")
+    records = run_script("train_speed.py", "--smoke", "--dropout", "0", "--profile")
     assert records[0]["reference"].startswith("dense matmul") and records[0]["bf16_gflops"] > 0
     measured = [r for r in records if "ms_per_step" in r]
     assert {r["impl"] for r in measured} >= {"tformer", "torch.nn.Transformer"}
@@ -38,6 +38,19 @@ def test_train_speed_smoke() -> None:
     assert all(0 < r["host_ms_per_step"] <= r["ms_per_step"] for r in measured)
     # Every implementation runs with the allocator settings tformer makes for itself.
     assert {r["keep_freed_memory"] for r in measured} == {glibc() is not None}
+    # A step's time beyond its products at the run's best reference, and the profiled split:
+    # the products are the matrix products, the rest is named by what it does.
+    end = next(r for r in records if "reference_end" in r)
+    assert end["bf16_gflops"] >= records[0]["bf16_gflops"]
+    for r in measured:
+        peak = end["fp32_gflops" if r["precision"] == "fp32" else "bf16_gflops"]
+        ideal = r["model_gflop_per_step"] / peak * 1000
+        assert r["non_product_ms"] == pytest.approx(r["ms_per_step"] - ideal, abs=0.06)
+        groups = {g["group"]: g for g in r["op_groups"]}
+        assert {"products", "optimizer", "loss", "attention", "norm"} <= set(groups)
+        assert set(groups["products"]["top_ops"]) <= {"aten::mm", "aten::addmm", "aten::linear",
+                                                      "aten::matmul"}
+        assert groups["products"]["mb_read_per_step"] > 0 and groups["products"]["ms_per_step"] > 0
 
 
 @pytest.mark.skipif(not SHARED_MULTI30K.is_dir(),

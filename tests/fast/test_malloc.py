@@ -11,10 +11,11 @@ import pytest
 
 from tformer.fast.malloc import glibc
 
-# Where glibc puts a 20 MB block and what it does with it once freed, read from its own
-# statistics (mallinfo2). By default a block that size gets its own mapping (returned to the
-# system at free, so the next one starts as fresh pages); kept, it comes from the heap, and once
-# freed it stays there, free for the next allocation. Huge pages are off, as in the others.
+# Where glibc puts a block (20 MB, and 64 MB: above its largest mmap threshold, as the logits
+# of the base shape are) and what it does with it once freed, read from its own statistics
+# (mallinfo2). By default a block that size gets its own mapping (returned to the system at
+# free, so the next one starts as fresh pages); kept, it comes from the heap, and once freed it
+# stays there, free for the next allocation. Huge pages are off, as in the others.
 PLACEMENT_PROBE = """
 import ctypes, sys
 import torch
@@ -27,7 +28,7 @@ libc.mallinfo2.restype = Info
 applied = keep_freed_memory() if sys.argv[1] == "keep" else False
 MB = 2**20
 before = libc.mallinfo2()
-block = torch.empty(5 * MB)  # 20 MB of float32
+block = torch.empty(int(sys.argv[2]) * MB // 4)  # float32
 block.fill_(1.0)
 mapped = (libc.mallinfo2().hblkhd - before.hblkhd) // MB
 del block
@@ -63,10 +64,10 @@ print(applied, (faults() - before) / 16)
 """
 
 
-def probe(script: str, mode: str, **env: str) -> list[str]:
+def probe(script: str, mode: str, *args: str, **env: str) -> list[str]:
     clean = {k: v for k, v in os.environ.items() if k != "TFORMER_KEEP_FREED_MEMORY"}
     return subprocess.run(
-        [sys.executable, "-c", script, mode],
+        [sys.executable, "-c", script, mode, *args],
         env={**clean, "THP_MEM_ALLOC_ENABLE": "0", **env},
         capture_output=True, text=True, check=True,
     ).stdout.split()
@@ -84,20 +85,21 @@ needs_glibc = pytest.mark.skipif(
 
 @pytest.mark.slow
 @needs_glibc
-def test_freed_blocks_stay_in_the_heap_for_reuse() -> None:
-    applied, mapped, free_mb = probe(PLACEMENT_PROBE, "keep")
+@pytest.mark.parametrize("mb", [20, 64])
+def test_freed_blocks_stay_in_the_heap_for_reuse(mb: int) -> None:
+    applied, mapped, free_mb = probe(PLACEMENT_PROBE, "keep", str(mb))
     assert applied == "True"
     assert int(mapped) == 0  # from the heap, not a mapping of its own
-    assert int(free_mb) >= 20  # freed, and kept free in the heap rather than handed back
-    applied, mapped, free_mb = probe(PLACEMENT_PROBE, "default")
+    assert int(free_mb) >= mb  # freed, and kept free in the heap rather than handed back
+    applied, mapped, free_mb = probe(PLACEMENT_PROBE, "default", str(mb))
     assert applied == "False"
-    assert int(mapped) >= 20 and int(free_mb) < 20  # glibc's default: its own mapping, unmapped
+    assert int(mapped) >= mb and int(free_mb) < mb  # glibc's default: own mapping, unmapped
 
 
 @pytest.mark.slow
 @needs_glibc
 def test_the_switch_turns_it_off() -> None:
-    applied, mapped, free_mb = probe(PLACEMENT_PROBE, "keep", TFORMER_KEEP_FREED_MEMORY="0")
+    applied, mapped, free_mb = probe(PLACEMENT_PROBE, "keep", "20", TFORMER_KEEP_FREED_MEMORY="0")
     assert applied == "False"
     assert int(mapped) >= 20 and int(free_mb) < 20
 

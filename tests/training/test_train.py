@@ -197,14 +197,49 @@ def test_refuses_to_resume_nothing(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-def test_adam_on_the_cpu_updates_with_foreach_kernels() -> None:
-    from tformer.config import TrainConfig
+def test_adam_on_the_cpu_updates_in_fused_kernels_as_foreach_does() -> None:
+    from tformer.config import ModelConfig, TrainConfig
+    from tformer.model import Transformer
     from tformer.training.optim import build_optimizer
 
-    model = torch.nn.Linear(3, 2)
-    plain = build_optimizer(model, TrainConfig())
-    decayed = build_optimizer(model, TrainConfig(weight_decay=0.01))
-    assert type(plain) is torch.optim.Adam and type(decayed) is torch.optim.AdamW
-    for optimizer in (plain, decayed):
-        assert optimizer.defaults["foreach"] is True and not optimizer.defaults["fused"]
-        assert optimizer.defaults["betas"] == (0.9, 0.98) and optimizer.defaults["eps"] == 1e-9
+    torch.manual_seed(0)
+    config = ModelConfig(src_vocab_size=50, tgt_vocab_size=50, d_model=32, n_heads=2,
+                         n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0)  # fmt: skip
+    for decay in (0.0, 0.01):
+        fused_model, foreach_model = Transformer(config), Transformer(config)
+        foreach_model.load_state_dict(fused_model.state_dict())
+        fused = build_optimizer(fused_model, TrainConfig(weight_decay=decay))
+        assert type(fused) is (torch.optim.AdamW if decay else torch.optim.Adam)
+        assert fused.defaults["fused"] is True and not fused.defaults["foreach"]
+        assert fused.defaults["betas"] == (0.9, 0.98) and fused.defaults["eps"] == 1e-9
+        foreach = type(fused)(foreach_model.parameters(), betas=(0.9, 0.98), eps=1e-9,
+                              weight_decay=decay, foreach=True)  # fmt: skip
+        for optimizer in (fused, foreach):
+            for group in optimizer.param_groups:
+                group["lr"] = 1e-3
+        before = {name: p.detach().clone() for name, p in fused_model.named_parameters()}
+        for _ in range(5):  # the same gradients for both
+            for a, b in zip(fused_model.parameters(), foreach_model.parameters(), strict=True):
+                a.grad = torch.randn_like(a)
+                b.grad = a.grad.clone()
+            versions = [p._version for p in fused_model.parameters()]
+            fused.step()
+            foreach.step()
+            # Each update is counted as a change of its weight, as foreach's are: the decoding
+            # caches that validation uses are remade from the new weights.
+            assert all(p._version > v for p, v in zip(fused_model.parameters(), versions,
+                                                      strict=True))  # fmt: skip
+        for (name, a), b in zip(fused_model.named_parameters(), foreach_model.parameters(),
+                                strict=True):  # fmt: skip
+            assert not torch.equal(a, before[name]), name
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_adam_on_mixed_devices_updates_with_foreach_kernels() -> None:
+    from tformer.training.optim import update_kernels
+
+    params = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2, device="meta"))]
+    assert update_kernels(params) == {"foreach": True}
+    assert update_kernels(params[:1]) == {"fused": True}
+
+

@@ -10,6 +10,7 @@ import math
 
 import torch
 from torch import nn
+from torch.autograd.graph import increment_version
 
 from tformer.config import ModelConfig, TrainConfig
 
@@ -131,17 +132,32 @@ def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Adam:
     params = [p for p in model.parameters() if p.requires_grad]
     betas = (train.beta1, train.beta2)
     kernels = update_kernels(params)
+    optimizer: torch.optim.Adam
     if train.weight_decay > 0:
-        return torch.optim.AdamW(
+        optimizer = torch.optim.AdamW(
             params, lr=0.0, betas=betas, eps=train.eps, weight_decay=train.weight_decay, **kernels
         )
-    return torch.optim.Adam(params, lr=0.0, betas=betas, eps=train.eps, **kernels)
+    else:
+        optimizer = torch.optim.Adam(params, lr=0.0, betas=betas, eps=train.eps, **kernels)
+    if kernels.get("fused"):
+        # torch's fused kernels write the weights without counting a change (``_version``),
+        # and the decoding caches (packed weights, stacked projections, captured steps) key on
+        # that count: counted here, validation never decodes with the weights of a step before.
+        optimizer.register_step_post_hook(lambda *_: increment_version(params))
+    return optimizer
+
+
+# Devices where torch's fused Adam runs: one pass over weights, gradients and moments per
+# tensor. On a CPU it updates the base shape's weights three times as fast as foreach's
+# kernels, which make a pass per operation (docs/performance.md).
+_FUSED_ADAM_DEVICES = frozenset({"cuda", "cpu"})
 
 
 def update_kernels(params: list[torch.nn.Parameter]) -> dict[str, bool]:
-    """How Adam updates the weights: on a GPU in one fused kernel per group of tensors (a
-    single pass over weights, gradients and moments); elsewhere with foreach, a few kernels
-    over all tensors instead of one Python loop per parameter."""
-    if params and all(p.device.type == "cuda" for p in params):
+    """How Adam updates the weights: in fused kernels where all of them live on a device that
+    has them, elsewhere with foreach (a few kernels over all tensors instead of one Python
+    loop per parameter)."""
+    devices = {p.device.type for p in params}
+    if len(devices) == 1 and devices <= _FUSED_ADAM_DEVICES:
         return {"fused": True}
     return {"foreach": True}
