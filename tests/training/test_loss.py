@@ -50,16 +50,20 @@ def test_loss_and_gradient_match_torch(dtype: torch.dtype, smoothing: float) -> 
     assert our_grad[0, 9:].abs().sum() == 0
 
 
-def test_blocks_cover_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Force blocks of 4 rows over 10 rows: the last block is short.
+@pytest.mark.parametrize("padded", [[], [5, 6], [0, 9]])
+def test_blocks_cover_every_row(monkeypatch: pytest.MonkeyPatch, padded: list[int]) -> None:
+    # Force blocks of 4 rows over 10 rows: the last block is short. Padding in some blocks and
+    # not others: a block without padding skips its masking pass.
     monkeypatch.setattr(loss_module, "_BLOCK_ELEMENTS", 4 * 50)
     torch.manual_seed(1)
     logits = torch.randn(1, 10, 50)
     labels = torch.randint(1, 50, (1, 10))
+    labels[0, padded] = PAD_ID
     ours, our_grad = loss_and_grad(sequence_loss, logits, labels, 0.1, 1.0)
     ref, ref_grad = loss_and_grad(reference, logits, labels, 0.1, 1.0)
     torch.testing.assert_close(ours, ref)
     torch.testing.assert_close(our_grad, ref_grad)
+    assert our_grad[0, padded].abs().sum() == 0
 
 
 def test_hand_computed_smoothed_loss() -> None:

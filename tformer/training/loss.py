@@ -153,7 +153,10 @@ class SmoothedCrossEntropy(torch.autograd.Function):
                     if smoothing:
                         x.sub_(smoothing / vocab)
                     x.scatter_add_(1, safe_y, x.new_full(safe_y.shape, -(1.0 - smoothing)))
-                    x.masked_fill_(~keep[:, None], 0.0)
+                    # A pass over the block only where it has padding; a CPU reads the mask
+                    # for free, elsewhere asking would wait for the device.
+                    if x.device.type != "cpu" or not bool(keep.all()):
+                        x.masked_fill_(~keep[:, None], 0.0)
                     grad[start : start + rows] = x
         ctx.save_for_backward(grad)
         return total
