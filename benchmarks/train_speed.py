@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import resource
@@ -291,8 +292,9 @@ IMPLEMENTATIONS: dict[str, Callable[[Workload, Run], Callable[[], None]]] = {
 }
 
 
-def measure(impl: str, work: Workload, run: Run, repeats: int) -> dict[str, Any]:
-    step = IMPLEMENTATIONS[impl](work, run)
+def measure(impl: str, work: Workload, run: Run, repeats: int,
+            step: Callable[[], None]) -> dict[str, Any]:
+    """``repeats`` timed calls of ``step`` (built by ``IMPLEMENTATIONS[impl]``) after a warm-up."""
     # Warm-up: allocator, autocast weight casts, lazy init; compiling (several calls: a
     # compiled step can recompile once after its first call).
     for _ in range(3 if run.compiled else 1):
@@ -373,10 +375,7 @@ def input_bytes(event: Any) -> int:
     total = 0
     for shape, dtype in zip(event.input_shapes or [], event.input_dtypes or [], strict=False):
         if isinstance(shape, list) and shape and all(isinstance(n, int) for n in shape):
-            numel = 1
-            for n in shape:
-                numel *= n
-            total += numel * _DTYPE_BYTES.get(dtype, 4)
+            total += math.prod(shape) * _DTYPE_BYTES.get(dtype, 4)
     return total
 
 
@@ -415,18 +414,14 @@ def op_groups(events: list[Any], steps: int) -> list[dict[str, Any]]:
     return rows
 
 
-def profile(impl: str, work: Workload, run: Run, steps: int = 2) -> list[dict[str, Any]]:
-    """Two steps after a warm-up under torch.profiler: the costliest operations printed, and
-    their time and bytes split into op groups (:func:`op_groups`), returned."""
+def profile(step: Callable[[], None], run: Run, steps: int = 2) -> list[dict[str, Any]]:
+    """Two calls of a measured ``step`` under torch.profiler (after :func:`measure`'s, so
+    compiling and the allocator's first steps stay out of them, and peak memory is the step's
+    own): the costliest operations printed, and their time and bytes split into op groups
+    (:func:`op_groups`), returned."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
-    step = IMPLEMENTATIONS[impl](work, run)
-    # Three steps of warm-up: compiling, and the allocator reaching the layout of its steady
-    # state (after one step the largest tensors still land on fresh pages).
-    for _ in range(3):
-        step()
-    synchronize(run.device)
     activities = [ProfilerActivity.CPU] + (
         [ProfilerActivity.CUDA] if run.device.type == "cuda" else []
     )
@@ -454,6 +449,8 @@ def run_isolated(impl: str, shape: str, precision: str, repeats: int, *, batch: 
     env = with_threads(threads, {**os.environ, "THP_MEM_ALLOC_ENABLE":
                                  os.environ.get("THP_MEM_ALLOC_ENABLE", "1")})  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if PROFILE:  # the profiler's table of costliest operations
+        sys.stderr.write(proc.stderr)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
         return {"impl": impl, "shape": shape, "precision": precision, "compiled": compiled,
@@ -479,7 +476,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="also profile two steps of each configuration: its 30 costliest operations "
+        help="also profile two steps of each configuration after its measured ones: its 30 "
+        "costliest operations "
         "(stderr) and the step split into op groups, large products and the rest, with "
         "their ms and bytes read (a table after the main one)",
     )
@@ -522,9 +520,11 @@ def main() -> None:
         from tformer.fast.malloc import keep_freed_memory
 
         kept = keep_freed_memory()
-        groups = profile(impl, work, run) if args.profile else None
-        row = {**measure(impl, work, run, int(repeats)), "keep_freed_memory": kept}
-        print(json.dumps(row if groups is None else {**row, "op_groups": groups}))
+        step = IMPLEMENTATIONS[impl](work, run)
+        row = {**measure(impl, work, run, int(repeats), step), "keep_freed_memory": kept}
+        if args.profile:
+            row["op_groups"] = profile(step, run)
+        print(json.dumps(row))
         return
 
     shapes = ["smoke"] if args.smoke else args.shapes.split(",")

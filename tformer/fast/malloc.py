@@ -66,9 +66,8 @@ def keep_freed_memory() -> bool:
         return False
     # mallopt returns 1 on success; the placement first, so that a failure of the last leaves
     # the default trimming (which only costs speed).
-    placed = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX))
-    placed = bool(libc.mallopt(M_MMAP_MAX, 0)) and placed
-    _applied = placed and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+    placed = [libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX), libc.mallopt(M_MMAP_MAX, 0)]
+    _applied = all(placed) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
     return _applied
 
 

@@ -148,8 +148,7 @@ def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Adam:
 
 
 # Devices where torch's fused Adam runs: one pass over weights, gradients and moments per
-# tensor. On a CPU it updates the base shape's weights three times as fast as foreach's
-# kernels, which make a pass per operation (docs/performance.md).
+# tensor, where foreach's kernels make a pass per operation (docs/performance.md measures it).
 _FUSED_ADAM_DEVICES = frozenset({"cuda", "cpu"})
 
 
