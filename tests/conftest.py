@@ -21,6 +21,7 @@ from tformer.decoding.settings import Hypothesis
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
 from tformer.training.configs import Settings, resolve
+from tformer.training.reporting import Reporter
 from tformer.training.run import TrainResult, train
 
 DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -101,6 +102,16 @@ def toy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_jsonl(folder / "validation.jsonl", digit_pairs(100, seed=2))
     write_jsonl(folder / "test.jsonl", digit_pairs(200, seed=3))
     return folder
+
+
+class Messages(Reporter):
+    """A reporter that keeps its one-line messages, for tests to read."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.lines.append(text)
 
 
 def tiny_model() -> ModelConfig:

@@ -279,6 +279,21 @@ def test_a_single_process_run_resumes_under_ddp_with_accumulation(
     assert losses(out) == pytest.approx(losses(tmp_path / "reference"), rel=1e-5, abs=1e-6)
 
 
+def test_an_epoch_under_ddp_is_an_epoch(data: Path, tmp_path: Path) -> None:
+    """--epochs counts passes over the data whatever the ranks: 2 ranks x 2 accumulated take
+    4 batches a step, so one epoch ends after a quarter of its batches' count in steps."""
+    out = tmp_path / "run"
+    result = tformer("train", "--nproc", "2", "--data", str(data), "--out", str(out), *CLI_ARGS,
+                     "--accumulate", "2", "--epochs", "1")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r["epoch"] for r in records if "loss" in r]
+    per_step = epochs[0]  # 4 batches of the epoch's count, logged after the first step
+    # ceil(batches / 4) steps: the epoch's last step may take up to 3 batches of the next.
+    assert 1.0 <= epochs[-1] < 1.0 + per_step, epochs
+    assert len(epochs) >= 2
+
+
 def test_each_cuda_process_needs_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     from tformer.errors import DeviceError
     from tformer.training.distributed import check_gpus_per_process

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import tiny_model
+from tests.conftest import Messages, tiny_model
 from tformer import checkpoint as ckpt
 from tformer.config import ModelConfig, TrainConfig
 from tformer.training.optim import budget_steps, capped_warmup, lr_at
-from tformer.training.reporting import Reporter
 from tformer.training.run import train
 
 CUT = TrainConfig(lr=1e-3, warmup_steps=200, warmup_share=0.1, schedule="constant")
@@ -43,14 +42,6 @@ def test_without_a_share_the_warm_up_is_as_given() -> None:
 def saved_warmup(run: Path) -> dict[str, object]:
     state = json.loads((ckpt.resolve(run) / "trainer_state.json").read_text())
     return state["warmup"]
-
-
-class Messages(Reporter):
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def message(self, text: str) -> None:
-        self.lines.append(text)
 
 
 def test_a_time_budget_fixes_its_warm_up_once_and_a_resumed_run_keeps_it(

@@ -89,6 +89,7 @@ TRAIN_OPTIONS = (
     "max_steps",
     "epochs",
     "time_budget",
+    "fit_budget",
     "eval_every",
     "save_every",
     "log_every",
@@ -143,8 +144,8 @@ PANELS: dict[str, tuple[str, ...]] = {
     ),
     "Batching": ("max_tokens", "accumulate"),
     "How long, and validation": (
-        "max_steps", "epochs", "time_budget", "eval_every", "val_bleu", "best_metric",
-        "patience", "final_eval",
+        "max_steps", "epochs", "time_budget", "fit_budget", "eval_every", "val_bleu",
+        "best_metric", "patience", "final_eval",
     ),
     "Precision & devices": ("device", "precision", "compile", "threads", "nproc"),
     "Language models only": ("pack", "block_size", "mlm_probability", "mlm_mask",

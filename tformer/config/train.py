@@ -102,6 +102,12 @@ class TrainConfig:
         "Stop after this long, e.g. 90s, 4m30s, 1h (the final validation included: see "
         "--final-eval).",
     )
+    fit_budget: bool = _field(
+        False,
+        "Under --time-budget, fit dropout, attention dropout and --keep-last to the epochs the "
+        "budget holds at the pace of the first steps (docs/training.md); values given as "
+        "flags or in --config stay.",
+    )
     precision: PrecisionName = _field(
         "auto",
         "auto | fp32 | bf16 | fp16. auto: bf16 autocast on GPUs that have it (else fp16 with a "

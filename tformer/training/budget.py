@@ -10,15 +10,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tformer.config import TrainConfig
+from tformer.config import ModelConfig, TrainConfig
+from tformer.data.batching import BatchPlan
 from tformer.model import TransformerBase
 from tformer.training import distributed as dist_
 from tformer.training.best import BestKeeper
 from tformer.training.distributed import World
+from tformer.training.fit import fit, set_dropout
 from tformer.training.optim import WARMUP_SHARE, budget_steps, capped_warmup
 from tformer.training.reporting import Reporter
+from tformer.training.saving import RunSaver
 from tformer.training.signals import StopOnSignal
-from tformer.training.state import Position
+from tformer.training.state import Position, step_batches
 
 # The share of --time-budget the final validation may take after training: the validation
 # loss, then translating the split (--final-eval auto) until the run's time is up.
@@ -40,9 +43,13 @@ class TimeBudget:
 
     cfg: TrainConfig
     model: TransformerBase
+    model_config: ModelConfig
     world: World
     report: Reporter
     keeper: BestKeeper
+    saver: RunSaver
+    free: tuple[str, ...]
+    fitted: dict[str, Any] | None
     device: Any
     time_used: float
     reserve: float
@@ -72,15 +79,53 @@ class TimeBudget:
         """Fix the warm-up of a --time-budget run from the steps the budget holds at the pace
         of the steps since this process's first (agreed time, so every rank fixes the same);
         until then the first steps follow --warmup-steps as given."""
+        steps = self._budget_length(pos, total_steps)
+        if steps is not None:
+            self._fix_warmup(steps, ", about, at this speed, in --time-budget")
+
+    def _budget_length(self, pos: Position, total_steps: int | None) -> float | None:
+        """About how many steps the run takes: the steps --time-budget holds at the pace since
+        this process's first step (agreed time, so every rank finds the same), or the run's
+        own limit when that comes first; None before any time has passed."""
         assert self.paced_from is not None and self.cfg.time_budget is not None
         step0, _, used0 = self.paced_from
         if self.time_used <= used0:
-            return
+            return None
         pace = (pos.step - step0) / (self.time_used - used0)
         steps = budget_steps(pos.step, self.time_used, self._training_budget(), pace)
-        if total_steps is not None:
-            steps = min(steps, total_steps)
-        self._fix_warmup(steps, ", about, at this speed, in --time-budget")
+        return steps if total_steps is None else min(steps, total_steps)
+
+    def _fit_when_due(
+        self, pos: Position, total_steps: int | None, plan: BatchPlan
+    ) -> TrainConfig:
+        """--fit-budget, once: fit the run's regularisation to its length, before its first step
+        when the length is known, else once PACE_STEPS steps have timed --time-budget's pace;
+        one line says what changed. The checkpoints then hold the fitted configs and the fit
+        is saved, so a resumed run keeps it. Returns the run's TrainConfig."""
+        cfg = self.cfg
+        if not cfg.fit_budget or self.fitted is not None:
+            return cfg
+        steps: float | None = total_steps
+        if cfg.time_budget is not None:
+            if self.paced_from is None or pos.step - self.paced_from[0] < PACE_STEPS:
+                return cfg
+            steps = self._budget_length(pos, total_steps)
+        if steps is None:
+            return cfg
+        per_epoch = len(plan.epoch(pos.epoch)) / step_batches(cfg.accumulate, self.world.world_size)
+        fitted = fit(self.model_config, cfg, steps, steps / per_epoch, self.free)
+        changes = fitted.changes(self.model_config, cfg)
+        set_dropout(self.model, fitted.model)
+        self.model_config = fitted.model
+        self.cfg = self.saver.cfg = self.keeper.cfg = fitted.train
+        self.fitted = {"steps": fitted.steps, "epochs": round(fitted.epochs, 1)}
+        if self.world.is_main:
+            how = " at this speed in --time-budget" if cfg.time_budget is not None else ""
+            self.report.message(
+                f"--fit-budget: a run of about {fitted.steps:,} steps ({fitted.epochs:.0f} "
+                f"epochs){how}: {', '.join(changes) or 'the settings as they are'}"
+            )
+        return self.cfg
 
     def _warn_long_warmup(self, steps: int, how: str) -> None:
         """One warning line when the run ends before its learning-rate warm-up does: the

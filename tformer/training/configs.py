@@ -37,6 +37,7 @@ from tformer.config import (
 from tformer.data.tokenizer import DEFAULT_TOKENIZER_SAMPLE
 from tformer.errors import CheckpointError, ConfigError
 from tformer.paths import excerpt
+from tformer.training.fit import FIT_FIELDS
 from tformer.training.resume_flags import (
     DERIVED,
     ROLES,
@@ -94,6 +95,7 @@ class Resolved:
     train: TrainConfig
     tokenizer: TokenizerSpec
     defaults: tuple[str, ...] = ()  # the IMPORTED_DEFAULTS applied (nothing given overrode)
+    free: tuple[str, ...] = ()  # the settings --fit-budget may choose (given neither way)
 
 
 def read_config_file(path: Path) -> dict[str, dict[str, Any]]:
@@ -209,9 +211,11 @@ def _resolve(
     if unknown:
         raise ConfigError(f"unknown setting {unknown[0]!r}: not a ModelConfig or TrainConfig field")
     tokenizer = TokenizerSpec(**{**sections.get("tokenizer", {}), **settings.tokenizer})
+    given = {*values, *sections.get("model", {}), *sections.get("train", {})}
+    free = tuple(name for name in FIT_FIELDS if name not in given)
     if resume is not None:
         model, train = _resume(resume, settings, sections, given_train)
-        return Resolved(model, train, tokenizer)
+        return Resolved(model, train, tokenizer, free=free)
     file_train = sections.get("train", {})
     arch = {**sections.get("model", {}), **given_model}.get("arch", "encoder-decoder")
     recipe = _recipe(settings.recipe, {**file_train, **given_train}.get("data"), arch)
@@ -222,7 +226,7 @@ def _resolve(
             defaults = imported_defaults(saved, recipe["train"], file_train, given_train)
         family = _family_training(saved.arch)
         train_values = _layered(family, defaults, recipe["train"], file_train, given_train)
-        return Resolved(saved, TrainConfig(**train_values), tokenizer, tuple(defaults))
+        return Resolved(saved, TrainConfig(**train_values), tokenizer, tuple(defaults), free)
     family = _family_training(arch)
     train_values = _layered(family, recipe["train"], file_train, given_train)
     base = PRESETS[_preset_name(settings.preset)] if settings.preset else None
@@ -232,7 +236,9 @@ def _resolve(
         **(base or {}),
         **given_model,
     }
-    return Resolved(ModelConfig(**model_values), TrainConfig(**train_values), tokenizer)
+    return Resolved(
+        ModelConfig(**model_values), TrainConfig(**train_values), tokenizer, free=free
+    )
 
 
 def imported_defaults(model: ModelConfig, *given: Mapping[str, Any]) -> dict[str, Any]:

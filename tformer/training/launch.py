@@ -32,6 +32,7 @@ class Job:
     resume_from: Path | None = None
     init_from: Path | None = None  # fine-tuning: the checkpoint whose weights it starts from
     defaults: tuple[str, ...] = ()  # the imported-model defaults applied (none given instead)
+    free: tuple[str, ...] = ()  # the settings --fit-budget may choose (none given)
 
 
 @dataclass(frozen=True, kw_only=True)

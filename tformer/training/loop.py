@@ -41,7 +41,7 @@ from tformer.training.precision import Precision
 from tformer.training.reporting import LossWindow, Reporter, TrainResult
 from tformer.training.saving import RunSaver
 from tformer.training.signals import StopOnSignal, exit_code
-from tformer.training.state import Position, batch_stream, kept_rng
+from tformer.training.state import Position, batch_stream, kept_rng, step_batches
 from tformer.training.threads import threads_state
 from tformer.training.validation import FinalScores, final_scores
 
@@ -66,6 +66,7 @@ class TrainingLoop(TimeBudget):
         data: dict[str, Any] | None = None,
         init_from: dict[str, Any] | None = None,
         loggers: Sequence[MetricLogger] = (),
+        free: tuple[str, ...] = (),
     ) -> None:
         self.model, self.optimizer, self.cfg = model, optimizer, cfg
         self.model_config, self.tokenizers, self.splits = model_config, tokenizers, splits
@@ -91,6 +92,8 @@ class TrainingLoop(TimeBudget):
         # The run's warm-up in steps once fixed (--warmup-share cuts it to the run's length):
         # fixed once and saved, so a resumed or longer run keeps it.
         self.warmup: int | None = None if cfg.warmup_share is not None else cfg.warmup_steps
+        # --fit-budget: the settings it may choose, and the run's length once fitted (saved).
+        self.free, self.fitted = free, None
         # (step, tokens, time used) after this process's first step: the pace is timed from
         # there, without that step's one-off set-up.
         self.paced_from: tuple[int, int, float] | None = None
@@ -116,6 +119,7 @@ class TrainingLoop(TimeBudget):
         fixed = state.get("warmup")
         if isinstance(fixed, dict) and fixed.get("of") == self._warmup_basis():
             self.warmup = int(fixed["steps"])
+        self.fitted = state.get("fitted")
 
     def run(self, plan: BatchPlan, pos: Position, total_steps: int | None) -> TrainResult:
         if self._should_stop(pos, total_steps):
@@ -152,11 +156,12 @@ class TrainingLoop(TimeBudget):
             self._fix_warmup(total_steps, "")
         if total_steps is not None:
             self._warn_long_warmup(total_steps, "")
+        cfg = self._fit_when_due(pos, total_steps, plan)
         while not stop:
             # One optimizer step takes ranks x accumulate batches of the one global order;
             # rank r computes every world-th of them, so the step equals a single process
             # accumulating them all.
-            micro = [next(stream) for _ in range(cfg.accumulate * world.world_size)]
+            micro = [next(stream) for _ in range(step_batches(cfg.accumulate, world.world_size))]
             sharing.rebalance()  # marks the run busy; its own threads stay (training.threads)
             # Ranks of one run step together; separate runs take turns (fast.sharing).
             queued = time.perf_counter()
@@ -181,6 +186,7 @@ class TrainingLoop(TimeBudget):
                 self.paced_from, self.waited = (pos.step, pos.tokens, self.time_used), 0.0
             elif self.warmup is None and pos.step - self.paced_from[0] >= PACE_STEPS:
                 self._fix_warmup_in_budget(pos, total_steps)
+            cfg = self._fit_when_due(pos, total_steps, plan)
             on_cadence = pos.step % cfg.log_every == 0
             if on_cadence or stop:
                 now = time.perf_counter()
@@ -374,6 +380,8 @@ class TrainingLoop(TimeBudget):
             state["data"] = self.data
         if self.init_from is not None:
             state["init_from"] = self.init_from
+        if self.fitted is not None:
+            state["fitted"] = self.fitted
         if self.cfg.warmup_share is not None and self.warmup is not None:
             state["warmup"] = {"steps": self.warmup, "of": self._warmup_basis()}
         folder = self.saver.save(pos, state)

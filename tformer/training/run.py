@@ -37,6 +37,7 @@ from tformer.training.configs import (
     with_older_checkpoint,
 )
 from tformer.training.distributed import World
+from tformer.training.fit import FIT_FIELDS
 from tformer.training.init_from import check_not_resuming, check_out
 from tformer.training.inputs import (
     check_prepared_options,
@@ -51,7 +52,7 @@ from tformer.training.optim import build_optimizer
 from tformer.training.reporting import Reporter, TrainResult
 from tformer.training.resuming import restore_training_state
 from tformer.training.setup import Setup, set_up
-from tformer.training.state import Position
+from tformer.training.state import Position, step_batches
 from tformer.training.threads import keep_threads
 from tformer.training.validation import EVAL_BATCH_TOKENS
 
@@ -196,16 +197,16 @@ def plan_job(
         tokens = {**settings.tokenizer, **(tokenizer or {})}
         resolved = resolve(dataclasses.replace(settings, tokenizer=tokens), given, init_from=start)
         model_config, train_config, spec = resolved.model, resolved.train, resolved.tokenizer
-        defaults = resolved.defaults
+        defaults, free = resolved.defaults, resolved.free
     else:
-        spec, defaults = TokenizerSpec(**(tokenizer or {})), ()
+        spec, defaults, free = TokenizerSpec(**(tokenizer or {})), (), FIT_FIELDS
     resume_from: Path | None = None
     if resume is not False:
         out, resume_from = resume_target(out, resume)
     out = Path(out) if out is not None else Path("checkpoints") / data_name(train_config.data)
     if start is not None:
         check_out(start, out, overwrite=overwrite)
-    return Job(model_config, train_config, spec, out, resume_from, start, defaults)
+    return Job(model_config, train_config, spec, out, resume_from, start, defaults, free)
 
 
 def _run(job: Job, options: RunOptions, reporter: Reporter) -> TrainResult:
@@ -250,7 +251,7 @@ def _run_locked(
     mc = setup.model_config
     objective = objective_for(mc.arch, mc.src_vocab_size, cfg)
     plan = BatchPlan(setup.splits["train"].pairs, cfg.max_tokens, cfg.seed, objective)
-    total_steps = _total_steps(cfg, len(plan.epoch(0)) * world.world_size)
+    total_steps = _total_steps(cfg, len(plan.epoch(0)), world.world_size)
 
     thread_notes = keep_threads(state, device, job.resume_from)
     # Every check has passed: only now is anything written.
@@ -282,6 +283,7 @@ def _run_locked(
         data=setup.data,
         init_from=setup.init_from,
         loggers=loggers,
+        free=job.free,
     )
     loop.restore(state, extra)
     try:
@@ -359,7 +361,9 @@ def _summary(
     }
 
 
-def _total_steps(cfg: TrainConfig, batches_per_epoch: int) -> int | None:
+def _total_steps(cfg: TrainConfig, batches: int, world_size: int) -> int | None:
+    """The steps --max-steps / --epochs allow, ``batches`` an epoch; None: a time budget
+    alone."""
     limits = []
     if cfg.max_steps is not None:
         limits.append(cfg.max_steps)
@@ -367,5 +371,6 @@ def _total_steps(cfg: TrainConfig, batches_per_epoch: int) -> int | None:
     if epochs is None and cfg.max_steps is None and cfg.time_budget is None:
         epochs = DEFAULT_EPOCHS
     if epochs is not None:
-        limits.append(max(1, math.ceil(epochs * batches_per_epoch / cfg.accumulate)))
+        steps = epochs * batches / step_batches(cfg.accumulate, world_size)
+        limits.append(max(1, math.ceil(steps)))
     return min(limits) if limits else None

@@ -17,6 +17,12 @@ import torch
 from tformer.data.batching import BatchPlan
 
 
+def step_batches(accumulate: int, world_size: int) -> int:
+    """Batches one optimizer step takes: ``accumulate`` on each of ``world_size`` ranks, from
+    one global order (tformer.training.loop)."""
+    return accumulate * world_size
+
+
 @dataclass
 class Position:
     """Where training stands; everything a resume needs besides weights, optimizer and RNG."""
