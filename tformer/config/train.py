@@ -104,8 +104,8 @@ class TrainConfig:
     )
     fit_budget: bool = _field(
         False,
-        "Under --time-budget, fit dropout, attention dropout and --keep-last to the epochs the "
-        "budget holds at the pace of the first steps (docs/training.md); values given as "
+        "Fit dropout, attention dropout and --keep-last to the run's length in epochs (under "
+        "--time-budget, at the pace of its first steps; docs/training.md); values given as "
         "flags or in --config stay.",
     )
     precision: PrecisionName = _field(
