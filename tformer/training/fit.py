@@ -17,7 +17,7 @@ from collections.abc import Collection
 
 from torch import nn
 
-from tformer.config import ModelConfig, TrainConfig
+from tformer.config import ModelConfig, TrainConfig, flag
 from tformer.model import TransformerBase
 from tformer.model.attention import MultiHeadAttention
 
@@ -43,11 +43,10 @@ class Fitted:
     epochs: float
 
     def changes(self, model: ModelConfig, train: TrainConfig) -> list[str]:
-        """What fitting changed, as 'name old -> new' for the run's report."""
-        pairs = [(name, getattr(model, name), getattr(self.model, name)) for name in FIT_FIELDS
-                 if name != "keep_last"]  # fmt: skip
-        pairs.append(("keep_last", train.keep_last, self.train.keep_last))
-        return [f"--{k.replace('_', '-')} {a} -> {b}" for k, a, b in pairs if a != b]
+        """What fitting changed, as '--flag old -> new' for the run's report."""
+        before = {**model.to_dict(), **train.to_dict()}
+        after = {**self.model.to_dict(), **self.train.to_dict()}
+        return [f"{flag(k)} {before[k]} -> {after[k]}" for k in FIT_FIELDS if before[k] != after[k]]
 
 
 def fit(
@@ -61,7 +60,7 @@ def fit(
         if epochs >= LONG_RUN_EPOCHS and name in free
     }
     keep = train.keep_last
-    if "keep_last" in free and train.save_every > 0:
+    if "keep_last" in free:
         keep = min(keep, max(1, int(AVERAGED_SHARE * steps / train.save_every)))
     return Fitted(
         dataclasses.replace(model, **regularise),
