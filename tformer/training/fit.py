@@ -24,8 +24,8 @@ from tformer.model.attention import MultiHeadAttention
 # The settings the rule may choose (those not given as flags or in --config).
 FIT_FIELDS = ("dropout", "attention_dropout", "keep_last")
 # From this many epochs a run gets LONG_RUN's regularisation (where its own is lighter):
-# dropout 0.25 did best over 29 epochs and overfitted after the 18th of 42, where 0.3 with
-# attention dropout 0.1 still improved at the 35th (docs/training.md).
+# dropout 0.25 did best over 26 and 29 epochs (by validation BLEU) and overfitted after the
+# 18th of 42, where 0.3 with attention dropout 0.1 still improved at the 35th (docs/training.md).
 LONG_RUN_EPOCHS = 32.0
 LONG_RUN = {"dropout": 0.3, "attention_dropout": 0.1}
 # The most of a run the kept checkpoints may span: the average of the last 1,600 steps of
