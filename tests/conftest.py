@@ -51,6 +51,14 @@ def write_jsonl(path: Path, records: list[dict[str, str]]) -> Path:
     return path
 
 
+def digit_folder(folder: Path, seed: int, **pairs: int) -> Path:
+    """A data folder of :func:`digit_pairs`, one split per keyword (``train=300,
+    validation=20``), the splits drawn with seeds ``seed``, ``seed + 1``, ... in that order."""
+    for offset, (split, n) in enumerate(pairs.items()):
+        write_jsonl(folder / f"{split}.jsonl", digit_pairs(n, seed=seed + offset))
+    return folder
+
+
 def decoding_model(vocab: int, d_model: int, d_ff: int) -> Transformer:
     """A 1+2-layer model whose decoding steps reach the fast linear paths under test."""
     torch.manual_seed(0)
@@ -97,11 +105,7 @@ def plain_linear(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def toy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("toy")
-    write_jsonl(folder / "train.jsonl", digit_pairs(3000, seed=1))
-    write_jsonl(folder / "validation.jsonl", digit_pairs(100, seed=2))
-    write_jsonl(folder / "test.jsonl", digit_pairs(200, seed=3))
-    return folder
+    return digit_folder(tmp_path_factory.mktemp("toy"), 1, train=3000, validation=100, test=200)
 
 
 class Messages(Reporter):

@@ -24,7 +24,7 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from tests.conftest import digit_pairs, write_jsonl
+from tests.conftest import digit_folder
 from tformer.checkpoint.files import write_text_atomic
 from tformer.checkpoint.lock import LOCK, RunLock
 from tformer.checkpoint.run_dir import LATEST, is_run_dir, remove_run, resolve
@@ -91,10 +91,7 @@ def train(data: Path, out: Path, *extra: str) -> Result:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("hostile-data")
-    write_jsonl(folder / "train.jsonl", digit_pairs(200, seed=31))
-    write_jsonl(folder / "validation.jsonl", digit_pairs(10, seed=32))
-    return folder
+    return digit_folder(tmp_path_factory.mktemp("hostile-data"), 31, train=200, validation=10)
 
 
 @pytest.fixture(scope="module")

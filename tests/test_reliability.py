@@ -17,7 +17,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.conftest import digit_pairs, write_jsonl
+from tests.conftest import digit_folder
 from tformer.checkpoint.run_dir import LATEST, read_metrics, resolve, rewind_run
 from tformer.checkpoint.store import load_checkpoint, save_checkpoint
 from tformer.cli.commands import app
@@ -32,10 +32,7 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("reliability-data")
-    write_jsonl(folder / "train.jsonl", digit_pairs(200, seed=21))
-    write_jsonl(folder / "validation.jsonl", digit_pairs(10, seed=22))
-    return folder
+    return digit_folder(tmp_path_factory.mktemp("reliability-data"), 21, train=200, validation=10)
 
 
 def cli(*args: str) -> object:

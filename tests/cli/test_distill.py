@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import digit_pairs, write_jsonl
+from tests.conftest import digit_folder, digit_pairs, write_jsonl
 from tests.test_hostile_files import TINY, cli, refused
 from tformer.checkpoint.store import load_checkpoint
 from tformer.config import preset
@@ -31,11 +31,7 @@ FAST = ["--max-new-tokens", "8", "--chunk-size", "8", "--max-tokens", "64"]
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("corpus")
-    write_jsonl(folder / "train.jsonl", digit_pairs(40, seed=1))
-    write_jsonl(folder / "validation.jsonl", digit_pairs(5, seed=2))
-    write_jsonl(folder / "test.jsonl", digit_pairs(4, seed=3))
-    return folder
+    return digit_folder(tmp_path_factory.mktemp("corpus"), 1, train=40, validation=5, test=4)
 
 
 @pytest.fixture(scope="module")

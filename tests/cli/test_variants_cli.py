@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner, Result
 
-from tests.conftest import digit_pairs, write_jsonl
+from tests.conftest import digit_folder
 from tformer.checkpoint.store import load_checkpoint
 from tformer.cli.commands import app
 
@@ -40,10 +40,7 @@ def one_line_refusal(result: Result, code: int, *pieces: str) -> str:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("variant-data")
-    write_jsonl(folder / "train.jsonl", digit_pairs(300, seed=1))
-    write_jsonl(folder / "validation.jsonl", digit_pairs(20, seed=2))
-    write_jsonl(folder / "test.jsonl", digit_pairs(20, seed=3))
-    return folder
+    return digit_folder(folder, 1, train=300, validation=20, test=20)
 
 
 @pytest.fixture(scope="module")

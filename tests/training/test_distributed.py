@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from tests.conftest import digit_pairs, write_jsonl
+from tests.conftest import digit_folder
 from tests.training.ddp_worker import model_config, train_config
 from tformer.checkpoint import load_checkpoint, resolve
 from tformer.cli.commands import app
@@ -52,10 +52,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1",
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("ddp-data")
-    write_jsonl(folder / "train.jsonl", digit_pairs(300, seed=21))
-    write_jsonl(folder / "validation.jsonl", digit_pairs(20, seed=22))
-    return folder
+    return digit_folder(tmp_path_factory.mktemp("ddp-data"), 21, train=300, validation=20)
 
 
 def torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.conftest import Messages, digit_pairs, tiny_model, write_jsonl
+from tests.conftest import Messages, digit_folder, tiny_model
 from tformer import checkpoint as ckpt
 from tformer.cli.commands import app
 from tformer.config import ModelConfig, TrainConfig
@@ -76,10 +76,7 @@ def test_a_built_model_given_new_dropout_trains_as_one_built_with_it() -> None:
 @pytest.fixture(scope="module")
 def few_pairs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Sixteen training pairs, one batch an epoch: a run of a few dozen steps is long."""
-    folder = tmp_path_factory.mktemp("few")
-    write_jsonl(folder / "train.jsonl", digit_pairs(16, seed=1))
-    write_jsonl(folder / "validation.jsonl", digit_pairs(8, seed=2))
-    return folder
+    return digit_folder(tmp_path_factory.mktemp("few"), 1, train=16, validation=8)
 
 
 def fitted_lines(lines: list[str]) -> list[str]:

@@ -23,7 +23,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.conftest import DEFAULT_THREADS, digit_pairs, write_jsonl
+from tests.conftest import DEFAULT_THREADS, digit_folder
 from tformer.checkpoint.run_dir import LATEST
 from tformer.checkpoint.store import SLOW_SAVE_ENV, load_checkpoint
 from tformer.checkpoint.verify import verify_checkpoint
@@ -66,10 +66,7 @@ def _default_threads() -> Iterator[None]:
 def small_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """About a dozen batches an epoch, so 40 steps cross epoch boundaries; dropout is on, so the
     RNG state matters as much as the data position."""
-    folder = tmp_path_factory.mktemp("resume-data")
-    write_jsonl(folder / "train.jsonl", digit_pairs(300, seed=11))
-    write_jsonl(folder / "validation.jsonl", digit_pairs(20, seed=12))
-    return folder
+    return digit_folder(tmp_path_factory.mktemp("resume-data"), 11, train=300, validation=20)
 
 
 def train_args(data: Path, out: Path) -> list[str]:
