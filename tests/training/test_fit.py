@@ -16,6 +16,7 @@ from tformer.cli.commands import app
 from tformer.config import ModelConfig, TrainConfig
 from tformer.fast.accelerate import accelerate
 from tformer.model import build_model
+from tformer.training.budget import FIT_PACE_SHARE, MAX_RESERVE_SHARE, PACE_STEPS
 from tformer.training.fit import FIT_FIELDS, LONG_RUN, LONG_RUN_EPOCHS, fit, set_dropout
 from tformer.training.run import train
 
@@ -93,10 +94,11 @@ def saved(run: Path) -> tuple[dict[str, object], dict[str, object], dict[str, ob
 def test_a_time_budget_is_fitted_once_and_a_resumed_run_keeps_it(
     few_pairs: Path, tmp_path: Path
 ) -> None:
-    """Fitted from the pace of the first steps: the checkpoints hold the fitted configs, and a
-    resumed run does not fit again."""
+    """Fitted from the pace of the steps in the first FIT_PACE_SHARE of the budget (not only
+    its first few steps): the checkpoints hold the fitted configs, and a resumed run does not
+    fit again."""
     config = TrainConfig(data=str(few_pairs), max_tokens=512, lr=1e-3, warmup_steps=5,
-                         time_budget=3.0, fit_budget=True, log_every=5, eval_every=10_000,
+                         time_budget=3.0, fit_budget=True, log_every=1, eval_every=10_000,
                          save_every=4, keep_last=50, final_eval="none")  # fmt: skip
     messages = Messages()
     first = train(tiny_model(), config, out=tmp_path / "run", vocab_size=64, reporter=messages)
@@ -111,6 +113,15 @@ def test_a_time_budget_is_fitted_once_and_a_resumed_run_keeps_it(
         assert model[name] == getattr(expected.model, name), (name, state)
     assert train_config["keep_last"] == expected.train.keep_last
     assert epochs == pytest.approx(steps, abs=1)  # one batch an epoch
+    # Made after the first step that had timed PACE_STEPS steps and its share of the budget
+    # since the first step (the training budget is --time-budget less at most
+    # MAX_RESERVE_SHARE of it; the metrics hold times to 0.01 s).
+    elapsed = {r["step"]: r["elapsed"] for r in ckpt.read_metrics(first.run_dir) if "loss" in r}
+    at = int(state["at_step"])  # type: ignore[call-overload]
+    assert at >= 1 + PACE_STEPS, state
+    assert elapsed[at] - elapsed[1] >= FIT_PACE_SHARE * (1 - MAX_RESERVE_SHARE) * 3.0 - 0.01
+    if at - 1 >= 1 + PACE_STEPS:  # then the step before had not timed its share
+        assert elapsed[at - 1] - elapsed[1] < FIT_PACE_SHARE * 3.0 + 0.01, elapsed
     longer = TrainConfig(**{**config.to_dict(), "time_budget": 30.0, "max_steps": first.step + 3})
     again = Messages()
     train(None, longer, out=tmp_path / "run", resume=True, reporter=again)
@@ -137,4 +148,4 @@ def test_the_cli_fits_a_step_limited_run_before_its_first_step(
     assert model["dropout"] == (0.05 if given else LONG_RUN["dropout"])
     assert model["attention_dropout"] == LONG_RUN["attention_dropout"]
     assert train_config["keep_last"] == 8  # given, though it spans all 40 steps
-    assert state == {"steps": 40, "epochs": 40.0}
+    assert state == {"steps": 40, "epochs": 40.0, "at_step": 0}  # before the first step

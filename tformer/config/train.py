@@ -105,7 +105,7 @@ class TrainConfig:
     fit_budget: bool = _field(
         False,
         "Fit dropout, attention dropout and --keep-last to the run's length in epochs (under "
-        "--time-budget, at the pace of its first steps; docs/training.md); values given as "
+        "--time-budget, at the pace of its first twentieth; docs/training.md); values given as "
         "flags or in --config stay.",
     )
     precision: PrecisionName = _field(

@@ -36,6 +36,10 @@ FORWARD_COST = 1 / 3
 # Steps timed after a process's first (set-up included) before a time budget's length in
 # steps is estimated for --warmup-share.
 PACE_STEPS = 3
+# The share of the training budget timed before --fit-budget estimates a --time-budget run's
+# length: a run's first steps are slower than the rest, so a pace taken over a few of them (as
+# the warm-up's is) undercounts the run's steps (docs/training.md).
+FIT_PACE_SHARE = 0.05
 
 
 class TimeBudget:
@@ -99,15 +103,18 @@ class TimeBudget:
         self, pos: Position, total_steps: int | None, plan: BatchPlan
     ) -> TrainConfig:
         """--fit-budget, once: fit the run's regularisation to its length, before its first step
-        when the length is known, else once PACE_STEPS steps have timed --time-budget's pace;
-        one line says what changed. The checkpoints then hold the fitted configs and the fit
-        is saved, so a resumed run keeps it. Returns the run's TrainConfig."""
+        when the length is known, else once PACE_STEPS steps and FIT_PACE_SHARE of the budget
+        have timed --time-budget's pace; one line says what changed. The checkpoints then hold
+        the fitted configs and the fit (with the step it was made after) is saved, so a resumed
+        run keeps it. Returns the run's TrainConfig."""
         cfg = self.cfg
         if not cfg.fit_budget or self.fitted is not None:
             return cfg
         steps: float | None = total_steps
         if cfg.time_budget is not None:
             if self.paced_from is None or pos.step - self.paced_from[0] < PACE_STEPS:
+                return cfg
+            if self.time_used - self.paced_from[2] < FIT_PACE_SHARE * self._training_budget():
                 return cfg
             steps = self._budget_length(pos, total_steps)
         if steps is None:
@@ -118,7 +125,9 @@ class TimeBudget:
         set_dropout(self.model, fitted.model)
         self.model_config = fitted.model
         self.cfg = self.saver.cfg = self.keeper.cfg = fitted.train
-        self.fitted = {"steps": fitted.steps, "epochs": round(fitted.epochs, 1)}
+        self.fitted = {
+            "steps": fitted.steps, "epochs": round(fitted.epochs, 1), "at_step": pos.step
+        }
         if self.world.is_main:
             how = " at this speed in --time-budget" if cfg.time_budget is not None else ""
             self.report.message(
