@@ -129,6 +129,25 @@ def test_a_time_budget_is_fitted_once_and_a_resumed_run_keeps_it(
     assert saved(tmp_path / "run")[2] == state
 
 
+def test_a_time_budget_that_its_step_limit_ends_first_is_fitted_to_the_limit(
+    few_pairs: Path, tmp_path: Path
+) -> None:
+    """Twelve steps take far less than a twentieth of five minutes: the step limit ends the
+    run, so it is fitted to 12 steps once PACE_STEPS have timed the pace, not left unfitted."""
+    config = TrainConfig(data=str(few_pairs), max_tokens=512, lr=1e-3, warmup_steps=5,
+                         time_budget=300.0, max_steps=12, fit_budget=True, log_every=4,
+                         eval_every=10_000, save_every=4, keep_last=50,
+                         final_eval="none")  # fmt: skip
+    messages = Messages()
+    result = train(tiny_model(), config, out=tmp_path / "run", vocab_size=64, reporter=messages)
+    assert result.step == 12
+    lines = fitted_lines(messages.lines)
+    assert len(lines) == 1 and "a run of about 12 steps (12 epochs)" in lines[0], messages.lines
+    model, train_config, state = saved(result.run_dir)
+    assert state == {"steps": 12, "epochs": 12.0, "at_step": 1 + PACE_STEPS}
+    assert train_config["keep_last"] == 2  # 2 x 4 steps <= 2/3 x 12
+
+
 @pytest.mark.parametrize("given", [[], ["--dropout", "0.05"]])
 def test_the_cli_fits_a_step_limited_run_before_its_first_step(
     few_pairs: Path, tmp_path: Path, given: list[str]

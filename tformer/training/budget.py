@@ -104,7 +104,8 @@ class TimeBudget:
     ) -> TrainConfig:
         """--fit-budget, once: fit the run's regularisation to its length, before its first step
         when the length is known, else once PACE_STEPS steps and FIT_PACE_SHARE of the budget
-        have timed --time-budget's pace; one line says what changed. The checkpoints then hold
+        have timed --time-budget's pace (PACE_STEPS alone when that pace says the step limit
+        ends the run first); one line says what changed. The checkpoints then hold
         the fitted configs and the fit (with the step it was made after) is saved, so a resumed
         run keeps it. Returns the run's TrainConfig."""
         cfg = self.cfg
@@ -114,9 +115,11 @@ class TimeBudget:
         if cfg.time_budget is not None:
             if self.paced_from is None or pos.step - self.paced_from[0] < PACE_STEPS:
                 return cfg
-            if self.time_used - self.paced_from[2] < FIT_PACE_SHARE * self._training_budget():
-                return cfg
             steps = self._budget_length(pos, total_steps)
+            timed = self.time_used - self.paced_from[2]
+            # A run its step limit ends first is as long as that limit; no need to wait.
+            if steps != total_steps and timed < FIT_PACE_SHARE * self._training_budget():
+                return cfg
         if steps is None:
             return cfg
         per_epoch = len(plan.epoch(pos.epoch)) / step_batches(cfg.accumulate, self.world.world_size)
