@@ -34,7 +34,7 @@ MAX_RESERVE_SHARE = 0.5
 # A forward pass costs about a third of a training step (the backward pass is twice it).
 FORWARD_COST = 1 / 3
 # Steps timed after a process's first (set-up included) before a time budget's length in
-# steps is estimated for --warmup-share.
+# steps is estimated for --warmup-share (and, with FIT_PACE_SHARE, for --fit-budget).
 PACE_STEPS = 3
 # The share of the training budget timed before --fit-budget estimates a --time-budget run's
 # length: a run's first steps are slower than the rest, so a pace taken over a few of them (as
@@ -105,9 +105,9 @@ class TimeBudget:
         """--fit-budget, once: fit the run's regularisation to its length, before its first step
         when the length is known, else once PACE_STEPS steps and FIT_PACE_SHARE of the budget
         have timed --time-budget's pace (PACE_STEPS alone when that pace says the step limit
-        ends the run first); one line says what changed. The checkpoints then hold
-        the fitted configs and the fit (with the step it was made after) is saved, so a resumed
-        run keeps it. Returns the run's TrainConfig."""
+        ends the run first); one line says what changed. The checkpoints then hold the fitted
+        configs and the fit (with the step it was made after) is saved, so a resumed run keeps
+        it. Returns the run's TrainConfig."""
         cfg = self.cfg
         if not cfg.fit_budget or self.fitted is not None:
             return cfg
@@ -116,9 +116,10 @@ class TimeBudget:
             if self.paced_from is None or pos.step - self.paced_from[0] < PACE_STEPS:
                 return cfg
             steps = self._budget_length(pos, total_steps)
+            # A run that its step limit ends first is as long as the limit: no need to wait.
+            limited = steps is not None and steps == total_steps
             timed = self.time_used - self.paced_from[2]
-            # A run its step limit ends first is as long as that limit; no need to wait.
-            if steps != total_steps and timed < FIT_PACE_SHARE * self._training_budget():
+            if not limited and timed < FIT_PACE_SHARE * self._training_budget():
                 return cfg
         if steps is None:
             return cfg
