@@ -202,7 +202,7 @@ def tformer_step(work: Workload, run: Run) -> Callable[[], None]:
     from tformer.config import ModelConfig
     from tformer.fast.accelerate import accelerate
     from tformer.model import Transformer
-    from tformer.training.loss import sequence_loss
+    from tformer.training.loss import scaled_loss
 
     if ATTENTION == "fused":  # torch's fused kernel everywhere, where tformer may write it out
         from tformer.fast.attention import FastMultiHeadAttention
@@ -222,7 +222,7 @@ def tformer_step(work: Workload, run: Run) -> Callable[[], None]:
     def step() -> None:
         with run.mode.autocast():
             logits = forward(src, tgt_in).logits
-        loss = sequence_loss(logits, tgt_out, 0.1, fused=run.compiled) / tgt_out.numel()
+        _, loss = scaled_loss(logits, tgt_out, 0.1, 1 / tgt_out.numel(), fused=run.compiled)
         optimize(loss, params, optimizer, scaler)
 
     return step

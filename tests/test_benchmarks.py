@@ -80,6 +80,13 @@ def test_decode_speed_smoke() -> None:
         assert hf[0]["same_greedy_output"] and hf[0]["max_logit_diff"] < 1e-3
 
 
+def test_loss_speed_smoke() -> None:
+    records = run_script("loss_speed.py", "--smoke")
+    configs = {(r["impl"], r["precision"]) for r in records}
+    assert configs == {(i, p) for i in ("tformer", "F.cross_entropy") for p in ("fp32", "bf16")}
+    assert all(0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] for r in records)
+
+
 def test_sharing_smoke() -> None:
     records = run_script("sharing.py", "--smoke")
     assert records[0]["cores"] >= 1

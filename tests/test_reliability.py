@@ -135,21 +135,25 @@ def test_train_save_load_resume_generate_without_pickle(
 def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(
     small_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    train_module = importlib.import_module("tformer.training.loop")  # the loop calls sequence_loss
-    real = train_module.sequence_loss
+    train_module = importlib.import_module("tformer.training.loop")  # its step calls scaled_loss
+    real = train_module.scaled_loss
     steps = {"n": 0}
 
     def poisoned(
-        logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0, *, fused: bool = False
-    ) -> object:
-        loss = real(logits, labels, smoothing, fused=fused)
-        if logits.requires_grad:  # a training step, not an evaluation
-            steps["n"] += 1
-            if steps["n"] == 7:
-                return loss * float("nan")
-        return loss
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        smoothing: float,
+        factor: float,
+        *,
+        fused: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, scaled = real(logits, labels, smoothing, factor, fused=fused)
+        steps["n"] += 1  # training steps only: evaluation does not scale its loss
+        if steps["n"] == 7:
+            return loss * float("nan"), scaled * float("nan")
+        return loss, scaled
 
-    monkeypatch.setattr(train_module, "sequence_loss", poisoned)
+    monkeypatch.setattr(train_module, "scaled_loss", poisoned)
     out = tmp_path / "run"
     # fp32 stops at the first non-finite loss (mixed precision skips such a step: see
     # test_precision), so the run is pinned to fp32 on the CPU, also where a GPU is visible.

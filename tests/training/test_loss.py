@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from tformer.config import PAD_ID
 from tformer.training import loss as loss_module
-from tformer.training.loss import sequence_loss
+from tformer.training.loss import scaled_loss, sequence_loss
 
 
 def reference(logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> torch.Tensor:
@@ -154,3 +154,52 @@ def test_compiled_fused_loss_through_sequence_loss(monkeypatch: pytest.MonkeyPat
     finally:
         loss_module._compiled.cache_clear()
     assert compiled == [2, 2, 2, 4]  # the loss and its gradient, then both for 131
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("hint", "factor"), [(1 / 37, 1 / 37), (0.25, 0.5), (1.0, 3.0)])
+def test_gradient_scaled_ahead_matches_torch(
+    dtype: torch.dtype, hint: float, factor: float
+) -> None:
+    # The training step says which factor backward will bring (1 / tokens); the gradient is
+    # right whether that factor comes (no pass in backward) or another does (a loss scaler's).
+    torch.manual_seed(4)
+    logits = (torch.randn(2, 9, 401) * 4).to(dtype)
+    labels = torch.randint(1, 401, (2, 9))
+    labels[1, 6:] = PAD_ID
+    hinted = lambda x, y, s: sequence_loss(x, y, s, grad_scale=hint)  # noqa: E731
+    ours, our_grad = loss_and_grad(hinted, logits, labels, 0.1, factor)
+    ref, ref_grad = loss_and_grad(reference, logits, labels, 0.1, factor)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-3)
+    assert our_grad.dtype == dtype
+    tol = {torch.float32: 1e-6, torch.bfloat16: 1e-4, torch.float16: 1e-5}[dtype]
+    torch.testing.assert_close(our_grad.float(), ref_grad.float(), rtol=1e-2, atol=tol * factor)
+    assert our_grad[1, 6:].abs().sum() == 0
+
+
+def test_backward_with_the_expected_factor_makes_no_pass_over_the_gradient() -> None:
+    # With the factor it was told, backward hands the saved gradient on as it is; with another
+    # it multiplies it once (the profiler counts the element-wise products over it).
+    logits = torch.randn(64, 500, requires_grad=True)
+    labels = torch.randint(1, 500, (64,))
+
+    def products_in_backward(hint: float, factor: float) -> int:
+        loss = sequence_loss(logits, labels, 0.1, grad_scale=hint) * factor
+        with torch.profiler.profile() as prof:
+            loss.backward()
+        logits.grad = None
+        return sum(e.name == "aten::mul_" for e in prof.events())
+
+    # 1 / 4919 is not exact in fp32: the factor is compared as backward receives it.
+    assert products_in_backward(1 / 4919, 1 / 4919) == 0
+    assert products_in_backward(1.0, 1 / 4919) == 1
+    # What a training step calls: the summed loss, and the scaled one it calls backward on.
+    total, scaled = scaled_loss(logits, labels, 0.1, 1 / 4919)
+    torch.testing.assert_close(scaled, total / 4919)
+    with torch.profiler.profile() as prof:
+        scaled.backward()
+    assert not any(e.name == "aten::mul_" for e in prof.events())
+    assert logits.grad is not None
+    ref, ref_grad = loss_and_grad(reference, logits, labels, 0.1, 1 / 4919)
+    torch.testing.assert_close(total, ref.detach(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(logits.grad, ref_grad, rtol=1e-4, atol=1e-9)

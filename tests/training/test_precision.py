@@ -142,20 +142,24 @@ def test_mixed_precision_skips_and_counts_an_overflowed_step(
 ) -> None:
     """fp32 stops on a non-finite step (test_reliability); mixed precision skips it."""
     train_module = importlib.import_module("tformer.training.loop")
-    real = train_module.sequence_loss
+    real = train_module.scaled_loss
     calls = {"n": 0}
 
     def overflowing(
-        logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0, *, fused: bool = False
-    ) -> object:
-        loss = real(logits, labels, smoothing, fused=fused)
-        if logits.requires_grad:
-            calls["n"] += 1
-            if calls["n"] in (4, 5):
-                return loss * float("inf")
-        return loss
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        smoothing: float,
+        factor: float,
+        *,
+        fused: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, scaled = real(logits, labels, smoothing, factor, fused=fused)
+        calls["n"] += 1
+        if calls["n"] in (4, 5):
+            return loss * float("inf"), scaled * float("inf")
+        return loss, scaled
 
-    monkeypatch.setattr(train_module, "sequence_loss", overflowing)
+    monkeypatch.setattr(train_module, "scaled_loss", overflowing)
     _train(toy_data, tmp_path / "run", precision="bf16")
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
                .splitlines()]  # fmt: skip

@@ -26,7 +26,7 @@ from tformer.fast.accelerate import accelerate
 from tformer.fast.malloc import release_freed_memory
 from tformer.model import TransformerBase, build_model
 from tformer.training.launch import Job
-from tformer.training.loss import sequence_loss
+from tformer.training.loss import scaled_loss
 from tformer.training.optim import build_optimizer
 from tformer.training.precision import Precision, resolve_precision
 
@@ -151,9 +151,13 @@ def _stepper(
         with precision.autocast():
             logits = forward(src, tgt[:, :-1]).logits
             labels = tgt[:, 1:]
-            loss = sequence_loss(
-                logits, labels, train_config.label_smoothing, fused=train_config.compile
-            ) / labels.numel()
+            _, loss = scaled_loss(
+                logits,
+                labels,
+                train_config.label_smoothing,
+                1 / labels.numel(),
+                fused=train_config.compile,
+            )
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)

@@ -35,7 +35,7 @@ from tformer.training.distributed import World, wrap_for_training
 from tformer.training.ema import WeightAverage, averaged
 from tformer.training.faults import NumericsGuard, is_out_of_memory, last_good
 from tformer.training.loggers import MetricLogger, Records
-from tformer.training.loss import sequence_loss
+from tformer.training.loss import scaled_loss
 from tformer.training.optim import lr_at
 from tformer.training.precision import Precision
 from tformer.training.reporting import LossWindow, Reporter, TrainResult
@@ -248,15 +248,14 @@ class TrainingLoop(TimeBudget):
         batch = batch.to(self.device)
         # Gradients are all-reduced once per step, on the last micro-batch only.
         sync = last or not world.distributed
+        # DDP averages gradients over ranks; we want the sum.
+        factor = (world.world_size if world.distributed else 1) / n_tokens
         with contextlib.nullcontext() if sync else self.forward.no_sync():  # type: ignore[operator]
             with self.precision.autocast():
                 logits = self.forward(batch.src, batch.tgt_in).logits
-                loss = sequence_loss(
-                    logits, batch.tgt_out, self.cfg.label_smoothing, fused=self.cfg.compile
+                loss, scaled = scaled_loss(
+                    logits, batch.tgt_out, self.cfg.label_smoothing, factor, fused=self.cfg.compile
                 )
-            scaled = loss / n_tokens
-            if world.distributed:  # DDP averages gradients over ranks; we want the sum
-                scaled = scaled * world.world_size
             if self.scaler is not None:
                 scaled = self.scaler.scale(scaled)
             scaled.backward()

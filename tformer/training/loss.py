@@ -108,7 +108,12 @@ class SmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, logits: Tensor, labels: Tensor, smoothing: float, fused: bool = False
+        ctx: Any,
+        logits: Tensor,
+        labels: Tensor,
+        smoothing: float,
+        fused: bool = False,
+        grad_scale: float = 1.0,
     ) -> Tensor:
         n, vocab = logits.shape
         keep_dtype = _gradient_dtype(logits.dtype)
@@ -124,6 +129,10 @@ class SmoothedCrossEntropy(torch.autograd.Function):
             ctx.smoothing = smoothing
             ctx.save_for_backward(logits, labels, lse)
             return fused_total
+        # The gradient is stored already multiplied by the factor backward is expected to bring
+        # (the step's 1 / tokens), in the pass that computes it: scaling it in backward was one
+        # more read and write of a (tokens x V) tensor. Kept in fp32, as backward receives it.
+        ctx.grad_scale = float(torch.tensor(grad_scale, dtype=torch.float32))
         grad = torch.empty_like(logits, dtype=keep_dtype) if want_grad else None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         elements = _BLOCK_ELEMENTS if logits.device.type == "cpu" else _DEVICE_BLOCK_ELEMENTS
@@ -149,10 +158,11 @@ class SmoothedCrossEntropy(torch.autograd.Function):
                 loss += (peak + sums.log()).squeeze(1)  # + lse
                 total += loss.masked_fill(~keep, 0.0).sum()
                 if grad is not None:
-                    x.div_(sums)  # softmax
+                    x.mul_(sums.reciprocal_().mul_(grad_scale))  # softmax, scaled
                     if smoothing:
-                        x.sub_(smoothing / vocab)
-                    x.scatter_add_(1, safe_y, x.new_full(safe_y.shape, -(1.0 - smoothing)))
+                        x.sub_(grad_scale * smoothing / vocab)
+                    onehot = -(1.0 - smoothing) * grad_scale
+                    x.scatter_add_(1, safe_y, x.new_full(safe_y.shape, onehot))
                     # A pass over the block only where it has padding; a CPU reads the mask
                     # for free, elsewhere asking would wait for the device.
                     if x.device.type != "cpu" or not bool(keep.all()):
@@ -162,18 +172,24 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         return total
 
     @staticmethod
-    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, None, None, None]:
+    def backward(
+        ctx: Any, grad_output: Tensor
+    ) -> tuple[Tensor | None, None, None, None, None]:
         if ctx.fused:
             logits, labels, lse = ctx.saved_tensors
             _any_rows(logits, labels, lse)
             with torch.autocast(logits.device.type, enabled=False):
                 scaled = _compiled()[1](logits, labels, lse, ctx.smoothing, grad_output.float())
-            return scaled, None, None, None
+            return scaled, None, None, None, None
         (grad,) = ctx.saved_tensors
-        # The 0-dim fp32 factor is applied in fp32 arithmetic, so the result is rounded once.
-        # In place: the saved gradient is used once (a second backward would be refused by
-        # autograd's version check instead of reading a scaled tensor).
-        return grad.mul_(grad_output).to(ctx.logits_dtype), None, None, None
+        # On a CPU the factor is read for free; elsewhere asking would wait for the device.
+        if grad_output.device.type != "cpu" or float(grad_output) != ctx.grad_scale:
+            # Another factor (a loss scaler's, or no hint given): the 0-dim fp32 ratio is
+            # applied in fp32 arithmetic. In place: the saved gradient is used once (a second
+            # backward would be refused by autograd's version check instead of reading a
+            # scaled tensor).
+            grad.mul_(grad_output / ctx.grad_scale)
+        return grad.to(ctx.logits_dtype), None, None, None, None
 
 
 def sequence_loss(
@@ -182,17 +198,37 @@ def sequence_loss(
     label_smoothing: float = 0.0,
     *,
     fused: bool = False,
+    grad_scale: float = 1.0,
 ) -> torch.Tensor:
     """Summed cross-entropy over the non-padding labels (divide by their count for a mean).
 
     Args:
         logits: (B, T, V); labels: (B, T) with PAD_ID where nothing is predicted.
         fused: compile the loss where :func:`fusable` (training with ``--compile``).
+        grad_scale: the factor the loss will be multiplied by before ``backward`` (a step's
+            1 / tokens). Any factor gives the right gradient; this one costs no extra pass.
 
     Returns:
         A float32 scalar.
     """
     flat = logits.reshape(-1, logits.size(-1))
     return SmoothedCrossEntropy.apply(
-        flat, labels.reshape(-1), float(label_smoothing), fused
+        flat, labels.reshape(-1), float(label_smoothing), fused, float(grad_scale)
     )
+
+
+def scaled_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float,
+    factor: float,
+    *,
+    fused: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The summed loss and the loss times ``factor`` (a step's 1 / tokens), which a training
+    step calls ``backward`` on: its gradient is scaled in the pass that computes it.
+
+    Every training step (the loop, the dry run, the speed benchmark) goes through this.
+    """
+    total = sequence_loss(logits, labels, label_smoothing, fused=fused, grad_scale=factor)
+    return total, total * factor
