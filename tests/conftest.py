@@ -85,6 +85,24 @@ def refusal_lines(stderr: str) -> list[str]:
     return [line for line in stderr.strip().splitlines() if not line.startswith(NOTES)]
 
 
+def spoil_training_loss(monkeypatch: pytest.MonkeyPatch, steps: set[int], value: float) -> None:
+    """The training loop's loss times ``value`` (inf, nan) at the given training steps, from 1."""
+    import importlib
+
+    loop = importlib.import_module("tformer.training.loop")
+    real = loop.scaled_loss
+    calls = {"n": 0}
+
+    def spoiled(*args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, scaled = real(*args, **kwargs)
+        calls["n"] += 1  # training steps only: evaluation does not scale its loss
+        if calls["n"] in steps:
+            return loss * value, scaled * value
+        return loss, scaled
+
+    monkeypatch.setattr(loop, "scaled_loss", spoiled)
+
+
 @pytest.fixture
 def two_threads() -> Iterator[None]:
     """Two torch threads, whatever the machine (splitting a product over threads needs two)."""

@@ -6,7 +6,6 @@ Exact resume after real kills is in test_resume.py; bad input in test_bad_input.
 from __future__ import annotations
 
 import ast
-import importlib
 import json
 import pickle
 import shutil
@@ -17,7 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.conftest import digit_folder
+from tests.conftest import digit_folder, spoil_training_loss
 from tformer.checkpoint.run_dir import LATEST, read_metrics, resolve, rewind_run
 from tformer.checkpoint.store import load_checkpoint, save_checkpoint
 from tformer.cli.commands import app
@@ -135,25 +134,7 @@ def test_train_save_load_resume_generate_without_pickle(
 def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(
     small_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    train_module = importlib.import_module("tformer.training.loop")  # its step calls scaled_loss
-    real = train_module.scaled_loss
-    steps = {"n": 0}
-
-    def poisoned(
-        logits: torch.Tensor,
-        labels: torch.Tensor,
-        smoothing: float,
-        factor: float,
-        *,
-        fused: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, scaled = real(logits, labels, smoothing, factor, fused=fused)
-        steps["n"] += 1  # training steps only: evaluation does not scale its loss
-        if steps["n"] == 7:
-            return loss * float("nan"), scaled * float("nan")
-        return loss, scaled
-
-    monkeypatch.setattr(train_module, "scaled_loss", poisoned)
+    spoil_training_loss(monkeypatch, {7}, float("nan"))
     out = tmp_path / "run"
     # fp32 stops at the first non-finite loss (mixed precision skips such a step: see
     # test_precision), so the run is pinned to fp32 on the CPU, also where a GPU is visible.

@@ -7,7 +7,6 @@ steps agree to a few percent. Compiled fp32 agrees with eager fp32 to float roun
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from tests.conftest import tiny_model
+from tests.conftest import spoil_training_loss, tiny_model
 from tformer.checkpoint.files import WEIGHTS
 from tformer.checkpoint.run_dir import resolve
 from tformer.checkpoint.store import load_checkpoint
@@ -141,25 +140,7 @@ def test_mixed_precision_skips_and_counts_an_overflowed_step(
     toy_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """fp32 stops on a non-finite step (test_reliability); mixed precision skips it."""
-    train_module = importlib.import_module("tformer.training.loop")
-    real = train_module.scaled_loss
-    calls = {"n": 0}
-
-    def overflowing(
-        logits: torch.Tensor,
-        labels: torch.Tensor,
-        smoothing: float,
-        factor: float,
-        *,
-        fused: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, scaled = real(logits, labels, smoothing, factor, fused=fused)
-        calls["n"] += 1
-        if calls["n"] in (4, 5):
-            return loss * float("inf"), scaled * float("inf")
-        return loss, scaled
-
-    monkeypatch.setattr(train_module, "scaled_loss", overflowing)
+    spoil_training_loss(monkeypatch, {4, 5}, float("inf"))
     _train(toy_data, tmp_path / "run", precision="bf16")
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
                .splitlines()]  # fmt: skip
