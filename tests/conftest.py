@@ -20,6 +20,7 @@ from tformer.data.sources import bundled_data_dir
 from tformer.decoding.settings import Hypothesis
 from tformer.fast.accelerate import accelerate
 from tformer.model import Transformer
+from tformer.training import loop as training_loop
 from tformer.training.configs import Settings, resolve
 from tformer.training.reporting import Reporter
 from tformer.training.run import TrainResult, train
@@ -87,10 +88,7 @@ def refusal_lines(stderr: str) -> list[str]:
 
 def spoil_training_loss(monkeypatch: pytest.MonkeyPatch, steps: set[int], value: float) -> None:
     """The training loop's loss times ``value`` (inf, nan) at the given training steps, from 1."""
-    import importlib
-
-    loop = importlib.import_module("tformer.training.loop")
-    real = loop.scaled_loss
+    real = training_loop.scaled_loss
     calls = {"n": 0}
 
     def spoiled(*args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +98,7 @@ def spoil_training_loss(monkeypatch: pytest.MonkeyPatch, steps: set[int], value:
             return loss * value, scaled * value
         return loss, scaled
 
-    monkeypatch.setattr(loop, "scaled_loss", spoiled)
+    monkeypatch.setattr(training_loop, "scaled_loss", spoiled)
 
 
 @pytest.fixture

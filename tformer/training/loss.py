@@ -132,8 +132,10 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         # The gradient is stored already multiplied by the factor backward is expected to bring
         # (the step's 1 / tokens), in the pass that computes it: scaling it in backward was one
         # more read and write of a (tokens x V) tensor. Kept in fp32, as backward receives it.
-        ctx.grad_scale = float(torch.tensor(grad_scale, dtype=torch.float32))
-        grad = torch.empty_like(logits, dtype=keep_dtype) if want_grad else None
+        grad = None
+        if want_grad:
+            ctx.grad_scale = float(torch.tensor(grad_scale, dtype=torch.float32))
+            grad = torch.empty_like(logits, dtype=keep_dtype)
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         elements = _BLOCK_ELEMENTS if logits.device.type == "cpu" else _DEVICE_BLOCK_ELEMENTS
         rows = max(1, elements // vocab)
