@@ -81,7 +81,8 @@ def few_pairs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def fitted_lines(lines: list[str]) -> list[str]:
-    return [line for line in lines if line.startswith("--fit-budget:")]
+    """The regularisation's line (the size's has its own: tests/training/test_sizing.py)."""
+    return [line for line in lines if line.startswith("--fit-budget: a run of")]
 
 
 def saved(run: Path) -> tuple[dict[str, object], dict[str, object], dict[str, object]]:

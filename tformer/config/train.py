@@ -104,9 +104,10 @@ class TrainConfig:
     )
     fit_budget: bool = _field(
         False,
-        "Fit dropout, attention dropout and --keep-last to the run's length in epochs (under "
-        "--time-budget, at the pace of its first twentieth; docs/training.md); values given as "
-        "flags or in --config stay.",
+        "Fit the model's size (an encoder-decoder, before the first step; under --time-budget "
+        "from a few timed steps), dropout, attention dropout and --keep-last (under "
+        "--time-budget at the pace of its first twentieth) to the run's length in epochs "
+        "(docs/training.md); values given as flags, in --config or by --preset stay.",
     )
     precision: PrecisionName = _field(
         "auto",

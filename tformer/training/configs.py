@@ -211,7 +211,9 @@ def _resolve(
     if unknown:
         raise ConfigError(f"unknown setting {unknown[0]!r}: not a ModelConfig or TrainConfig field")
     tokenizer = TokenizerSpec(**{**sections.get("tokenizer", {}), **settings.tokenizer})
-    given = {*values, *sections.get("model", {}), *sections.get("train", {})}
+    base = PRESETS[_preset_name(settings.preset)] if settings.preset else None
+    # A preset names a size: --fit-budget keeps it as if given.
+    given = {*values, *sections.get("model", {}), *sections.get("train", {}), *(base or {})}
     free = tuple(name for name in FIT_FIELDS if name not in given)
     if resume is not None:
         model, train = _resume(resume, settings, sections, given_train)
@@ -229,7 +231,6 @@ def _resolve(
         return Resolved(saved, TrainConfig(**train_values), tokenizer, tuple(defaults), free)
     family = _family_training(arch)
     train_values = _layered(family, recipe["train"], file_train, given_train)
-    base = PRESETS[_preset_name(settings.preset)] if settings.preset else None
     model_values = {
         **(recipe["model"] or PRESETS[DEFAULT_PRESET]),
         **sections.get("model", {}),

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from tformer.config import ModelConfig, TrainConfig
+from tformer.data.batching import Batch
 from tformer.data.prepared import is_prepared, open_prepared
 from tformer.data.spm import load_tokenizer
 from tformer.device import resolve_device, seed_everything
@@ -88,7 +89,8 @@ def measure_batch_limits(
     precision = resolve_precision(train_config.precision, device, model_config)
     seed_everything(train_config.seed)
     model = accelerate(build_model(model_config)).to(device).train()
-    step = _stepper(model, model_config, train_config, precision, device)
+    worst = _worst_batch(model_config, train_config, device)
+    step = optimizer_stepper(model, train_config, precision, worst)
     step()  # warm-up: allocates the optimizer state (and compiles, with --compile)
     _synchronize(device)
     if device.type == "cpu":  # the warm-up's freed batch may still count in the process's size
@@ -127,35 +129,44 @@ def measure_batch_limits(
     )
 
 
-def _stepper(
-    model: TransformerBase,
-    model_config: ModelConfig,
-    train_config: TrainConfig,
-    precision: Precision,
-    device: torch.device,
-) -> Callable[[], None]:
-    """One optimizer step on the worst-case batch: every row ``max_len`` tokens long on both
-    sides, as many rows as ``max_tokens`` admits."""
-    forward = torch.compile(model) if train_config.compile else model
-    optimizer = build_optimizer(model, train_config)
-    for group in optimizer.param_groups:
-        group["lr"] = 1e-4
+def _worst_batch(
+    model_config: ModelConfig, train_config: TrainConfig, device: torch.device
+) -> Callable[[], Batch]:
+    """The worst-case batch: every row ``max_len`` tokens long on both sides, as many rows as
+    ``max_tokens`` admits."""
     seq_len = model_config.max_len
     rows = max(1, train_config.max_tokens // seq_len)
     low = 4  # the first id after the special tokens
     src = torch.randint(low, model_config.src_vocab_size, (rows, seq_len), device=device)
     tgt = torch.randint(low, model_config.tgt_vocab_size, (rows, seq_len + 1), device=device)
+    batch = Batch(src, tgt[:, :-1], tgt[:, 1:])
+    return lambda: batch
+
+
+def optimizer_stepper(
+    model: TransformerBase,
+    train_config: TrainConfig,
+    precision: Precision,
+    next_batch: Callable[[], Batch],
+) -> Callable[[], None]:
+    """One optimizer step of an encoder-decoder on ``next_batch()``, as training takes it
+    (precision, loss, clipping), with an optimizer of its own at a small learning rate: for
+    timing a configuration, not for training it."""
+    forward = torch.compile(model) if train_config.compile else model
+    optimizer = build_optimizer(model, train_config)
+    for group in optimizer.param_groups:
+        group["lr"] = 1e-4
     scaler = precision.scaler()
 
     def step() -> None:
+        batch = next_batch()
         with precision.autocast():
-            logits = forward(src, tgt[:, :-1]).logits
-            labels = tgt[:, 1:]
+            logits = forward(batch.src, batch.tgt_in).logits
             _, loss = scaled_loss(
                 logits,
-                labels,
+                batch.tgt_out,
                 train_config.label_smoothing,
-                1 / labels.numel(),
+                1 / batch.tgt_out.numel(),
                 fused=train_config.compile,
             )
         if scaler is not None:

@@ -21,8 +21,13 @@ from tformer.config import ModelConfig, TrainConfig, flag
 from tformer.model import TransformerBase
 from tformer.model.attention import MultiHeadAttention
 
+# The fields of the narrower model (tformer.training.sizing); all must be free to change any.
+SIZE_FIELDS = ("d_model", "d_ff", "n_encoder_layers", "n_decoder_layers")
+# Its step's settings, changed with it where free: a narrower model takes a larger step, and
+# a longer warm-up keeps the larger rate stable.
+STEP_FIELDS = ("lr", "warmup_steps")
 # The settings the rule may choose (those not given as flags or in --config).
-FIT_FIELDS = ("dropout", "attention_dropout", "keep_last")
+FIT_FIELDS = ("dropout", "attention_dropout", "keep_last", *SIZE_FIELDS, *STEP_FIELDS)
 # From this many epochs a run gets LONG_RUN's regularisation (where its own is lighter):
 # dropout 0.25 did best over 26 and 29 epochs (by validation BLEU) and overfitted after the
 # 18th of 42, where 0.3 with attention dropout 0.1 still improved at the 35th (docs/training.md).

@@ -52,6 +52,7 @@ from tformer.training.optim import build_optimizer
 from tformer.training.reporting import Reporter, TrainResult
 from tformer.training.resuming import restore_training_state
 from tformer.training.setup import Setup, set_up
+from tformer.training.sizing import sized_setup
 from tformer.training.state import Position, step_batches
 from tformer.training.threads import keep_threads
 from tformer.training.validation import EVAL_BATCH_TOKENS
@@ -239,20 +240,22 @@ def _run_locked(
         prepare_output(out, resume=job.resume_from is not None, overwrite=options.overwrite)
     seed_everything(cfg.seed)
     setup = set_up(job, options, world, device, report)
-    model, resumed = setup.model, setup.resumed
-    model.to(device).train()
-    optimizer = build_optimizer(model, cfg)
-    state, extra = restore_training_state(resumed, optimizer, cfg)
-    pos = Position(**state["position"]) if "position" in state else Position()
-    if world.rank > 0:
-        # Rank 0 follows the single-process RNG stream; the others draw their own dropout
-        # masks, from a stream that depends only on (seed, rank, step) so a resume repeats it.
-        torch.manual_seed((cfg.seed * 1_000_003 + world.rank * 10_007 + pos.step) % 2**64)
+    setup.model.to(device).train()
     mc = setup.model_config
     objective = objective_for(mc.arch, mc.src_vocab_size, cfg)
     plan = BatchPlan(setup.splits["train"].pairs, cfg.max_tokens, cfg.seed, objective)
     total_steps = _total_steps(cfg, len(plan.epoch(0)), world.world_size)
-
+    setup, cfg, sizing = sized_setup(setup, cfg, job.free, plan, total_steps, world)
+    model, resumed = setup.model, setup.resumed
+    optimizer = build_optimizer(model, cfg)
+    state, extra = restore_training_state(resumed, optimizer, cfg)
+    # The time spent choosing the size counts in --time-budget.
+    fresh = Position(elapsed=sizing.seconds if sizing else 0.0)
+    pos = Position(**state["position"]) if "position" in state else fresh
+    if world.rank > 0:
+        # Rank 0 follows the single-process RNG stream; the others draw their own dropout
+        # masks, from a stream that depends only on (seed, rank, step) so a resume repeats it.
+        torch.manual_seed((cfg.seed * 1_000_003 + world.rank * 10_007 + pos.step) % 2**64)
     thread_notes = keep_threads(state, device, job.resume_from)
     # Every check has passed: only now is anything written.
     if world.is_main:
@@ -264,6 +267,8 @@ def _run_locked(
         )
     report.start(_summary(job, setup, world, device, plan, total_steps, pos))
     _report_changes(report, setup, cfg, job.defaults)
+    if sizing is not None and world.is_main:
+        report.message(sizing.note)
     for note in thread_notes:
         report.message(note)
     params = {"model": setup.model_config.to_dict(), "train": cfg.to_dict()}

@@ -1,0 +1,188 @@
+"""The model's size fitted to a run's length (``--fit-budget``), before its first step.
+
+A budget that holds many epochs of a small corpus is better spent on a narrower, deeper model
+that takes more steps: on Multi30k a model of half the width with one more layer in each
+stack, at 0.6 of the step's cost, beat the recipe's size on validation in both the hour (26
+epochs at the recipe's size) and 90 minutes (36) of a 2-core CPU (docs/training.md). The size
+must be chosen before the first step, so a ``--time-budget`` run times a few optimizer steps of
+the configured model on its own first batches (on a copy, every random stream kept) and reads
+from them the epochs the budget holds; a run of known length (``--max-steps``, ``--epochs``)
+needs no timing. Only an encoder-decoder whose size was given neither as flags nor in
+``--config`` is changed, and only a new run (a resumed one keeps its checkpoint's size).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from collections.abc import Collection
+
+import torch
+
+from tformer.config import ModelConfig, TrainConfig, flag
+from tformer.data.batching import Batch, BatchPlan
+from tformer.errors import ConfigError
+from tformer.fast.accelerate import accelerate
+from tformer.model import TransformerBase, build_model
+from tformer.training import distributed as dist_
+from tformer.training.distributed import World
+from tformer.training.dryrun import optimizer_stepper
+from tformer.training.fit import SIZE_FIELDS, STEP_FIELDS
+from tformer.training.precision import Precision, resolve_precision
+from tformer.training.setup import Setup
+from tformer.training.state import kept_rng, step_batches
+
+# From this many epochs at the configured size a run gets the narrower model: it won at 26 and
+# 36, is unmeasured below; the margin covers the timing's error (early steps run slow).
+NARROW_FROM_EPOCHS = 20.0
+LR_FACTOR = 5 / 3
+WARMUP_FACTOR = 2
+# Steps run before the timed ones (allocation, the first passes' slower kernels), then timed.
+PROBE_WARMUP = 2
+PROBE_STEPS = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizing:
+    """The size chosen for a run of about ``epochs`` epochs at the configured size."""
+
+    model: ModelConfig
+    train: TrainConfig
+    epochs: float
+    seconds: float  # spent timing steps (0 for a run of known length)
+    note: str
+
+
+def narrower(
+    model: ModelConfig, train: TrainConfig, free: Collection[str]
+) -> tuple[ModelConfig, TrainConfig] | None:
+    """Half the width (d_model and d_ff), one more layer in each stack, and where free
+    LR_FACTOR the learning rate and WARMUP_FACTOR the warm-up; None when half the width
+    leaves no valid model (heads that do not divide it, an odd rotary head)."""
+    if model.d_model % 2 or model.d_ff % 2:
+        return None
+    try:
+        narrow = dataclasses.replace(
+            model,
+            d_model=model.d_model // 2,
+            d_ff=model.d_ff // 2,
+            n_encoder_layers=model.n_encoder_layers + 1,
+            n_decoder_layers=model.n_decoder_layers + 1,
+        )
+    except ConfigError:
+        return None
+    lr = train.lr  # None: the paper's rate, which already follows d_model ** -0.5
+    if lr is not None and "lr" in free:
+        lr = float(f"{lr * LR_FACTOR:.6g}")
+    warmup = train.warmup_steps * WARMUP_FACTOR if "warmup_steps" in free else train.warmup_steps
+    return narrow, dataclasses.replace(train, lr=lr, warmup_steps=warmup)
+
+
+def sized_setup(
+    setup: Setup,
+    train: TrainConfig,
+    free: Collection[str],
+    plan: BatchPlan,
+    total_steps: int | None,
+    world: World,
+) -> tuple[Setup, TrainConfig, Sizing | None]:
+    """A new run's set-up and training config at the size --fit-budget chooses (the model
+    built anew, on the same device, when the size changes); a resumed or fine-tuned run, or
+    one whose size may not change, as it is."""
+    if setup.resumed or setup.init_from or not may_resize(setup.model_config, train, free):
+        return setup, train, None
+    sizing = fit_size(
+        setup.model, setup.model_config, train, free, plan, total_steps, setup.precision, world
+    )
+    if sizing.model == setup.model_config:
+        return setup, sizing.train, sizing
+    device = next(setup.model.parameters()).device
+    model = accelerate(build_model(sizing.model)).to(device).train()
+    precision = resolve_precision(train.precision, device, sizing.model)
+    resized = dataclasses.replace(
+        setup, model=model, model_config=sizing.model, precision=precision
+    )
+    return resized, sizing.train, sizing
+
+
+def may_resize(model: ModelConfig, train: TrainConfig, free: Collection[str]) -> bool:
+    """Whether --fit-budget may choose this run's size (before anything is timed)."""
+    return (
+        train.fit_budget
+        and model.arch == "encoder-decoder"
+        and all(name in free for name in SIZE_FIELDS)
+    )
+
+
+def fit_size(
+    model: TransformerBase,
+    model_config: ModelConfig,
+    train: TrainConfig,
+    free: Collection[str],
+    plan: BatchPlan,
+    total_steps: int | None,
+    precision: Precision,
+    world: World,
+) -> Sizing:
+    """Choose the run's size: the narrower model from NARROW_FROM_EPOCHS epochs (at the
+    configured size), else the configured one. Call only when :func:`may_resize`."""
+    per_epoch = len(plan.epoch(0)) / step_batches(train.accumulate, world.world_size)
+    seconds = 0.0
+    steps = float(total_steps) if total_steps is not None else float("inf")
+    how = ""
+    if train.time_budget is not None:
+        seconds_per_step, seconds = time_steps(model, train, plan, precision, world)
+        steps = min(steps, max(train.time_budget - seconds, 0.0) / seconds_per_step)
+        how = (
+            f" (its steps timed over {PROBE_STEPS} in {seconds:.1f} s of the budget: "
+            f"{seconds_per_step:.2f} s each)"
+        )
+    epochs = steps / per_epoch
+    chosen = narrower(model_config, train, free) if epochs >= NARROW_FROM_EPOCHS else None
+    new_model, new_train = chosen or (model_config, train)
+    before = {**model_config.to_dict(), **train.to_dict()}
+    after = {**new_model.to_dict(), **new_train.to_dict()}
+    changes = [
+        f"{flag(k)} {before[k]:g} -> {after[k]:g}"
+        for k in SIZE_FIELDS + STEP_FIELDS
+        if before[k] != after[k]
+    ]
+    note = (
+        f"--fit-budget: about {epochs:,.0f} epochs at this size{how}: "
+        f"{', '.join(changes) or 'the size as it is'}"
+    )
+    return Sizing(new_model, new_train, epochs, seconds, note)
+
+
+def time_steps(
+    model: TransformerBase, train: TrainConfig, plan: BatchPlan, precision: Precision, world: World
+) -> tuple[float, float]:
+    """Seconds per optimizer step of ``model`` on the run's first batches (the slowest rank's,
+    so every rank chooses alike), and the seconds the timing took. A copy of the model and an
+    optimizer of its own take the steps, one batch each (a step of --accumulate N takes N
+    times as long); every random stream is left as it was found."""
+    device = next(model.parameters()).device
+    batches = plan.epoch(0)
+    taken = iter(range(PROBE_WARMUP + PROBE_STEPS))
+
+    def next_batch() -> Batch:
+        return plan.collate(batches[next(taken) % len(batches)]).to(device)
+
+    started = time.perf_counter()
+    with kept_rng():
+        probe = copy.deepcopy(model).train()
+        untimed = dataclasses.replace(train, compile=False)  # compiling would be timed
+        step = optimizer_stepper(probe, untimed, precision, next_batch)
+        for _ in range(PROBE_WARMUP):
+            step()
+        timed = time.perf_counter()
+        for _ in range(PROBE_STEPS):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds_per_step = train.accumulate * (time.perf_counter() - timed) / PROBE_STEPS
+        del probe, step
+    if world.distributed:
+        seconds_per_step = dist_.all_reduce_max([seconds_per_step], device)[0]
+    return max(seconds_per_step, 1e-9), time.perf_counter() - started
