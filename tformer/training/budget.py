@@ -21,7 +21,7 @@ from tformer.training.optim import WARMUP_SHARE, budget_steps, capped_warmup
 from tformer.training.reporting import Reporter
 from tformer.training.saving import RunSaver
 from tformer.training.signals import StopOnSignal
-from tformer.training.state import Position, step_batches
+from tformer.training.state import Position, steps_per_epoch
 
 # The share of --time-budget the final validation may take after training: the validation
 # loss, then translating the split (--final-eval auto) until the run's time is up.
@@ -123,7 +123,7 @@ class TimeBudget:
                 return cfg
         if steps is None:
             return cfg
-        per_epoch = len(plan.epoch(pos.epoch)) / step_batches(cfg.accumulate, self.world.world_size)
+        per_epoch = steps_per_epoch(plan, pos.epoch, cfg.accumulate, self.world.world_size)
         fitted = fit(self.model_config, cfg, steps, steps / per_epoch, self.free)
         changes = fitted.changes(self.model_config, cfg)
         set_dropout(self.model, fitted.model)

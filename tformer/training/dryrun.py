@@ -92,7 +92,7 @@ def measure_batch_limits(
     worst = _worst_batch(model_config, train_config, device)
     step = optimizer_stepper(model, train_config, precision, worst)
     step()  # warm-up: allocates the optimizer state (and compiles, with --compile)
-    _synchronize(device)
+    synchronize(device)
     if device.type == "cpu":  # the warm-up's freed batch may still count in the process's size
         release_freed_memory()
     baseline = _current_memory(device)
@@ -100,7 +100,7 @@ def measure_batch_limits(
     started = time.perf_counter()
     for _ in range(steps):
         step()
-    _synchronize(device)
+    synchronize(device)
     elapsed = time.perf_counter() - started
     peak = max(_peak_memory(device), baseline)
     free = _free_memory(device)
@@ -195,7 +195,7 @@ def _max_tokens_fit(activations: int, tokens: int, free: int | None) -> int | No
     return int(HEADROOM * (free + activations) / per_token) // 64 * 64
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

@@ -13,7 +13,7 @@ that chose the rule are in docs/training.md.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from torch import nn
 
@@ -49,9 +49,19 @@ class Fitted:
 
     def changes(self, model: ModelConfig, train: TrainConfig) -> list[str]:
         """What fitting changed, as '--flag old -> new' for the run's report."""
-        before = {**model.to_dict(), **train.to_dict()}
-        after = {**self.model.to_dict(), **self.train.to_dict()}
-        return [f"{flag(k)} {before[k]} -> {after[k]}" for k in FIT_FIELDS if before[k] != after[k]]
+        return changed_fields(FIT_FIELDS, (model, train), (self.model, self.train))
+
+
+def changed_fields(
+    names: Sequence[str],
+    before: tuple[ModelConfig, TrainConfig],
+    after: tuple[ModelConfig, TrainConfig],
+) -> list[str]:
+    """The ``names`` whose values differ between two pairs of configs, as '--flag old -> new'
+    (the run's report of what --fit-budget chose)."""
+    old = {**before[0].to_dict(), **before[1].to_dict()}
+    new = {**after[0].to_dict(), **after[1].to_dict()}
+    return [f"{flag(k)} {old[k]} -> {new[k]}" for k in names if old[k] != new[k]]
 
 
 def fit(

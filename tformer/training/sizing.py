@@ -18,20 +18,18 @@ import dataclasses
 import time
 from collections.abc import Collection
 
-import torch
-
-from tformer.config import ModelConfig, TrainConfig, flag
+from tformer.config import ModelConfig, TrainConfig
 from tformer.data.batching import Batch, BatchPlan
 from tformer.errors import ConfigError
 from tformer.fast.accelerate import accelerate
 from tformer.model import TransformerBase, build_model
 from tformer.training import distributed as dist_
 from tformer.training.distributed import World
-from tformer.training.dryrun import optimizer_stepper
-from tformer.training.fit import SIZE_FIELDS, STEP_FIELDS
+from tformer.training.dryrun import optimizer_stepper, synchronize
+from tformer.training.fit import SIZE_FIELDS, STEP_FIELDS, changed_fields
 from tformer.training.precision import Precision, resolve_precision
 from tformer.training.setup import Setup
-from tformer.training.state import kept_rng, step_batches
+from tformer.training.state import kept_rng, steps_per_epoch
 
 # From this many epochs at the configured size a run gets the narrower model: it won at 26 and
 # 36, is unmeasured below; the margin covers the timing's error (early steps run slow).
@@ -45,11 +43,10 @@ PROBE_STEPS = 6
 
 @dataclasses.dataclass(frozen=True)
 class Sizing:
-    """The size chosen for a run of about ``epochs`` epochs at the configured size."""
+    """The size chosen for the run, and the line that reports it."""
 
     model: ModelConfig
     train: TrainConfig
-    epochs: float
     seconds: float  # spent timing steps (0 for a run of known length)
     note: str
 
@@ -127,7 +124,7 @@ def fit_size(
 ) -> Sizing:
     """Choose the run's size: the narrower model from NARROW_FROM_EPOCHS epochs (at the
     configured size), else the configured one. Call only when :func:`may_resize`."""
-    per_epoch = len(plan.epoch(0)) / step_batches(train.accumulate, world.world_size)
+    per_epoch = steps_per_epoch(plan, 0, train.accumulate, world.world_size)
     seconds = 0.0
     steps = float(total_steps) if total_steps is not None else float("inf")
     how = ""
@@ -141,18 +138,14 @@ def fit_size(
     epochs = steps / per_epoch
     chosen = narrower(model_config, train, free) if epochs >= NARROW_FROM_EPOCHS else None
     new_model, new_train = chosen or (model_config, train)
-    before = {**model_config.to_dict(), **train.to_dict()}
-    after = {**new_model.to_dict(), **new_train.to_dict()}
-    changes = [
-        f"{flag(k)} {before[k]:g} -> {after[k]:g}"
-        for k in SIZE_FIELDS + STEP_FIELDS
-        if before[k] != after[k]
-    ]
+    changes = changed_fields(
+        SIZE_FIELDS + STEP_FIELDS, (model_config, train), (new_model, new_train)
+    )
     note = (
         f"--fit-budget: about {epochs:,.0f} epochs at this size{how}: "
         f"{', '.join(changes) or 'the size as it is'}"
     )
-    return Sizing(new_model, new_train, epochs, seconds, note)
+    return Sizing(new_model, new_train, seconds, note)
 
 
 def time_steps(
@@ -179,8 +172,7 @@ def time_steps(
         timed = time.perf_counter()
         for _ in range(PROBE_STEPS):
             step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         seconds_per_step = train.accumulate * (time.perf_counter() - timed) / PROBE_STEPS
         del probe, step
     if world.distributed:

@@ -23,6 +23,11 @@ def step_batches(accumulate: int, world_size: int) -> int:
     return accumulate * world_size
 
 
+def steps_per_epoch(plan: BatchPlan, epoch: int, accumulate: int, world_size: int) -> float:
+    """Optimizer steps in ``epoch`` of ``plan`` (a fraction when the batches do not divide)."""
+    return len(plan.epoch(epoch)) / step_batches(accumulate, world_size)
+
+
 @dataclass
 class Position:
     """Where training stands; everything a resume needs besides weights, optimizer and RNG."""
