@@ -24,41 +24,54 @@ from tformer.training.fit import FIT_FIELDS, SIZE_FIELDS
 from tformer.training.precision import resolve_precision
 from tformer.training.run import plan_job, train
 from tformer.training.sizing import (
-    NARROW_FROM_EPOCHS,
+    NARROWINGS,
     PROBE_STEPS,
+    Narrowing,
     narrower,
+    narrowing_for,
     time_steps,
 )
 
 RECIPE = "multi30k-pre-swiglu-rope"
 
 
-def test_the_recipe_is_narrowed_to_the_model_its_long_runs_were_measured_with() -> None:
-    """The recipe's model, halved in width and one layer deeper, is the model of the
-    Multi30k runs that chose the rule (docs/training.md): d_model 128, 4 heads, 4+4 layers,
-    d_ff 512, lr 5e-3 with 400 warm-up steps."""
+def test_the_recipe_is_narrowed_to_the_models_its_long_runs_were_measured_with() -> None:
+    """The recipe's model at half and three quarters of its width, one layer deeper, are the
+    models of the Multi30k runs that chose the rule (docs/training.md): d_model 128, d_ff 512,
+    lr 5e-3 with 400 warm-up steps from 20 epochs, d_model 192, d_ff 768, lr 4e-3 with 300
+    from 32; 4 heads and 4+4 layers each."""
     job = plan_job(None, None, settings=Settings(recipe=RECIPE))
     assert job.train.fit_budget and set(SIZE_FIELDS) <= set(job.free)
     assert job.model is not None
-    narrow = narrower(job.model, job.train, job.free)
-    assert narrow is not None
-    model, train_config = narrow
-    assert (model.d_model, model.n_heads, model.d_ff) == (128, 4, 512)
-    assert (model.n_encoder_layers, model.n_decoder_layers) == (4, 4)
-    assert (train_config.lr, train_config.warmup_steps) == (0.005, 400)
-    assert (model.norm, model.activation, model.positions) == ("pre", "swiglu", "rope")
-    # A learning rate given stays as given; the paper's own rate (None) follows d_model.
-    assert narrower(job.model, job.train, ("warmup_steps",))[1].lr == 0.003  # type: ignore[index]
-    paper = TrainConfig(lr=None)
-    assert narrower(job.model, paper, FIT_FIELDS)[1].lr is None  # type: ignore[index]
+    assert narrowing_for(19.9) is None
+    measured = {20.0: (128, 512, 0.005, 400), 31.9: (128, 512, 0.005, 400),
+                32.0: (192, 768, 0.004, 300), 500.0: (192, 768, 0.004, 300)}  # fmt: skip
+    for epochs, (d_model, d_ff, lr, warmup) in measured.items():
+        narrowing = narrowing_for(epochs)
+        assert narrowing is not None
+        narrow = narrower(job.model, job.train, job.free, narrowing)
+        assert narrow is not None
+        model, train_config = narrow
+        assert (model.d_model, model.n_heads, model.d_ff) == (d_model, 4, d_ff)
+        assert (model.n_encoder_layers, model.n_decoder_layers) == (4, 4)
+        assert (train_config.lr, train_config.warmup_steps) == (lr, warmup)
+        assert (model.norm, model.activation, model.positions) == ("pre", "swiglu", "rope")
+        # A learning rate given stays as given; the paper's own rate (None) follows d_model.
+        kept = narrower(job.model, job.train, ("warmup_steps",), narrowing)
+        assert kept is not None and kept[1].lr == 0.003
+        paper = narrower(job.model, TrainConfig(lr=None), FIT_FIELDS, narrowing)
+        assert paper is not None and paper[1].lr is None
 
 
-def test_a_width_that_halves_into_no_valid_model_is_kept() -> None:
-    # Half of 24 is 3 dimensions a head over 4 heads: odd, which rotary positions cannot use.
+@pytest.mark.parametrize("narrowing", NARROWINGS, ids=lambda n: f"width-{n.width}")
+def test_a_width_that_narrows_into_no_valid_model_is_kept(narrowing: Narrowing) -> None:
+    # 24 at 1/2 is 3 dimensions a head over 4 heads, odd, which rotary positions cannot use;
+    # at 3/4 18, which 4 heads do not divide.
     rotary = ModelConfig(d_model=24, n_heads=4, d_ff=64, positions="rope")
-    assert narrower(rotary, TrainConfig(), FIT_FIELDS) is None
-    assert narrower(ModelConfig(d_model=8, n_heads=8, d_ff=16), TrainConfig(), FIT_FIELDS) is None
-    assert narrower(ModelConfig(d_model=64, n_heads=4, d_ff=99), TrainConfig(), FIT_FIELDS) is None
+    cases = [rotary, ModelConfig(d_model=8, n_heads=8, d_ff=16),
+             ModelConfig(d_model=64, n_heads=4, d_ff=99)]  # fmt: skip
+    for model in cases:
+        assert narrower(model, TrainConfig(), FIT_FIELDS, narrowing) is None, model
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +89,16 @@ def saved_model(run: Path) -> dict[str, object]:
     return {**config["model"], **{k: config["train"][k] for k in ("lr", "warmup_steps")}}
 
 
-@pytest.mark.parametrize("steps", [int(NARROW_FROM_EPOCHS) - 1, int(NARROW_FROM_EPOCHS)])
+FROM = sorted(int(n.from_epochs) for n in NARROWINGS)  # 20, 32
+
+
+@pytest.mark.parametrize("steps", [FROM[0] - 1, FROM[0], FROM[1]])
 def test_a_run_of_known_length_is_sized_before_its_first_step(
     few_pairs: Path, tmp_path: Path, steps: int
 ) -> None:
     """One batch an epoch: --max-steps N is N epochs, known without timing anything. From
-    NARROW_FROM_EPOCHS the run trains (and saves) the narrower model, at its learning rate."""
+    20 epochs the run trains (and saves) half the width, from 32 three quarters, each at its
+    learning rate."""
     config = TrainConfig(data=str(few_pairs), max_tokens=512, lr=1e-3, warmup_steps=5,
                          max_steps=steps, fit_budget=True, eval_every=10_000, save_every=100,
                          final_eval="none")  # fmt: skip
@@ -93,29 +110,31 @@ def test_a_run_of_known_length_is_sized_before_its_first_step(
     assert f"about {steps} epochs at this size:" in lines[0]
     assert "timed" not in lines[0]
     model = saved_model(result.run_dir)
-    if steps < NARROW_FROM_EPOCHS:
+    if steps < FROM[0]:
         assert lines[0].endswith("the size as it is")
         assert (model["d_model"], model["n_encoder_layers"], model["lr"]) == (64, 1, 1e-3)
         return
+    half, three_quarters = (32, 64, 0.00166667, 10), (48, 96, 0.00133333, 8)
+    width, d_ff, lr, warmup = half if steps < FROM[1] else three_quarters
     assert lines[0].endswith(
-        "--d-model 64 -> 32, --d-ff 128 -> 64, --n-encoder-layers 1 -> 2, "
-        "--n-decoder-layers 1 -> 2, --lr 0.001 -> 0.00166667, --warmup-steps 5 -> 10"
+        f"--d-model 64 -> {width}, --d-ff 128 -> {d_ff}, --n-encoder-layers 1 -> 2, "
+        f"--n-decoder-layers 1 -> 2, --lr 0.001 -> {lr}, --warmup-steps 5 -> {warmup}"
     )
-    assert (model["d_model"], model["d_ff"], model["n_heads"]) == (32, 64, 4)
+    assert (model["d_model"], model["d_ff"], model["n_heads"]) == (width, d_ff, 4)
     assert (model["n_encoder_layers"], model["n_decoder_layers"]) == (2, 2)
-    assert (model["lr"], model["warmup_steps"]) == (0.00166667, 10)
+    assert (model["lr"], model["warmup_steps"]) == (lr, warmup)
     loaded = ckpt.load_checkpoint(result.run_dir)  # the saved weights are the narrower model's
-    assert loaded.model_config.d_model == 32
+    assert loaded.model_config.d_model == width
     shapes = {tuple(v.shape) for v in loaded.model.state_dict().values()}
     built = build_model(loaded.model_config).state_dict().values()
-    assert shapes == {tuple(v.shape) for v in built} and (32, 64) in shapes
+    assert shapes == {tuple(v.shape) for v in built} and (width, d_ff) in shapes
 
 
 def test_a_time_budget_times_a_few_steps_and_the_timing_counts_in_the_budget(
     few_pairs: Path, tmp_path: Path
 ) -> None:
-    """Five seconds of a tiny model on one batch an epoch (far more than NARROW_FROM_EPOCHS
-    epochs on an idle machine): the size is chosen after timing PROBE_STEPS steps, and the
+    """Five seconds of a tiny model on one batch an epoch (far more than 32 epochs on an idle
+    machine): the size is chosen after timing PROBE_STEPS steps, and the
     run's clock starts at the time that took. A resumed run keeps its size and times nothing."""
     config = TrainConfig(data=str(few_pairs), max_tokens=512, lr=1e-3, warmup_steps=5,
                          time_budget=5.0, fit_budget=True, log_every=1, eval_every=10_000,
@@ -126,8 +145,9 @@ def test_a_time_budget_times_a_few_steps_and_the_timing_counts_in_the_budget(
     assert len(lines) == 1 and f"its steps timed over {PROBE_STEPS} in" in lines[0], lines
     # The timing decides (a loaded machine holds fewer epochs); the rule follows it.
     epochs = int(re.search(r"about ([\d,]+) epochs", lines[0])[1].replace(",", ""))  # type: ignore[index]
-    width = 32 if epochs >= NARROW_FROM_EPOCHS else 64
-    assert ("--d-model 64 -> 32" in lines[0]) == (width == 32), lines[0]
+    narrowing = narrowing_for(epochs)
+    width = int(64 * narrowing.width) if narrowing else 64
+    assert (f"--d-model 64 -> {width}" in lines[0]) == (width < 64), lines[0]
     assert saved_model(result.run_dir)["d_model"] == width
     spent = float(re.search(r"in ([\d.]+) s of the budget", lines[0])[1])  # type: ignore[index]
     first = next(r for r in ckpt.read_metrics(result.run_dir) if "loss" in r)

@@ -3,12 +3,13 @@
 A budget that holds many epochs of a small corpus is better spent on a narrower, deeper model
 that takes more steps: on Multi30k a model of half the width with one more layer in each
 stack, at 0.6 of the step's cost, beat the recipe's size on validation in both the hour (26
-epochs at the recipe's size) and 90 minutes (36) of a 2-core CPU (docs/training.md). The size
-must be chosen before the first step, so a ``--time-budget`` run times a few optimizer steps of
-the configured model on its own first batches (on a copy, every random stream kept) and reads
-from them the epochs the budget holds; a run of known length (``--max-steps``, ``--epochs``)
-needs no timing. Only an encoder-decoder whose size was given neither as flags nor in
-``--config`` is changed, and only a new run (a resumed one keeps its checkpoint's size).
+epochs at the recipe's size) and 90 minutes (36) of a 2-core CPU, and three quarters of the
+width read as high as half in the 90 minutes (docs/training.md). The size must be chosen
+before the first step, so a ``--time-budget`` run times a few optimizer steps of the
+configured model on its own first batches (on a copy, every random stream kept) and reads from
+them the epochs the budget holds; a run of known length (``--max-steps``, ``--epochs``) needs
+no timing. Only an encoder-decoder whose size was given neither as flags nor in ``--config``
+is changed, and only a new run (a resumed one keeps its checkpoint's size).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import copy
 import dataclasses
 import time
 from collections.abc import Collection
+from fractions import Fraction
 
 from tformer.config import ModelConfig, TrainConfig
 from tformer.data.batching import Batch, BatchPlan
@@ -31,11 +33,29 @@ from tformer.training.precision import Precision, resolve_precision
 from tformer.training.setup import Setup
 from tformer.training.state import kept_rng, steps_per_epoch
 
-# From this many epochs at the configured size a run gets the narrower model: it won at 26 and
-# 36, is unmeasured below; the margin covers the timing's error (early steps run slow).
-NARROW_FROM_EPOCHS = 20.0
-LR_FACTOR = 5 / 3
-WARMUP_FACTOR = 2
+
+@dataclasses.dataclass(frozen=True)
+class Narrowing:
+    """A size for a run of ``from_epochs`` epochs or more at the configured size: ``width``
+    of d_model and d_ff, one more layer in each stack, and where free the learning rate and
+    the warm-up times their factors (a narrower model takes a larger step, and a longer
+    warm-up keeps the larger rate stable)."""
+
+    from_epochs: float
+    width: Fraction
+    lr_factor: Fraction
+    warmup_factor: Fraction
+
+
+# Most epochs first: a run takes the first it reaches. Half the width won over the configured
+# size at 26 and 36 epochs; at 36 three quarters read as high on validation, and a larger
+# budget is better spent on the wider of two equals. Nothing is measured below 20 epochs; the
+# margins cover the timing's error (a run's first steps are slower).
+NARROWINGS = (
+    Narrowing(32.0, Fraction(3, 4), Fraction(4, 3), Fraction(3, 2)),
+    Narrowing(20.0, Fraction(1, 2), Fraction(5, 3), Fraction(2)),
+)
+
 # Steps run before the timed ones (allocation, the first passes' slower kernels), then timed.
 PROBE_WARMUP = 2
 PROBE_STEPS = 6
@@ -51,19 +71,25 @@ class Sizing:
     note: str
 
 
+def narrowing_for(epochs: float) -> Narrowing | None:
+    """The narrower size for a run of ``epochs`` at the configured size, or None to keep it."""
+    return next((n for n in NARROWINGS if epochs >= n.from_epochs), None)
+
+
 def narrower(
-    model: ModelConfig, train: TrainConfig, free: Collection[str]
+    model: ModelConfig, train: TrainConfig, free: Collection[str], narrowing: Narrowing
 ) -> tuple[ModelConfig, TrainConfig] | None:
-    """Half the width (d_model and d_ff), one more layer in each stack, and where free
-    LR_FACTOR the learning rate and WARMUP_FACTOR the warm-up; None when half the width
-    leaves no valid model (heads that do not divide it, an odd rotary head)."""
-    if model.d_model % 2 or model.d_ff % 2:
+    """The model and step that ``narrowing`` makes of ``model``; None when its width leaves
+    no valid model (a fraction of a dimension, heads that do not divide it, an odd rotary
+    head)."""
+    d_model, d_ff = model.d_model * narrowing.width, model.d_ff * narrowing.width
+    if d_model.denominator != 1 or d_ff.denominator != 1:
         return None
     try:
         narrow = dataclasses.replace(
             model,
-            d_model=model.d_model // 2,
-            d_ff=model.d_ff // 2,
+            d_model=int(d_model),
+            d_ff=int(d_ff),
             n_encoder_layers=model.n_encoder_layers + 1,
             n_decoder_layers=model.n_decoder_layers + 1,
         )
@@ -71,8 +97,10 @@ def narrower(
         return None
     lr = train.lr  # None: the paper's rate, which already follows d_model ** -0.5
     if lr is not None and "lr" in free:
-        lr = float(f"{lr * LR_FACTOR:.6g}")
-    warmup = train.warmup_steps * WARMUP_FACTOR if "warmup_steps" in free else train.warmup_steps
+        lr = float(f"{lr * float(narrowing.lr_factor):.6g}")
+    warmup = train.warmup_steps
+    if "warmup_steps" in free:
+        warmup = round(warmup * narrowing.warmup_factor)
     return narrow, dataclasses.replace(train, lr=lr, warmup_steps=warmup)
 
 
@@ -122,8 +150,8 @@ def fit_size(
     precision: Precision,
     world: World,
 ) -> Sizing:
-    """Choose the run's size: the narrower model from NARROW_FROM_EPOCHS epochs (at the
-    configured size), else the configured one. Call only when :func:`may_resize`."""
+    """Choose the run's size: the first of NARROWINGS whose epochs (at the configured size)
+    the run reaches, else the configured one. Call only when :func:`may_resize`."""
     per_epoch = steps_per_epoch(plan, 0, train.accumulate, world.world_size)
     seconds = 0.0
     steps = float(total_steps) if total_steps is not None else float("inf")
@@ -136,7 +164,8 @@ def fit_size(
             f"{seconds_per_step:.2f} s each)"
         )
     epochs = steps / per_epoch
-    chosen = narrower(model_config, train, free) if epochs >= NARROW_FROM_EPOCHS else None
+    narrowing = narrowing_for(epochs)
+    chosen = narrower(model_config, train, free, narrowing) if narrowing else None
     new_model, new_train = chosen or (model_config, train)
     changes = changed_fields(
         SIZE_FIELDS + STEP_FIELDS, (model_config, train), (new_model, new_train)
