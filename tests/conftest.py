@@ -195,7 +195,10 @@ def compared_runs(toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> d
 
 # -- the `dates` recipe trained briefly on the bundled data -----------------------------------
 
-ALIGNMENT_STEPS = 1000  # the whole fixture takes about 75 s on 2 free cores (the recipe: 150 s)
+# Exact match on 100 test pairs moves by a few points from one evaluation to the next (one
+# thread on a Zen 4 EPYC dipped under the target at step 1,000 and not at 1,200), so the
+# target is read where the run has settled.
+ALIGNMENT_STEPS = 1200
 NUMERIC_DATE = re.compile(r"[0-9/.\-]+")  # 03/06/2025, 6.3.2025, 2025-3-6, 20250306 ...
 
 
@@ -214,7 +217,7 @@ def date_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
     recipe = RECIPES["dates"]
     config = TrainConfig(**{**recipe["train"], "data": str(data), "time_budget": None,
                             "max_steps": ALIGNMENT_STEPS,
-                            "eval_every": 1000, "save_every": 1000})
+                            "eval_every": ALIGNMENT_STEPS, "save_every": ALIGNMENT_STEPS})
     return train(ModelConfig(**recipe["model"]), config, out=tmp_path_factory.mktemp("dates"))
 
 
